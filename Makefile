@@ -1,0 +1,37 @@
+# privstream — `make help` lists the targets.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+
+help: ## Show this help
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet --config-settings editable_mode=strict -e '.[dev,plot]'
+	touch $(STAMP)
+
+install: $(STAMP) ## Create .venv and install privstream with dev and plot extras
+
+test: $(STAMP) ## Run the whole test suite (installs what it needs)
+	$(BIN)/python -m pytest -n 2 --timeout 900
+
+lint: $(STAMP) ## ruff and mypy
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy -p privstream
+
+demo: $(STAMP) ## Run the main job: all seven LDP-IDS mechanisms on the Sin stream through the flow
+	$(BIN)/privstream demo --out demo-out
+
+bench: $(STAMP) ## Reproduction and performance benchmarks (writes bench/results/)
+	$(BIN)/python bench/run.py
+
+clean: ## Remove the virtualenv and caches
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis demo-out
+
+.PHONY: help install test lint demo bench clean

@@ -1,0 +1,116 @@
+"""Synthetic streams of spec ldp-ids §5.1: LNS, Sin, Log and their numeric ``-Con`` variants.
+
+A generator first fixes the probability sequence ``p_1..p_T`` and then, slot by slot, the
+population's values: for the binary streams ``round(p_t·n)`` users drawn uniformly at random hold
+value 1 and everybody else 0; for ``-Con`` streams every user's value is ``N(p_t, σ²)``. Each slot's
+values come from a generator seeded by ``(seed, slot)``, so any slot can be regenerated alone
+(the source can resume mid-stream and the evaluator can rebuild ground truth).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Final
+
+import numpy as np
+from numpy.typing import NDArray
+
+DATASETS: Final = ("lns", "sin", "log", "lns-con", "sin-con", "log-con")
+CON_SIGMA: Final = 10.0  # spec §5.1 / A26
+
+
+def lns_probabilities(slots: int, rng: np.random.Generator, p0: float = 0.05, sqrt_q: float = 0.0025) -> NDArray[np.float64]:
+    """LNS: ``p_t = min(1, |p_{t−1} + N(0, Q)|)`` (reflected at 0 and capped at 1, erratum A25)."""
+    p = np.empty(slots)
+    prev = p0
+    steps = rng.normal(0.0, sqrt_q, size=slots)
+    for t in range(slots):
+        prev = min(1.0, abs(prev + steps[t]))
+        p[t] = prev
+    return p
+
+
+def sin_probabilities(slots: int, a: float = 0.05, b: float = 0.01, h: float = 0.075) -> NDArray[np.float64]:
+    """Sin: ``p_t = A·sin(b·t) + h`` for ``t = 1..T``."""
+    t = np.arange(1, slots + 1)
+    return a * np.sin(b * t) + h
+
+
+def log_probabilities(slots: int, a: float = 0.25, b: float = 0.01) -> NDArray[np.float64]:
+    """Log (logistic): ``p_t = A / (1 + e^{−b·t})`` for ``t = 1..T``."""
+    t = np.arange(1, slots + 1)
+    return a / (1 + np.exp(-b * t))
+
+
+@dataclass(frozen=True)
+class SyntheticStream:
+    """A synthetic population stream of ``users`` users over ``slots`` slots (1-based)."""
+
+    name: str
+    users: int
+    slots: int
+    seed: int = 0
+    sigma: float = CON_SIGMA
+    probabilities: NDArray[np.float64] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.name not in DATASETS:
+            raise ValueError(f"unknown synthetic dataset {self.name!r}; choose from {', '.join(DATASETS)}")
+        if self.users < 1 or self.slots < 1:
+            raise ValueError(f"users and slots must be >= 1, got users={self.users}, slots={self.slots}")
+        base = self.name.removesuffix("-con")
+        if base == "lns":
+            p = lns_probabilities(self.slots, np.random.default_rng([self.seed, 0x4C4E53]))
+        elif base == "sin":
+            p = sin_probabilities(self.slots)
+        else:
+            p = log_probabilities(self.slots)
+        object.__setattr__(self, "probabilities", p)
+
+    @property
+    def numeric(self) -> bool:
+        return self.name.endswith("-con")
+
+    @property
+    def d(self) -> int:
+        """Domain size: 2 for the binary streams, 1 (a mean) for ``-Con``."""
+        return 1 if self.numeric else 2
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """Clipping range of ``-Con`` values: ``[min p − 3σ, max p + 3σ]`` (A26)."""
+        return float(self.probabilities.min() - 3 * self.sigma), float(self.probabilities.max() + 3 * self.sigma)
+
+    def ones(self, slot: int) -> int:
+        """``K_t = round(p_t·n)``: users holding value 1 at ``slot`` (binary streams)."""
+        return int(round(self.probabilities[slot - 1] * self.users))
+
+    def values(self, slot: int) -> NDArray[np.int64] | NDArray[np.float64]:
+        """Every user's value at ``slot`` (1-based), indexed by the user's dense index."""
+        if not 1 <= slot <= self.slots:
+            raise ValueError(f"slot must lie in 1..{self.slots}, got {slot}")
+        rng = np.random.default_rng([self.seed, slot])
+        if self.numeric:
+            return rng.normal(self.probabilities[slot - 1], self.sigma, size=self.users)
+        out = np.zeros(self.users, dtype=np.int64)
+        out[rng.choice(self.users, size=self.ones(slot), replace=False)] = 1
+        return out
+
+    def truth(self, slot: int) -> NDArray[np.float64]:
+        """The true statistic ``c_t``: histogram ``(1 − K_t/n, K_t/n)`` or the mean value."""
+        if self.numeric:
+            return np.array([float(np.mean(self.values(slot)))])
+        k = self.ones(slot) / self.users
+        return np.array([1 - k, k])
+
+    def __iter__(self) -> Iterator[NDArray[np.int64] | NDArray[np.float64]]:
+        for slot in range(1, self.slots + 1):
+            yield self.values(slot)
+
+
+def dataset_d(name: str) -> int:
+    """Domain size of a synthetic dataset without building it."""
+    return 1 if name.endswith("-con") else 2
+
+

@@ -1,0 +1,431 @@
+"""The seven w-event LDP mechanisms of LDP-IDS (spec ``ldp-ids.md`` §3.1–§3.7).
+
+All of them satisfy w-event ε-LDP for every user (spec §1.3):
+
+* budget division (LBU, LBD, LBA; Thm 4.1): every user's ``Σ_{window}(ε_{τ,1} + ε_{τ,2}) ≤ ε``,
+  enforced by ``BudgetLedger``;
+* population division (LSP, LPU, LPD, LPA; Thm 5.2): every report uses the full ε and a user
+  reports at most once in any ``w`` consecutive slots, enforced by ``PopulationLedger``.
+
+Time ``t`` is the mechanism's own 1-based step counter (the operator feeds every slot,
+including empty ones, in order); releases carry the stream's slot index. Decisions use only
+earlier LDP outputs and public counts, so they are post-processing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import ClassVar, Final, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from privstream.mechanisms.client import Aggregate
+from privstream.mechanisms.contract import (
+    Division,
+    LedgerEntry,
+    Mechanism,
+    PrivacyCost,
+    Release,
+    Slot,
+    Strategy,
+    finite_or_none,
+)
+from privstream.mechanisms.ledger import BudgetLedger, PopulationLedger
+from privstream.mechanisms.tasks import EstimationTask, FrequencyTask
+
+STATE_VERSION: Final = 1
+AbsorptionInit = Literal["literal", "tA_eq_t"]
+
+
+@dataclass(frozen=True)
+class LdpIdsConfig:
+    """Configuration shared by the LDP-IDS mechanisms; defaults are the paper's (spec §6.7).
+
+    Attributes:
+        epsilon: window budget ε (> 0).
+        window: window size w (≥ 1 slots).
+        population: registered population size n (≥ 1 users).
+        task: what is estimated; a histogram over d values with Ada by default.
+        beta: share β of budget or population given to the dissimilarity step M1 (0 < β < 1).
+        u_min: LPD's smallest publication group (≥ 1).
+        include_sampling_variance: add the subsampling term of spec §2.5 to ``V`` (A9).
+        absorption_init: LBA/LPA start, ``"literal"`` (t_A = t + 1) or ``"tA_eq_t"`` (A5).
+        force_first_publish: publish at the first slot whatever ``dis`` says (A36).
+    """
+
+    epsilon: float
+    window: int
+    population: int
+    task: EstimationTask = field(default_factory=lambda: FrequencyTask(2))
+    beta: float = 0.5
+    u_min: int = 1
+    include_sampling_variance: bool = False
+    absorption_init: AbsorptionInit = "literal"
+    force_first_publish: bool = False
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.epsilon, (int, float)) and math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise ValueError(f"epsilon must be a positive finite number, got {self.epsilon!r}")
+        if not isinstance(self.window, int) or self.window < 1:
+            raise ValueError(f"window must be an integer >= 1, got {self.window!r}")
+        if not isinstance(self.population, int) or self.population < 1:
+            raise ValueError(f"population must be an integer >= 1, got {self.population!r}")
+        if not isinstance(self.task, EstimationTask):
+            raise ValueError(f"task must be a FrequencyTask or MeanTask, got {self.task!r}")
+        if not (0 < self.beta < 1):
+            raise ValueError(f"beta must lie in (0, 1), got {self.beta!r}")
+        if not isinstance(self.u_min, int) or self.u_min < 1:
+            raise ValueError(f"u_min must be an integer >= 1, got {self.u_min!r}")
+        if self.absorption_init not in ("literal", "tA_eq_t"):
+            raise ValueError(f"absorption_init must be 'literal' or 'tA_eq_t', got {self.absorption_init!r}")
+
+
+@dataclass
+class LdpIdsState:
+    """Everything needed to continue a stream after a restart (spec §3.13).
+
+    ``t`` is the number of slots processed, ``last_slot`` the stream slot of the last step,
+    ``r_prev`` the last release, ``l`` the step of the last fresh publication and
+    ``absorbed`` the resource it took (LBA: units ``k_l``; LPA: users ``n_l2``).
+    """
+
+    mechanism: str
+    d: int
+    version: int = STATE_VERSION
+    t: int = 0
+    last_slot: int | None = None
+    r_prev: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    l: int = 0
+    source_slot: int | None = None
+    absorbed: int = 0
+    budget: BudgetLedger | None = None
+    population: PopulationLedger | None = None
+    groups: NDArray[np.int32] | None = None
+
+
+@dataclass
+class _Outcome:
+    """What one slot did, gathered for its Release and LedgerEntry."""
+
+    strategy: Strategy
+    eps1: float = 0.0
+    eps2: float = 0.0
+    users1: int = 0
+    users2: int = 0
+    dis: float = math.nan
+    err: float = math.nan
+    bits: int = 0
+    remaining: float = 0.0
+
+
+class LdpIdsMechanism(Mechanism[LdpIdsConfig, LdpIdsState]):
+    """Shared skeleton: state, ledgers, M1 dissimilarity (spec §3.0) and event emission."""
+
+    state_version: ClassVar[int] = STATE_VERSION
+    division: ClassVar[Division]
+
+    @property
+    def privacy_cost(self) -> PrivacyCost:
+        return PrivacyCost(self.config.epsilon, self.config.window, self.division)
+
+    @property
+    def n(self) -> int:
+        return self.config.population
+
+    def initial_state(self) -> LdpIdsState:
+        cfg = self.config
+        state = LdpIdsState(mechanism=self.name, d=cfg.task.d, r_prev=np.zeros(cfg.task.d))
+        if self.division == "budget":
+            state.budget = BudgetLedger(cfg.epsilon, cfg.window)
+        else:
+            state.population = PopulationLedger(cfg.population, cfg.window)
+        return state
+
+    def V(self, eps: float, m: int) -> float:
+        """``V(ε, m)`` of spec §2.4, plus the optional subsampling term of §2.5."""
+        v = self.config.task.variance(eps, m)
+        if self.config.include_sampling_variance and 0 < m < self.n and self.n > 1:
+            d = self.config.task.d
+            v += (1 - 1 / d) / (d * m) * (self.n - m) / (self.n - 1) * self.config.task.scale**2
+        return v
+
+    def dissimilarity(self, state: LdpIdsState, agg: Aggregate, eps: float) -> float:
+        """De-biased ``dis = mean_k (c̄_{t,1}[k] − r_{t−1}[k])² − V(ε_{M1}, m_{M1})`` (Eq. 3)."""
+        if agg.reports == 0:
+            return -math.inf
+        return float(np.mean((agg.estimate - state.r_prev) ** 2)) - self.V(eps, agg.reports)
+
+    # -- collection through the ledgers --------------------------------------------------------
+
+    def collect_all(self, state: LdpIdsState, slot: Slot, eps: float, part: str) -> Aggregate:
+        """Every eligible user reports with ``eps``; charged to all users (budget division)."""
+        assert state.budget is not None
+        state.budget.charge(state.t, eps, part)
+        return slot.client.collect(None, eps, purpose=part)
+
+    def collect_sample(self, state: LdpIdsState, slot: Slot, k: int, part: str) -> Aggregate:
+        """``k`` users sampled from ``U_A`` report with the full ε (population division)."""
+        assert state.population is not None
+        users = state.population.sample(state.t, k, slot.client.eligible(), slot.randomness(f"{part}/sample"))
+        state.population.charge(state.t, users, part)
+        return slot.client.collect(users, self.config.epsilon, purpose=part)
+
+    def bits(self, agg: Aggregate, instructed: bool) -> int:
+        """Report bits plus one instruction bit per individually requested report (spec §5.3.4)."""
+        return agg.report_bits + (agg.reports if instructed else 0)
+
+    # -- the step ------------------------------------------------------------------------------
+
+    def _advance(self, state: LdpIdsState, slot: Slot) -> list[Release | LedgerEntry]:
+        if state.last_slot is not None and slot.index != state.last_slot + 1:
+            raise ValueError(
+                f"{self.name} on stream {slot.stream!r} expected slot {state.last_slot + 1}, got {slot.index}"
+            )
+        if slot.client.population != self.n:
+            raise ValueError(f"slot has {slot.client.population} users, mechanism expects n={self.n}")
+        state.t += 1
+        state.last_slot = slot.index
+        outcome = self.decide(state, slot)
+        return [self._release(state, slot, outcome), self._ledger_entry(state, slot, outcome)]
+
+    def decide(self, state: LdpIdsState, slot: Slot) -> _Outcome:
+        """Run the mechanism's pseudocode for slot ``state.t``; update ``r_prev``/``l``."""
+        raise NotImplementedError
+
+    def publish(self, state: LdpIdsState, slot: Slot, agg: Aggregate) -> None:
+        state.r_prev = np.asarray(agg.estimate, dtype=np.float64)
+        state.l = state.t
+        state.source_slot = slot.index
+
+    def first_forced(self, state: LdpIdsState) -> bool:
+        return self.config.force_first_publish and state.l == 0
+
+    def _release(self, state: LdpIdsState, slot: Slot, o: _Outcome) -> Release:
+        return Release(
+            stream=slot.stream,
+            mechanism=self.name,
+            slot=slot.index,
+            strategy=o.strategy,
+            estimate=tuple(float(x) for x in state.r_prev),
+            epsilon=self.config.epsilon,
+            window=self.config.window,
+            epsilon_m1=o.eps1,
+            epsilon_m2=o.eps2,
+            users_m1=o.users1,
+            users_m2=o.users2,
+            source_slot=state.source_slot,
+            dissimilarity=finite_or_none(o.dis),
+            error=finite_or_none(o.err),
+            bits=o.bits,
+        )
+
+    def _ledger_entry(self, state: LdpIdsState, slot: Slot, o: _Outcome) -> LedgerEntry:
+        cfg, t = self.config, state.t
+        if state.budget is not None:
+            spent, window_users, available = state.budget.window_spent(t), 0, int(slot.client.eligible().sum())
+        else:
+            assert state.population is not None
+            spent = 0.0
+            window_users = state.population.window_users(t)
+            available = int(state.population.available(t + 1).sum())
+        return LedgerEntry(
+            stream=slot.stream,
+            mechanism=self.name,
+            slot=slot.index,
+            division=self.division,
+            epsilon=cfg.epsilon,
+            window=cfg.window,
+            epsilon_m1=o.eps1,
+            epsilon_m2=o.eps2,
+            window_spent=spent,
+            users_m1=o.users1,
+            users_m2=o.users2,
+            window_users=window_users,
+            available_users=available,
+            remaining=o.remaining,
+        )
+
+
+class LBU(LdpIdsMechanism):
+    """LDP Budget Uniform (spec §3.1): all users report with ``ε/w`` at every slot."""
+
+    name = "LBU"
+    division = "budget"
+
+    def decide(self, state: LdpIdsState, slot: Slot) -> _Outcome:
+        eps = self.config.epsilon / self.config.window
+        agg = self.collect_all(state, slot, eps, "m2")
+        self.publish(state, slot, agg)
+        return _Outcome("publish", eps2=eps, users2=agg.reports, bits=self.bits(agg, instructed=False))
+
+
+class LSP(LdpIdsMechanism):
+    """LDP Sampling (spec §3.2, A1): all users report with ε at ``t ≡ 1 (mod w)``; the other
+    slots approximate. Each user reports once per ``w`` slots (population division)."""
+
+    name = "LSP"
+    division = "population"
+
+    def decide(self, state: LdpIdsState, slot: Slot) -> _Outcome:
+        if (state.t - 1) % self.config.window != 0:
+            return _Outcome("approximate")
+        agg = self.collect_sample(state, slot, int(state.population.available(state.t).sum()), "m2")  # type: ignore[union-attr]
+        self.publish(state, slot, agg)
+        return _Outcome("publish", eps2=self.config.epsilon, users2=agg.reports, bits=self.bits(agg, True))
+
+
+class LPU(LdpIdsMechanism):
+    """LDP Population Uniform (spec §3.3): users are split at random into ``w`` groups whose
+    sizes differ by at most one; group ``((t−1) mod w)`` reports with ε at slot t."""
+
+    name = "LPU"
+    division = "population"
+
+    def decide(self, state: LdpIdsState, slot: Slot) -> _Outcome:
+        pop = state.population
+        assert pop is not None
+        if state.groups is None:
+            order = slot.randomness.stream_level("lpu/groups").permutation(self.n)
+            groups = np.empty(self.n, dtype=np.int32)
+            groups[order] = np.arange(self.n, dtype=np.int32) % self.config.window
+            state.groups = groups
+        members = np.flatnonzero((state.groups == (state.t - 1) % self.config.window) & slot.client.eligible())
+        pop.charge(state.t, members, "m2")
+        agg = slot.client.collect(members, self.config.epsilon, purpose="m2")
+        self.publish(state, slot, agg)
+        return _Outcome("publish", eps2=self.config.epsilon, users2=agg.reports, bits=self.bits(agg, True))
+
+
+class LBD(LdpIdsMechanism):
+    """LDP Budget Distribution (spec §3.4): M1 spends ``βε/w``; a publication takes half of the
+    remaining publication budget ``ε_rm = (1−β)ε − Σ_{i=t−w+1}^{t−1} ε_{i,2}``."""
+
+    name = "LBD"
+    division = "budget"
+
+    def decide(self, state: LdpIdsState, slot: Slot) -> _Outcome:
+        cfg, t, ledger = self.config, state.t, state.budget
+        assert ledger is not None
+        eps1 = cfg.beta * cfg.epsilon / cfg.window
+        c1 = self.collect_all(state, slot, eps1, "m1")
+        dis = self.dissimilarity(state, c1, eps1)
+        eps_rm = (1 - cfg.beta) * cfg.epsilon - ledger.spent(t - cfg.window + 1, t - 1, "m2")
+        eps_pp = eps_rm / 2
+        err = self.V(eps_pp, c1.reports) if eps_pp > 0 else math.inf
+        out = _Outcome("approximate", eps1=eps1, users1=c1.reports, dis=dis, err=err, remaining=eps_rm)
+        out.bits = self.bits(c1, instructed=False)
+        if (dis > err or self.first_forced(state)) and eps_pp > 0:
+            agg = self.collect_all(state, slot, eps_pp, "m2")
+            self.publish(state, slot, agg)
+            out.strategy, out.eps2, out.users2 = "publish", eps_pp, agg.reports
+            out.bits += self.bits(agg, instructed=True)
+        return out
+
+
+class LBA(LdpIdsMechanism):
+    """LDP Budget Absorption (spec §3.5): each slot earns ``ε_u = (1−β)ε/w``; a publication
+    absorbs the units of skipped slots (at most ``w``) and nullifies the next ``k−1`` slots."""
+
+    name = "LBA"
+    division = "budget"
+
+    def initial_state(self) -> LdpIdsState:
+        state = super().initial_state()
+        state.absorbed = 0 if self.config.absorption_init == "literal" else 1
+        return state
+
+    def decide(self, state: LdpIdsState, slot: Slot) -> _Outcome:
+        cfg, t = self.config, state.t
+        eps1 = cfg.beta * cfg.epsilon / cfg.window
+        eps_u = (1 - cfg.beta) * cfg.epsilon / cfg.window
+        c1 = self.collect_all(state, slot, eps1, "m1")  # M1 runs at nullified slots too (A7)
+        dis = self.dissimilarity(state, c1, eps1)
+        out = _Outcome("nullified", eps1=eps1, users1=c1.reports, dis=dis, bits=self.bits(c1, False))
+        t_n = state.absorbed - 1
+        if t - state.l <= t_n:
+            return out
+        k = min(t - (state.l + t_n), cfg.window)
+        eps_pp = k * eps_u
+        out.err, out.remaining, out.strategy = self.V(eps_pp, c1.reports), eps_pp, "approximate"
+        if dis > out.err or self.first_forced(state):
+            agg = self.collect_all(state, slot, eps_pp, "m2")
+            self.publish(state, slot, agg)
+            state.absorbed = k
+            out.strategy, out.eps2, out.users2 = "publish", eps_pp, agg.reports
+            out.bits += self.bits(agg, instructed=True)
+        return out
+
+
+class LPD(LdpIdsMechanism):
+    """LDP Population Distribution (spec §3.6, Alg. 2): M1 asks ``⌊βn/w⌋`` users; a publication
+    takes half of the remaining publication users ``n_rm = ⌊(1−β)n⌋ − Σ_{i=t−w+1}^{t−1}|U_{i,2}|``."""
+
+    name = "LPD"
+    division = "population"
+
+    def decide(self, state: LdpIdsState, slot: Slot) -> _Outcome:
+        cfg, t, pop = self.config, state.t, state.population
+        assert pop is not None
+        c1 = self.collect_sample(state, slot, math.floor(cfg.beta * self.n / cfg.window), "m1")
+        dis = self.dissimilarity(state, c1, cfg.epsilon)
+        n_rm = math.floor((1 - cfg.beta) * self.n) - pop.used(t - cfg.window + 1, t - 1, "m2")
+        n_pp = n_rm // 2
+        err = self.V(cfg.epsilon, n_pp)
+        out = _Outcome("approximate", eps1=cfg.epsilon, users1=c1.reports, dis=dis, err=err, remaining=n_rm)
+        out.bits = self.bits(c1, instructed=True)
+        if (dis > err or self.first_forced(state)) and n_pp >= cfg.u_min:
+            agg = self.collect_sample(state, slot, n_pp, "m2")
+            self.publish(state, slot, agg)
+            out.strategy, out.eps2, out.users2 = "publish", cfg.epsilon, agg.reports
+            out.bits += self.bits(agg, instructed=True)
+        return out
+
+
+class LPA(LdpIdsMechanism):
+    """LDP Population Absorption (spec §3.7, Alg. 3): each slot earns ``m_u = ⌊(1−β)n/w⌋``
+    publication users; a publication absorbs skipped units and nullifies as many slots."""
+
+    name = "LPA"
+    division = "population"
+
+    def initial_state(self) -> LdpIdsState:
+        state = super().initial_state()
+        state.absorbed = 0 if self.config.absorption_init == "literal" else self._unit
+        return state
+
+    @property
+    def _unit(self) -> int:
+        return max(1, math.floor((1 - self.config.beta) * self.n / self.config.window))
+
+    def decide(self, state: LdpIdsState, slot: Slot) -> _Outcome:
+        cfg, t, m_u = self.config, state.t, self._unit
+        c1 = self.collect_sample(state, slot, math.floor(cfg.beta * self.n / cfg.window), "m1")
+        dis = self.dissimilarity(state, c1, cfg.epsilon)
+        out = _Outcome("nullified", eps1=cfg.epsilon, users1=c1.reports, dis=dis, bits=self.bits(c1, True))
+        t_n = state.absorbed // m_u - 1
+        if t - state.l <= t_n:
+            return out
+        n_pp = m_u * min(t - (state.l + t_n), cfg.window)
+        out.err, out.remaining, out.strategy = self.V(cfg.epsilon, n_pp), n_pp, "approximate"
+        if dis > out.err or self.first_forced(state):
+            agg = self.collect_sample(state, slot, n_pp, "m2")
+            self.publish(state, slot, agg)
+            state.absorbed = n_pp
+            out.strategy, out.eps2, out.users2 = "publish", cfg.epsilon, agg.reports
+            out.bits += self.bits(agg, instructed=True)
+        return out
+
+
+MECHANISMS: Final[dict[str, type[LdpIdsMechanism]]] = {
+    m.name: m for m in (LBU, LSP, LPU, LBD, LBA, LPD, LPA)
+}
+
+
+def build(name: str, config: LdpIdsConfig) -> LdpIdsMechanism:
+    """The mechanism called ``name`` (case-insensitive) with ``config``."""
+    try:
+        return MECHANISMS[name.upper()](config)
+    except KeyError:
+        raise ValueError(f"unknown LDP-IDS mechanism {name!r}; choose from {', '.join(MECHANISMS)}") from None

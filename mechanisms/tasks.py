@@ -1,0 +1,120 @@
+"""Estimation tasks: what a stream's values are and which randomiser reports them.
+
+A task hides the difference between the categorical task (histogram over ``d`` values, oracle
+chosen by Ada, spec §2.3) and the numeric task (mean of values clipped to ``[lower, upper]``,
+reported with HM in ``[−1, 1]``, spec §2.7 and §3.11) from the mechanisms: they ask only for
+``select(ε)``, ``variance(ε, m)`` and ``report_bits(ε)``.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from privstream.mechanisms.mean import HM, HmVariance
+from privstream.mechanisms.oracles import GRR, OLH, OUE, FrequencyOracle, Oracle, ada_threshold
+
+OracleChoice = Literal["ada", "grr", "oue", "olh"]
+
+
+class EstimationTask(ABC):
+    """The statistic a mechanism releases each slot and how users report it."""
+
+    d: int
+    kind: str
+
+    @abstractmethod
+    def select(self, eps: float) -> Oracle:
+        """The randomiser every report made with budget ``ε`` uses."""
+
+    def variance(self, eps: float, m: int) -> float:
+        """d-averaged variance of one estimate from ``m`` reports, in release units."""
+        return self.select(eps).variance(eps, m) * self.scale**2
+
+    def report_bits(self, eps: float) -> int:
+        return self.select(eps).report_bits(eps)
+
+    @property
+    def scale(self) -> float:
+        """Factor from oracle units to release units (1 for frequencies)."""
+        return 1.0
+
+    @abstractmethod
+    def in_domain(self, values: NDArray[np.float64]) -> NDArray[np.bool_]:
+        """Which raw values belong to the task's domain."""
+
+    @abstractmethod
+    def encode(self, values: NDArray[np.float64]) -> NDArray[np.float64] | NDArray[np.int64]:
+        """Client side: raw values to the randomiser's input."""
+
+    def decode(self, estimate: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Server side: an oracle estimate to release units."""
+        return estimate
+
+
+@dataclass(frozen=True)
+class FrequencyTask(EstimationTask):
+    """Histogram over ``{0, …, d−1}`` (spec §2). ``oracle="ada"`` is the paper's default."""
+
+    d: int
+    oracle: OracleChoice = "ada"
+    kind: str = "frequency"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.d, int) or self.d < 2:
+            raise ValueError(f"d (domain size) must be an integer >= 2, got {self.d!r}")
+        if self.oracle not in ("ada", "grr", "oue", "olh"):
+            raise ValueError(f"oracle must be one of ada, grr, oue, olh; got {self.oracle!r}")
+        object.__setattr__(self, "_oracles", {"grr": GRR(self.d), "oue": OUE(self.d), "olh": OLH(self.d)})
+
+    def select(self, eps: float) -> FrequencyOracle:
+        oracles: dict[str, FrequencyOracle] = getattr(self, "_oracles")  # noqa: B009
+        if self.oracle == "ada":
+            return oracles["grr"] if self.d < ada_threshold(eps) else oracles["oue"]
+        return oracles[self.oracle]
+
+    def in_domain(self, values: NDArray[np.float64]) -> NDArray[np.bool_]:
+        v = np.asarray(values, dtype=np.float64)
+        return np.isfinite(v) & (v == np.floor(v)) & (v >= 0) & (v < self.d)
+
+    def encode(self, values: NDArray[np.float64]) -> NDArray[np.int64]:
+        return np.asarray(values, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class MeanTask(EstimationTask):
+    """Mean of values clipped to ``[lower, upper]`` (spec §2.7, A13), reported with HM."""
+
+    lower: float
+    upper: float
+    hm_variance: HmVariance = "exact"
+    d: int = 1
+    kind: str = "mean"
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.lower) and math.isfinite(self.upper) and self.upper > self.lower):
+            raise ValueError(f"mean task needs finite lower < upper, got [{self.lower}, {self.upper}]")
+        object.__setattr__(self, "_hm", HM(self.hm_variance))
+
+    def select(self, eps: float) -> HM:
+        hm: HM = getattr(self, "_hm")  # noqa: B009
+        return hm
+
+    @property
+    def scale(self) -> float:
+        return (self.upper - self.lower) / 2
+
+    def in_domain(self, values: NDArray[np.float64]) -> NDArray[np.bool_]:
+        return np.isfinite(np.asarray(values, dtype=np.float64))
+
+    def encode(self, values: NDArray[np.float64]) -> NDArray[np.float64]:
+        clipped = np.clip(np.asarray(values, dtype=np.float64), self.lower, self.upper)
+        return 2 * (clipped - self.lower) / (self.upper - self.lower) - 1
+
+    def decode(self, estimate: NDArray[np.float64]) -> NDArray[np.float64]:
+        return self.lower + (np.asarray(estimate) + 1) * self.scale
