@@ -1,0 +1,1 @@
+"""Ready dataflows: ``build(...)`` factories runnable with ``python -m bytewax.run``."""

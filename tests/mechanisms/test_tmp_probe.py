@@ -1,0 +1,3 @@
+def test_probe():
+    import privstream.mechanisms.oracles as o
+    print(o.__file__)
