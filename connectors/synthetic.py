@@ -9,6 +9,7 @@ values come from a generator seeded by ``(seed, slot)``, so any slot can be rege
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Final
@@ -41,6 +42,37 @@ def log_probabilities(slots: int, a: float = 0.25, b: float = 0.01) -> NDArray[n
     """Log (logistic): ``p_t = A / (1 + e^{−b·t})`` for ``t = 1..T``."""
     t = np.arange(1, slots + 1)
     return a / (1 + np.exp(-b * t))
+
+
+def uniform_subset_mask(n: int, k: int, rng: np.random.Generator) -> NDArray[np.bool_]:
+    """Mask of a uniformly random ``k``-subset of ``{0, …, n−1}``, in O(n) time.
+
+    The set ``D`` of distinct values among iid uniform draws from ``{0, …, n−1}`` is exchangeable:
+    given ``|D| = s`` it is a uniform ``s``-subset, whatever rule (depending on sizes only)
+    decided how many draws to make. So: draw until ``|D| ≥ k`` (about ``−n·ln(1 − k/n)`` draws),
+    then drop a uniform ``(|D| − k)``-subset of ``D``; the result is exactly a uniform
+    ``k``-subset. For ``k > n/2`` the complement is drawn instead, so the draws stay ``O(k)``.
+    This replaces ``rng.choice(n, k, replace=False)``, whose permutation of ``arange(n)`` costs
+    an extra ``8n``-byte temporary per slot.
+    """
+    if not 0 <= k <= n:
+        raise ValueError(f"subset size must lie in 0..{n}, got {k}")
+    if 2 * k > n:
+        return ~uniform_subset_mask(n, n - k, rng)
+    mask = np.zeros(n, dtype=np.bool_)
+    if k == 0:
+        return mask
+    # Expected draws for k distinct values, plus ~4 standard deviations of the distinct count.
+    draws = math.ceil(-n * math.log1p(-k / n) + 4 * math.sqrt(k)) + 8
+    size = 0
+    while size < k:
+        mask[rng.integers(0, n, size=draws)] = True
+        size = int(np.count_nonzero(mask))
+        draws = max(2 * (k - size), 16)  # rare top-up
+    if size > k:
+        members = np.flatnonzero(mask)
+        mask[members[rng.choice(size, size=size - k, replace=False)]] = False
+    return mask
 
 
 @dataclass(frozen=True)
@@ -93,9 +125,7 @@ class SyntheticStream:
         rng = np.random.default_rng([self.seed, slot])
         if self.numeric:
             return rng.normal(self.probabilities[slot - 1], self.sigma, size=self.users)
-        out = np.zeros(self.users, dtype=np.int64)
-        out[rng.choice(self.users, size=self.ones(slot), replace=False)] = 1
-        return out
+        return uniform_subset_mask(self.users, self.ones(slot), rng).astype(np.int64)
 
     def truth(self, slot: int) -> NDArray[np.float64]:
         """The true statistic ``c_t``: histogram ``(1 − K_t/n, K_t/n)`` or the mean value."""
