@@ -137,6 +137,9 @@ def run_ldp_ids(args: argparse.Namespace) -> int:
         stream=args.stream,
         progress=(lambda _release: bar.update(1)) if bar is not None else None,
     )
+    for path in (args.out, args.ledger_out, args.dead_letter_out):
+        if path:  # outputs exist after the run even when nothing was written to them
+            Path(path).touch()
     started = time.perf_counter()
     _run_flow(flow, args.workers, args.recovery_dir)
     if bar is not None:

@@ -143,3 +143,45 @@ def test_bad_events_go_to_dead_letters_and_do_not_change_releases() -> None:
          "duplicate_report", "late_event", "far_future_slot", "oversized"]
     )  # fmt: skip
     assert clean["dead_letters"] == []
+
+
+class _BreaksAtSlot3(__import__("privstream.mechanisms.ldp_ids", fromlist=["LBU"]).LBU):  # type: ignore[misc]
+    """LBU whose ledger is asked for ten times the budget at slot 3."""
+
+    def decide(self, state: Any, slot: Any) -> Any:
+        if state.t == 3:
+            state.budget.charge(state.t, 10 * self.config.epsilon, "m2")
+        return super().decide(state, slot)
+
+
+def test_a_violated_invariant_halts_only_that_stream_before_release() -> None:
+    from privstream.mechanisms.contract import Release
+    from privstream.operators.slotting import slotted_mechanism
+
+    config = LdpIdsConfig(1.0, W, N, task=FrequencyTask(2))
+    flow = Dataflow("halting")
+    keyed = op.key_on("by_stream", op.input("in", flow, TestingSource(two_streams(6))), lambda b: b.stream)
+    out = slotted_mechanism("m", keyed, mechanism=_BreaksAtSlot3(config), task=config.task, population=N, secret=1)
+    releases: list[Release] = []
+    dead: list[Any] = []
+    op.output("r", out.releases, TestingSink(releases))
+    op.output("d", out.dead_letters, TestingSink(dead))
+    run_main(flow)
+    assert sorted((r.stream, r.slot) for r in releases) == [("a", 1), ("a", 2), ("b", 1), ("b", 2)]
+    assert {d.reason for d in dead} == {"stream_halted"}
+    assert len(dead) == 2 * 3 * N  # slots 4..6 of both streams
+
+
+def test_resuming_from_an_incompatible_snapshot_fails_loudly() -> None:
+    from privstream.mechanisms.errors import IncompatibleState
+    from privstream.mechanisms.ldp_ids import build
+    from privstream.operators.slotting import StreamState, _SlottedLogic
+
+    config = LdpIdsConfig(1.0, W, N, task=FrequencyTask(2))
+    mech = build("LPA", config)
+    old = StreamState("a", "LPA", mech.initial_state(), np.full(N, np.nan), version=0)
+    with pytest.raises(IncompatibleState, match="version"):
+        _SlottedLogic("step", mech, config.task, N, 1, SlottingConfig(), old)
+    wrong_mechanism = StreamState("a", "LBD", build("LBD", config).initial_state(), np.full(N, np.nan))
+    with pytest.raises(IncompatibleState, match="LBD"):
+        _SlottedLogic("step", mech, config.task, N, 1, SlottingConfig(), wrong_mechanism)

@@ -1,0 +1,65 @@
+"""The command line is a contract: flags and output fields exactly as documented."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from privstream.cli import main
+
+RELEASE_FIELDS = {
+    "release_id", "stream", "mechanism", "slot", "strategy", "estimate", "epsilon", "window",
+    "epsilon_m1", "epsilon_m2", "users_m1", "users_m2",
+}  # fmt: skip
+
+
+def read(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_run_ldp_ids_writes_one_release_per_slot(tmp_path: Path) -> None:
+    out = tmp_path / "releases.jsonl"
+    argv = ["run", "ldp-ids", "--mechanism", "LPA", "--dataset", "sin", "--users", "5000", "--slots", "60",
+            "--epsilon", "1", "--window", "20", "--seed", "1", "--out", str(out), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    releases = read(out)
+    assert [r["slot"] for r in releases] == list(range(1, 61))
+    for r in releases:
+        assert RELEASE_FIELDS <= r.keys()
+        assert r["strategy"] in ("publish", "approximate", "nullified")
+        assert r["epsilon"] == 1.0 and r["window"] == 20 and len(r["estimate"]) == 2  # type: ignore[arg-type]
+        assert r["epsilon_m1"] == 1.0  # LPA's M1 users report with the full ε
+        assert r["users_m1"] == 5000 // 2 // 20
+    assert main(argv) == 0 and read(out) == releases, "same seed, same releases"
+
+
+@pytest.mark.parametrize("suffix", ["csv", "jsonl"])
+def test_run_on_a_users_own_file(tmp_path: Path, suffix: str) -> None:
+    records = [(f"user{u}", t, (u * t) % 3) for t in range(1, 11) for u in range(200)]
+    src = tmp_path / f"events.{suffix}"
+    if suffix == "csv":
+        src.write_text("user,slot,value\n" + "".join(f"{u},{t},{v}\n" for u, t, v in records))
+    else:
+        src.write_text("".join(json.dumps({"user": u, "slot": t, "value": v}) + "\n" for u, t, v in records))
+    out, dead = tmp_path / "r.jsonl", tmp_path / "dead.jsonl"
+    argv = ["run", "ldp-ids", "--mechanism", "LBU,LPU", "--dataset", f"file:{src}", "--users", "200",
+            "--domain", "3", "--window", "5", "--out", str(out), "--dead-letter-out", str(dead), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    releases = read(out)
+    assert sorted((r["mechanism"], r["slot"]) for r in releases) == sorted(
+        (m, t) for m in ("LBU", "LPU") for t in range(1, 11)
+    )
+    assert all(r["stream"] == "file" and len(r["estimate"]) == 3 for r in releases)  # type: ignore[arg-type]
+    assert dead.read_text() == ""
+
+
+def test_bad_arguments_are_rejected_clearly(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["run", "ldp-ids", "--epsilon", "-1"])
+    assert "positive" in capsys.readouterr().err
+    assert main(["run", "ldp-ids", "--mechanism", "XYZ", "--no-progress"]) == 2
+    assert "unknown mechanism" in capsys.readouterr().err
+    assert main(["run", "ldp-ids", "--dataset", "file:/nonexistent.csv", "--no-progress"]) == 2
+    assert "does not exist" in capsys.readouterr().err
