@@ -92,7 +92,12 @@ class DeadLetter:
     detail: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"reason": self.reason, "stream": self.stream, "detail": self.detail, "payload": self.payload}
+        return {
+            "reason": self.reason,
+            "stream": self.stream,
+            "detail": self.detail,
+            "payload": self.payload,
+        }
 
 
 @dataclass(frozen=True)

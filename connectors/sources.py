@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
-
 from privstream.connectors.events import EventBatch
 from privstream.connectors.synthetic import SyntheticStream
 
@@ -51,7 +50,9 @@ class SyntheticSource(FixedPartitionedSource[EventBatch, int]):
     def list_parts(self) -> list[str]:
         return [f"synthetic:{self.name}"]
 
-    def build_part(self, step_id: str, for_part: str, resume_state: int | None) -> _SyntheticPartition:
+    def build_part(
+        self, step_id: str, for_part: str, resume_state: int | None
+    ) -> _SyntheticPartition:
         return _SyntheticPartition(self.stream, self.name, resume_state or 1)
 
 

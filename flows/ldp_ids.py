@@ -16,7 +16,6 @@ from typing import Any
 
 from bytewax import operators as op
 from bytewax.dataflow import Dataflow, Stream
-
 from privstream.connectors.events import EventBatch, parse_csv_lines, parse_json_lines
 from privstream.connectors.jsonl import jsonl_output
 from privstream.connectors.sources import SyntheticSource, detect_format, file_source
@@ -54,14 +53,19 @@ def resolve_source(
         return Source(stream or "file", task, path=path)
     name = dataset.lower()
     if name not in DATASETS:
-        raise ValueError(f"unknown dataset {dataset!r}; use one of {', '.join(DATASETS)} or file:PATH")
+        raise ValueError(
+            f"unknown dataset {dataset!r}; use one of {', '.join(DATASETS)} or file:PATH"
+        )
     synthetic = SyntheticStream(name, users, slots, seed=seed)
     task = MeanTask(*synthetic.bounds) if synthetic.numeric else FrequencyTask(synthetic.d)
     return Source(stream or name, task, synthetic=synthetic)
 
 
 def _mechanism_list(mechanisms: str | Sequence[str]) -> list[str]:
-    names = [m.strip().upper() for m in (mechanisms.split(",") if isinstance(mechanisms, str) else mechanisms)]
+    names = [
+        m.strip().upper()
+        for m in (mechanisms.split(",") if isinstance(mechanisms, str) else mechanisms)
+    ]
     unknown = [m for m in names if m not in MECHANISMS]
     if unknown or not names:
         raise ValueError(f"unknown mechanism(s) {unknown}; choose from {', '.join(MECHANISMS)}")
@@ -71,7 +75,9 @@ def _mechanism_list(mechanisms: str | Sequence[str]) -> list[str]:
 def events(flow: Dataflow, source: Source) -> tuple[Stream[EventBatch], Stream[Any]]:
     """Input step(s): parsed event batches and the dead letters of parsing."""
     if source.synthetic is not None:
-        batches: Stream[Any] = op.input("synthetic", flow, SyntheticSource(source.synthetic, source.stream))
+        batches: Stream[Any] = op.input(
+            "synthetic", flow, SyntheticSource(source.synthetic, source.stream)
+        )
         return batches, op.filter("no_parse_errors", batches, lambda _b: False)
     assert source.path is not None
     lines = op.input("file", flow, file_source(source.path))
@@ -123,7 +129,9 @@ def build(
     """
     names = _mechanism_list(mechanisms)
     source = resolve_source(dataset, users, slots, seed, domain, mean_range, stream)
-    config = LdpIdsConfig(epsilon=epsilon, window=window, population=users, task=source.task, beta=beta)
+    config = LdpIdsConfig(
+        epsilon=epsilon, window=window, population=users, task=source.task, beta=beta
+    )
     slotting = SlottingConfig(lateness=lateness, client_path=client_path)  # type: ignore[arg-type]
 
     flow = Dataflow("privstream_ldp_ids")
@@ -131,7 +139,9 @@ def build(
     keyed = op.key_on("by_stream", batches, lambda b: b.stream)
     releases, ledgers, dead = [], [], [parse_errors]
     for name in names:
-        mech = ldp_ids(f"ldp_ids_{name}", keyed, mechanism=name, config=config, secret=seed, slotting=slotting)
+        mech = ldp_ids(
+            f"ldp_ids_{name}", keyed, mechanism=name, config=config, secret=seed, slotting=slotting
+        )
         releases.append(mech.releases)
         ledgers.append(mech.ledger)
         dead.append(mech.dead_letters)

@@ -17,7 +17,6 @@ from typing import Literal, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
-
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import EstimationTask
 
@@ -55,8 +54,8 @@ class ClientPort(Protocol):
 def absent_mask(values: NDArray[np.float64] | NDArray[np.int64]) -> NDArray[np.bool_]:
     """Users without a value: ``-1`` in integer arrays, NaN in float arrays."""
     if np.issubdtype(values.dtype, np.floating):
-        return np.isnan(values)
-    return values == ABSENT
+        return np.asarray(np.isnan(values), dtype=bool)
+    return np.asarray(values == ABSENT, dtype=bool)
 
 
 class SimulatedClientPort:

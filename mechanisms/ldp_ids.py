@@ -20,7 +20,6 @@ from typing import ClassVar, Final, Literal
 
 import numpy as np
 from numpy.typing import NDArray
-
 from privstream.mechanisms.client import Aggregate
 from privstream.mechanisms.contract import (
     Division,
@@ -66,7 +65,11 @@ class LdpIdsConfig:
     force_first_publish: bool = False
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.epsilon, (int, float)) and math.isfinite(self.epsilon) and self.epsilon > 0):
+        if not (
+            isinstance(self.epsilon, (int, float))
+            and math.isfinite(self.epsilon)
+            and self.epsilon > 0
+        ):
             raise ValueError(f"epsilon must be a positive finite number, got {self.epsilon!r}")
         if not isinstance(self.window, int) or self.window < 1:
             raise ValueError(f"window must be an integer >= 1, got {self.window!r}")
@@ -79,7 +82,9 @@ class LdpIdsConfig:
         if not isinstance(self.u_min, int) or self.u_min < 1:
             raise ValueError(f"u_min must be an integer >= 1, got {self.u_min!r}")
         if self.absorption_init not in ("literal", "tA_eq_t"):
-            raise ValueError(f"absorption_init must be 'literal' or 'tA_eq_t', got {self.absorption_init!r}")
+            raise ValueError(
+                f"absorption_init must be 'literal' or 'tA_eq_t', got {self.absorption_init!r}"
+            )
 
 
 @dataclass
@@ -168,7 +173,9 @@ class LdpIdsMechanism(Mechanism[LdpIdsConfig, LdpIdsState]):
     def collect_sample(self, state: LdpIdsState, slot: Slot, k: int, part: str) -> Aggregate:
         """``k`` users sampled from ``U_A`` report with the full ε (population division)."""
         assert state.population is not None
-        users = state.population.sample(state.t, k, slot.client.eligible(), slot.randomness(f"{part}/sample"))
+        users = state.population.sample(
+            state.t, k, slot.client.eligible(), slot.randomness(f"{part}/sample")
+        )
         state.population.charge(state.t, users, part)
         return slot.client.collect(users, self.config.epsilon, purpose=part)
 
@@ -184,7 +191,9 @@ class LdpIdsMechanism(Mechanism[LdpIdsConfig, LdpIdsState]):
                 f"{self.name} on stream {slot.stream!r} expected slot {state.last_slot + 1}, got {slot.index}"
             )
         if slot.client.population != self.n:
-            raise ValueError(f"slot has {slot.client.population} users, mechanism expects n={self.n}")
+            raise ValueError(
+                f"slot has {slot.client.population} users, mechanism expects n={self.n}"
+            )
         state.t += 1
         state.last_slot = slot.index
         outcome = self.decide(state, slot)
@@ -224,7 +233,11 @@ class LdpIdsMechanism(Mechanism[LdpIdsConfig, LdpIdsState]):
     def _ledger_entry(self, state: LdpIdsState, slot: Slot, o: _Outcome) -> LedgerEntry:
         cfg, t = self.config, state.t
         if state.budget is not None:
-            spent, window_users, available = state.budget.window_spent(t), 0, int(slot.client.eligible().sum())
+            spent, window_users, available = (
+                state.budget.window_spent(t),
+                0,
+                int(slot.client.eligible().sum()),
+            )
         else:
             assert state.population is not None
             spent = 0.0
@@ -258,7 +271,9 @@ class LBU(LdpIdsMechanism):
         eps = self.config.epsilon / self.config.window
         agg = self.collect_all(state, slot, eps, "m2")
         self.publish(state, slot, agg)
-        return _Outcome("publish", eps2=eps, users2=agg.reports, bits=self.bits(agg, instructed=False))
+        return _Outcome(
+            "publish", eps2=eps, users2=agg.reports, bits=self.bits(agg, instructed=False)
+        )
 
 
 class LSP(LdpIdsMechanism):
@@ -273,7 +288,9 @@ class LSP(LdpIdsMechanism):
             return _Outcome("approximate")
         agg = self.collect_sample(state, slot, int(state.population.available(state.t).sum()), "m2")  # type: ignore[union-attr]
         self.publish(state, slot, agg)
-        return _Outcome("publish", eps2=self.config.epsilon, users2=agg.reports, bits=self.bits(agg, True))
+        return _Outcome(
+            "publish", eps2=self.config.epsilon, users2=agg.reports, bits=self.bits(agg, True)
+        )
 
 
 class LPU(LdpIdsMechanism):
@@ -291,11 +308,15 @@ class LPU(LdpIdsMechanism):
             groups = np.empty(self.n, dtype=np.int32)
             groups[order] = np.arange(self.n, dtype=np.int32) % self.config.window
             state.groups = groups
-        members = np.flatnonzero((state.groups == (state.t - 1) % self.config.window) & slot.client.eligible())
+        members = np.flatnonzero(
+            (state.groups == (state.t - 1) % self.config.window) & slot.client.eligible()
+        )
         pop.charge(state.t, members, "m2")
         agg = slot.client.collect(members, self.config.epsilon, purpose="m2")
         self.publish(state, slot, agg)
-        return _Outcome("publish", eps2=self.config.epsilon, users2=agg.reports, bits=self.bits(agg, True))
+        return _Outcome(
+            "publish", eps2=self.config.epsilon, users2=agg.reports, bits=self.bits(agg, True)
+        )
 
 
 class LBD(LdpIdsMechanism):
@@ -314,7 +335,9 @@ class LBD(LdpIdsMechanism):
         eps_rm = (1 - cfg.beta) * cfg.epsilon - ledger.spent(t - cfg.window + 1, t - 1, "m2")
         eps_pp = eps_rm / 2
         err = self.V(eps_pp, c1.reports) if eps_pp > 0 else math.inf
-        out = _Outcome("approximate", eps1=eps1, users1=c1.reports, dis=dis, err=err, remaining=eps_rm)
+        out = _Outcome(
+            "approximate", eps1=eps1, users1=c1.reports, dis=dis, err=err, remaining=eps_rm
+        )
         out.bits = self.bits(c1, instructed=False)
         if (dis > err or self.first_forced(state)) and eps_pp > 0:
             agg = self.collect_all(state, slot, eps_pp, "m2")
@@ -342,7 +365,9 @@ class LBA(LdpIdsMechanism):
         eps_u = (1 - cfg.beta) * cfg.epsilon / cfg.window
         c1 = self.collect_all(state, slot, eps1, "m1")  # M1 runs at nullified slots too (A7)
         dis = self.dissimilarity(state, c1, eps1)
-        out = _Outcome("nullified", eps1=eps1, users1=c1.reports, dis=dis, bits=self.bits(c1, False))
+        out = _Outcome(
+            "nullified", eps1=eps1, users1=c1.reports, dis=dis, bits=self.bits(c1, False)
+        )
         t_n = state.absorbed - 1
         if t - state.l <= t_n:
             return out
@@ -373,7 +398,9 @@ class LPD(LdpIdsMechanism):
         n_rm = math.floor((1 - cfg.beta) * self.n) - pop.used(t - cfg.window + 1, t - 1, "m2")
         n_pp = n_rm // 2
         err = self.V(cfg.epsilon, n_pp)
-        out = _Outcome("approximate", eps1=cfg.epsilon, users1=c1.reports, dis=dis, err=err, remaining=n_rm)
+        out = _Outcome(
+            "approximate", eps1=cfg.epsilon, users1=c1.reports, dis=dis, err=err, remaining=n_rm
+        )
         out.bits = self.bits(c1, instructed=True)
         if (dis > err or self.first_forced(state)) and n_pp >= cfg.u_min:
             agg = self.collect_sample(state, slot, n_pp, "m2")
@@ -403,7 +430,9 @@ class LPA(LdpIdsMechanism):
         cfg, t, m_u = self.config, state.t, self._unit
         c1 = self.collect_sample(state, slot, math.floor(cfg.beta * self.n / cfg.window), "m1")
         dis = self.dissimilarity(state, c1, cfg.epsilon)
-        out = _Outcome("nullified", eps1=cfg.epsilon, users1=c1.reports, dis=dis, bits=self.bits(c1, True))
+        out = _Outcome(
+            "nullified", eps1=cfg.epsilon, users1=c1.reports, dis=dis, bits=self.bits(c1, True)
+        )
         t_n = state.absorbed // m_u - 1
         if t - state.l <= t_n:
             return out
@@ -428,4 +457,6 @@ def build(name: str, config: LdpIdsConfig) -> LdpIdsMechanism:
     try:
         return MECHANISMS[name.upper()](config)
     except KeyError:
-        raise ValueError(f"unknown LDP-IDS mechanism {name!r}; choose from {', '.join(MECHANISMS)}") from None
+        raise ValueError(
+            f"unknown LDP-IDS mechanism {name!r}; choose from {', '.join(MECHANISMS)}"
+        ) from None

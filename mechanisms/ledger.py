@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
-
 from privstream.mechanisms.errors import PrivacyBudgetExceeded
 
 TOLERANCE = 1e-12  # float slack on budget sums (spec §1.6 invariant 1)
@@ -116,7 +115,9 @@ class PopulationLedger:
         m2 = int(self.counts_m2[live].sum()) if part in ("m2", "both") else 0
         return m1 + m2
 
-    def sample(self, t: int, k: int, eligible: NDArray[np.bool_], rng: np.random.Generator) -> NDArray[np.int64]:
+    def sample(
+        self, t: int, k: int, eligible: NDArray[np.bool_], rng: np.random.Generator
+    ) -> NDArray[np.int64]:
         """Uniform sample without replacement of up to ``k`` users of ``U_A`` who can report.
 
         Asking for more users than ``U_A`` holds is a capacity violation (invariant 3); users

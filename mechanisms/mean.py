@@ -13,7 +13,6 @@ from typing import Final, Literal
 
 import numpy as np
 from numpy.typing import NDArray
-
 from privstream.mechanisms.oracles import Oracle
 
 HM_SWITCH: Final = 0.61  # HM uses SR only at or below this ε (spec §2.7)
@@ -86,7 +85,9 @@ class HM(Oracle):
     def report_bits(self, eps: float) -> int:
         return MEAN_REPORT_BITS
 
-    def perturb(self, values: NDArray[np.float64], eps: float, rng: np.random.Generator) -> NDArray[np.float64]:
+    def perturb(
+        self, values: NDArray[np.float64], eps: float, rng: np.random.Generator
+    ) -> NDArray[np.float64]:
         x = np.clip(np.asarray(values, dtype=np.float64), -1.0, 1.0)
         sr = sr_perturb(x, eps, rng)
         if eps <= HM_SWITCH:

@@ -47,7 +47,7 @@ class Oracle(ABC):
         """Bits a user sends for one report (spec §5.3.4)."""
 
     @abstractmethod
-    def perturb(self, values: NDArray[np.int64], eps: float, rng: np.random.Generator) -> Any:
+    def perturb(self, values: NDArray[Any], eps: float, rng: np.random.Generator) -> Any:
         """Per-user path: each user's randomised report of its value."""
 
     @abstractmethod
@@ -87,6 +87,7 @@ class FrequencyOracle(Oracle):
         p, q = self.pq(eps)
         return (np.asarray(support, dtype=np.float64) / m - q) / (p - q)
 
+
 class GRR(FrequencyOracle):
     """Generalised randomised response (spec §2.1): keep the value w.p. ``p = e^ε/(e^ε+d−1)``."""
 
@@ -106,7 +107,9 @@ class GRR(FrequencyOracle):
     def report_bits(self, eps: float) -> int:
         return math.ceil(math.log2(self.d))
 
-    def perturb(self, values: NDArray[np.int64], eps: float, rng: np.random.Generator) -> NDArray[np.int64]:
+    def perturb(
+        self, values: NDArray[np.int64], eps: float, rng: np.random.Generator
+    ) -> NDArray[np.int64]:
         p, _ = self.pq(eps)
         values = np.asarray(values, dtype=np.int64)
         keep = rng.random(values.shape[0]) < p
@@ -150,7 +153,9 @@ class OUE(FrequencyOracle):
     def report_bits(self, eps: float) -> int:
         return self.d
 
-    def perturb(self, values: NDArray[np.int64], eps: float, rng: np.random.Generator) -> NDArray[np.bool_]:
+    def perturb(
+        self, values: NDArray[np.int64], eps: float, rng: np.random.Generator
+    ) -> NDArray[np.bool_]:
         p, q = self.pq(eps)
         values = np.asarray(values, dtype=np.int64)
         bits = rng.random((values.shape[0], self.d)) < q
@@ -159,7 +164,7 @@ class OUE(FrequencyOracle):
         return bits
 
     def support(self, reports: NDArray[np.bool_], eps: float) -> NDArray[np.float64]:
-        return np.asarray(reports, dtype=np.int64).sum(axis=0).astype(np.float64)
+        return np.asarray(np.asarray(reports, dtype=np.int64).sum(axis=0), dtype=np.float64)
 
     def sample_support(
         self, true_counts: NDArray[np.int64], eps: float, rng: np.random.Generator
@@ -167,7 +172,7 @@ class OUE(FrequencyOracle):
         p, q = self.pq(eps)
         counts = np.asarray(true_counts, dtype=np.int64)
         m = int(counts.sum())
-        return (rng.binomial(counts, p) + rng.binomial(m - counts, q)).astype(np.float64)
+        return np.asarray(rng.binomial(counts, p) + rng.binomial(m - counts, q), dtype=np.float64)
 
 
 class OLH(FrequencyOracle):
@@ -196,7 +201,9 @@ class OLH(FrequencyOracle):
     def report_bits(self, eps: float) -> int:
         return math.ceil(math.log2(self.g(eps))) + 64  # hashed value plus the hash seed (a, b)
 
-    def perturb(self, values: NDArray[np.int64], eps: float, rng: np.random.Generator) -> NDArray[np.int64]:
+    def perturb(
+        self, values: NDArray[np.int64], eps: float, rng: np.random.Generator
+    ) -> NDArray[np.int64]:
         g = self.g(eps)
         p = math.exp(eps) / (math.exp(eps) + g - 1)
         values = np.asarray(values, dtype=np.int64)

@@ -21,7 +21,9 @@ class Registered:
 
 def _ldp_ids(name: str) -> Registered:
     def example(population: int) -> Mechanism[Any, Any]:
-        return ldp_ids.build(name, ldp_ids.LdpIdsConfig(epsilon=1.0, window=5, population=population))
+        return ldp_ids.build(
+            name, ldp_ids.LdpIdsConfig(epsilon=1.0, window=5, population=population)
+        )
 
     return Registered("ldp-ids", name, example)
 

@@ -31,8 +31,15 @@ def derive_rng(secret: int | bytes, stream: str, slot: int, purpose: str) -> np.
     The tuple ``(secret, stream, slot, purpose)`` is hashed with BLAKE2b; distinct tuples give
     independent streams, equal tuples give bit-identical ones.
     """
-    secret_bytes = secret if isinstance(secret, bytes) else int(secret).to_bytes(16, "little", signed=True)
-    entropy = _words(secret_bytes, stream.encode(), int(slot).to_bytes(8, "little", signed=True), purpose.encode())
+    secret_bytes = (
+        secret if isinstance(secret, bytes) else int(secret).to_bytes(16, "little", signed=True)
+    )
+    entropy = _words(
+        secret_bytes,
+        stream.encode(),
+        int(slot).to_bytes(8, "little", signed=True),
+        purpose.encode(),
+    )
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy)))
 
 

@@ -11,11 +11,10 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
-
 from privstream.mechanisms.mean import HM, HmVariance
 from privstream.mechanisms.oracles import GRR, OLH, OUE, FrequencyOracle, Oracle, ada_threshold
 
@@ -49,7 +48,7 @@ class EstimationTask(ABC):
         """Which raw values belong to the task's domain."""
 
     @abstractmethod
-    def encode(self, values: NDArray[np.float64]) -> NDArray[np.float64] | NDArray[np.int64]:
+    def encode(self, values: NDArray[Any]) -> NDArray[np.float64] | NDArray[np.int64]:
         """Client side: raw values to the randomiser's input."""
 
     def decode(self, estimate: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -70,7 +69,9 @@ class FrequencyTask(EstimationTask):
             raise ValueError(f"d (domain size) must be an integer >= 2, got {self.d!r}")
         if self.oracle not in ("ada", "grr", "oue", "olh"):
             raise ValueError(f"oracle must be one of ada, grr, oue, olh; got {self.oracle!r}")
-        object.__setattr__(self, "_oracles", {"grr": GRR(self.d), "oue": OUE(self.d), "olh": OLH(self.d)})
+        object.__setattr__(
+            self, "_oracles", {"grr": GRR(self.d), "oue": OUE(self.d), "olh": OLH(self.d)}
+        )
 
     def select(self, eps: float) -> FrequencyOracle:
         oracles: dict[str, FrequencyOracle] = getattr(self, "_oracles")  # noqa: B009
@@ -80,9 +81,9 @@ class FrequencyTask(EstimationTask):
 
     def in_domain(self, values: NDArray[np.float64]) -> NDArray[np.bool_]:
         v = np.asarray(values, dtype=np.float64)
-        return np.isfinite(v) & (v == np.floor(v)) & (v >= 0) & (v < self.d)
+        return np.asarray(np.isfinite(v) & (v == np.floor(v)) & (v >= 0) & (v < self.d), dtype=bool)
 
-    def encode(self, values: NDArray[np.float64]) -> NDArray[np.int64]:
+    def encode(self, values: NDArray[Any]) -> NDArray[np.int64]:
         return np.asarray(values, dtype=np.int64)
 
 
@@ -97,8 +98,12 @@ class MeanTask(EstimationTask):
     kind: str = "mean"
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.lower) and math.isfinite(self.upper) and self.upper > self.lower):
-            raise ValueError(f"mean task needs finite lower < upper, got [{self.lower}, {self.upper}]")
+        if not (
+            math.isfinite(self.lower) and math.isfinite(self.upper) and self.upper > self.lower
+        ):
+            raise ValueError(
+                f"mean task needs finite lower < upper, got [{self.lower}, {self.upper}]"
+            )
         object.__setattr__(self, "_hm", HM(self.hm_variance))
 
     def select(self, eps: float) -> HM:
@@ -110,9 +115,9 @@ class MeanTask(EstimationTask):
         return (self.upper - self.lower) / 2
 
     def in_domain(self, values: NDArray[np.float64]) -> NDArray[np.bool_]:
-        return np.isfinite(np.asarray(values, dtype=np.float64))
+        return np.asarray(np.isfinite(np.asarray(values, dtype=np.float64)), dtype=bool)
 
-    def encode(self, values: NDArray[np.float64]) -> NDArray[np.float64]:
+    def encode(self, values: NDArray[Any]) -> NDArray[np.float64]:
         clipped = np.clip(np.asarray(values, dtype=np.float64), self.lower, self.upper)
         return 2 * (clipped - self.lower) / (self.upper - self.lower) - 1
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from bytewax.dataflow import operator
 from bytewax.operators import KeyedStream
-
 from privstream.connectors.events import EventBatch
 from privstream.mechanisms.ldp_ids import LdpIdsConfig, build
 from privstream.operators.slotting import MechanismOut, SlottingConfig, slotted_mechanism

@@ -23,7 +23,6 @@ from bytewax import operators as op
 from bytewax.dataflow import Stream, operator
 from bytewax.operators import KeyedStream, StatefulBatchLogic
 from numpy.typing import NDArray
-
 from privstream.connectors.events import (
     DUPLICATE,
     FAR_FUTURE,
@@ -76,7 +75,9 @@ class SlottingConfig:
         if self.missing not in ("carry_forward", "absent"):
             raise ValueError(f"missing must be 'carry_forward' or 'absent', got {self.missing!r}")
         if self.client_path not in ("aggregate", "per-user"):
-            raise ValueError(f"client_path must be 'aggregate' or 'per-user', got {self.client_path!r}")
+            raise ValueError(
+                f"client_path must be 'aggregate' or 'per-user', got {self.client_path!r}"
+            )
 
 
 @dataclass
@@ -142,7 +143,12 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
     def on_eof(self) -> tuple[Iterable[Output], bool]:
         out: list[Output] = []
         state = self.state
-        if self.cfg.close_on_eof and state is not None and state.halted is None and state.max_seen is not None:
+        if (
+            self.cfg.close_on_eof
+            and state is not None
+            and state.halted is None
+            and state.max_seen is not None
+        ):
             self._close_through(state, state.max_seen, out)
         return out, StatefulBatchLogic.RETAIN
 
@@ -163,9 +169,14 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
         return self.state
 
     def _reject_all(self, batch: EventBatch, reason: str, detail: str) -> list[Output]:
-        return [("dead_letter", DeadLetter(reason, batch.stream, batch.row_text(i), detail)) for i in range(len(batch))]
+        return [
+            ("dead_letter", DeadLetter(reason, batch.stream, batch.row_text(i), detail))
+            for i in range(len(batch))
+        ]
 
-    def _user_index(self, state: StreamState, batch: EventBatch, ok: NDArray[np.bool_]) -> tuple[NDArray[np.int64], str]:
+    def _user_index(
+        self, state: StreamState, batch: EventBatch, ok: NDArray[np.bool_]
+    ) -> tuple[NDArray[np.int64], str]:
         """Dense user indices of the rows (−1 where unknown) and the batch's id kind."""
         if batch.users.dtype.kind in "iu":
             idx = batch.users.astype(np.int64)
@@ -229,7 +240,7 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
             USER_ID_KIND: "user ids must be all strings or all dense indices within a stream",
         }
         return [
-            DeadLetter(str(reason[i]), batch.stream, batch.row_text(i), details[str(reason[i])])
+            DeadLetter(str(reason[i]), batch.stream, batch.row_text(int(i)), details[str(reason[i])])
             for i in np.flatnonzero(~accepted)
         ]
 

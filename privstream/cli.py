@@ -43,11 +43,29 @@ def _mean_range(text: str) -> tuple[float, float]:
 
 
 def _common(p: argparse.ArgumentParser, *, users: int = 200_000) -> None:
-    p.add_argument("--dataset", default="sin", help="lns, sin, log, their -con variants, or file:PATH (default sin)")
-    p.add_argument("--users", type=_positive_int, default=users, help="registered population size n (default %(default)s)")
-    p.add_argument("--slots", type=_positive_int, default=800, help="slots of a synthetic stream (default %(default)s)")
-    p.add_argument("--epsilon", type=_positive_float, default=1.0, help="window budget ε (default %(default)s)")
-    p.add_argument("--window", type=_positive_int, default=20, help="window size w (default %(default)s)")
+    p.add_argument(
+        "--dataset",
+        default="sin",
+        help="lns, sin, log, their -con variants, or file:PATH (default sin)",
+    )
+    p.add_argument(
+        "--users",
+        type=_positive_int,
+        default=users,
+        help="registered population size n (default %(default)s)",
+    )
+    p.add_argument(
+        "--slots",
+        type=_positive_int,
+        default=800,
+        help="slots of a synthetic stream (default %(default)s)",
+    )
+    p.add_argument(
+        "--epsilon", type=_positive_float, default=1.0, help="window budget ε (default %(default)s)"
+    )
+    p.add_argument(
+        "--window", type=_positive_int, default=20, help="window size w (default %(default)s)"
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -59,31 +77,62 @@ def _parser() -> argparse.ArgumentParser:
     run_family = run.add_subparsers(dest="family", required=True)
     ldp = run_family.add_parser("ldp-ids", help="LDP-IDS mechanisms (w-event LDP)")
     _common(ldp)
-    ldp.add_argument("--mechanism", default="LPA", help=f"one or more of {ALL_LDP_IDS}, comma separated")
-    ldp.add_argument("--seed", type=int, default=1, help="secret seed of the mechanisms' randomness")
+    ldp.add_argument(
+        "--mechanism", default="LPA", help=f"one or more of {ALL_LDP_IDS}, comma separated"
+    )
+    ldp.add_argument(
+        "--seed", type=int, default=1, help="secret seed of the mechanisms' randomness"
+    )
     ldp.add_argument("--out", default="releases.jsonl", help="releases, one JSON object per line")
     ldp.add_argument("--ledger-out", help="ledger entries as JSON lines (optional)")
-    ldp.add_argument("--dead-letter-out", help="rejected events with reasons as JSON lines (optional)")
-    ldp.add_argument("--beta", type=float, default=0.5, help="share β of the dissimilarity step (default 0.5)")
-    ldp.add_argument("--lateness", type=int, default=1, help="slots a slot stays open for late events (default 1)")
+    ldp.add_argument(
+        "--dead-letter-out", help="rejected events with reasons as JSON lines (optional)"
+    )
+    ldp.add_argument(
+        "--beta", type=float, default=0.5, help="share β of the dissimilarity step (default 0.5)"
+    )
+    ldp.add_argument(
+        "--lateness",
+        type=int,
+        default=1,
+        help="slots a slot stays open for late events (default 1)",
+    )
     ldp.add_argument("--client-path", choices=("aggregate", "per-user"), default="aggregate")
-    ldp.add_argument("--domain", type=_positive_int, help="categories d of a file dataset (default 2)")
-    ldp.add_argument("--mean-range", type=_mean_range, help="LOWER:UPPER: a file dataset is numeric, clipped to it")
+    ldp.add_argument(
+        "--domain", type=_positive_int, help="categories d of a file dataset (default 2)"
+    )
+    ldp.add_argument(
+        "--mean-range",
+        type=_mean_range,
+        help="LOWER:UPPER: a file dataset is numeric, clipped to it",
+    )
     ldp.add_argument("--stream", help="stream name (default: the dataset name)")
-    ldp.add_argument("--workers", type=_positive_int, default=1, help="Bytewax worker threads (default 1)")
+    ldp.add_argument(
+        "--workers", type=_positive_int, default=1, help="Bytewax worker threads (default 1)"
+    )
     ldp.add_argument("--recovery-dir", help="Bytewax recovery store directory (created if missing)")
     ldp.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
 
-    bench = commands.add_parser("bench", help="run a reproduction benchmark on the engine-free core")
+    bench = commands.add_parser(
+        "bench", help="run a reproduction benchmark on the engine-free core"
+    )
     bench_family = bench.add_subparsers(dest="family", required=True)
     bldp = bench_family.add_parser("ldp-ids", help="LDP-IDS mechanisms")
     _common(bldp)
-    bldp.add_argument("--mechanisms", default=ALL_LDP_IDS, help="comma-separated mechanisms (default all seven)")
-    bldp.add_argument("--seeds", type=_positive_int, default=1, help="seeds 1..K to average over (default 1)")
+    bldp.add_argument(
+        "--mechanisms", default=ALL_LDP_IDS, help="comma-separated mechanisms (default all seven)"
+    )
+    bldp.add_argument(
+        "--seeds", type=_positive_int, default=1, help="seeds 1..K to average over (default 1)"
+    )
     bldp.add_argument("--json", help="write the results as JSON to this file")
 
-    demo = commands.add_parser("demo", help="the main job: all seven LDP-IDS mechanisms on Sin through the flow")
-    demo.add_argument("--out", default="demo-out", help="directory for releases, ledger, table and plot")
+    demo = commands.add_parser(
+        "demo", help="the main job: all seven LDP-IDS mechanisms on Sin through the flow"
+    )
+    demo.add_argument(
+        "--out", default="demo-out", help="directory for releases, ledger, table and plot"
+    )
     demo.add_argument("--users", type=_positive_int, default=200_000)
     demo.add_argument("--slots", type=_positive_int, default=800)
     demo.add_argument("--epsilon", type=_positive_float, default=1.0)
@@ -117,7 +166,11 @@ def run_ldp_ids(args: argparse.Namespace) -> int:
 
     names = _mechanism_list(args.mechanism)
     synthetic = not args.dataset.startswith("file:")
-    bar = None if args.no_progress else _progress_bar(args.slots * len(names) if synthetic else None, "release")
+    bar = (
+        None
+        if args.no_progress
+        else _progress_bar(args.slots * len(names) if synthetic else None, "release")
+    )
     flow = build(
         dataset=args.dataset,
         mechanisms=names,
@@ -183,7 +236,10 @@ def demo(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
     try:
         if args.command == "run":
             return run_ldp_ids(args)

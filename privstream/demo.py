@@ -35,7 +35,9 @@ def read_releases(path: Path) -> dict[str, list[dict[str, Any]]]:
     return by_mechanism
 
 
-def score(stream: SyntheticStream, releases: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
+def score(
+    stream: SyntheticStream, releases: dict[str, list[dict[str, Any]]]
+) -> dict[str, dict[str, float]]:
     """MRE, MAE, bits per user and publications of each mechanism's releases."""
     truth = np.array([stream.truth(t) for t in range(1, stream.slots + 1)])
     table: dict[str, dict[str, float]] = {}
@@ -46,7 +48,9 @@ def score(stream: SyntheticStream, releases: dict[str, list[dict[str, Any]]]) ->
         table[name] = {
             "mre": experiments.mre(estimates, truth, 1 / stream.users),
             "mae": experiments.mae(estimates, truth),
-            "bits_per_user": experiments.bits_per_user(sum(r["bits"] for r in rels), stream.users, stream.slots),
+            "bits_per_user": experiments.bits_per_user(
+                sum(r["bits"] for r in rels), stream.users, stream.slots
+            ),
             "publications": float(sum(r["strategy"] == "publish" for r in rels)),
         }
     return table
@@ -65,7 +69,10 @@ def run_demo(
     out_dir.mkdir(parents=True, exist_ok=True)
     releases_path, ledger_path = out_dir / "releases.jsonl", out_dir / "ledger.jsonl"
     names = list(MECHANISMS)
-    print(f"privstream demo: {', '.join(names)} on Sin, n={users}, T={slots}, ε={epsilon}, w={window}", file=sys.stderr)
+    print(
+        f"privstream demo: {', '.join(names)} on Sin, n={users}, T={slots}, ε={epsilon}, w={window}",
+        file=sys.stderr,
+    )
     bar = progress_bar(slots * len(names), "release")
     flow = build(
         dataset="sin", mechanisms=names, users=users, slots=slots, epsilon=epsilon, window=window,
@@ -80,7 +87,14 @@ def run_demo(
     releases = read_releases(releases_path)
     table = score(stream, releases)
     result = {
-        "params": {"dataset": "sin", "users": users, "slots": slots, "epsilon": epsilon, "window": window, "seed": seed},
+        "params": {
+            "dataset": "sin",
+            "users": users,
+            "slots": slots,
+            "epsilon": epsilon,
+            "window": window,
+            "seed": seed,
+        },
         "results": {name: {**table[name], "seconds": seconds / len(names)} for name in names},
     }
     text = experiments.format_table(result)
@@ -94,5 +108,8 @@ def run_demo(
         plot,
         title=f"Sin stream, n={users}, ε={epsilon}, w={window}: true frequency of value 1 vs releases",
     )
-    print(f"flow time {seconds:.1f} s; releases {releases_path}, ledger {ledger_path}, plot {plot}", file=sys.stderr)
+    print(
+        f"flow time {seconds:.1f} s; releases {releases_path}, ledger {ledger_path}, plot {plot}",
+        file=sys.stderr,
+    )
     return 0

@@ -27,7 +27,7 @@ def test_run_ldp_ids_writes_one_release_per_slot(tmp_path: Path) -> None:
     releases = read(out)
     assert [r["slot"] for r in releases] == list(range(1, 61))
     for r in releases:
-        assert RELEASE_FIELDS <= r.keys()
+        assert r.keys() >= RELEASE_FIELDS
         assert r["strategy"] in ("publish", "approximate", "nullified")
         assert r["epsilon"] == 1.0 and r["window"] == 20 and len(r["estimate"]) == 2  # type: ignore[arg-type]
         assert r["epsilon_m1"] == 1.0  # LPA's M1 users report with the full ε
@@ -42,7 +42,9 @@ def test_run_on_a_users_own_file(tmp_path: Path, suffix: str) -> None:
     if suffix == "csv":
         src.write_text("user,slot,value\n" + "".join(f"{u},{t},{v}\n" for u, t, v in records))
     else:
-        src.write_text("".join(json.dumps({"user": u, "slot": t, "value": v}) + "\n" for u, t, v in records))
+        src.write_text(
+            "".join(json.dumps({"user": u, "slot": t, "value": v}) + "\n" for u, t, v in records)
+        )
     out, dead = tmp_path / "r.jsonl", tmp_path / "dead.jsonl"
     argv = ["run", "ldp-ids", "--mechanism", "LBU,LPU", "--dataset", f"file:{src}", "--users", "200",
             "--domain", "3", "--window", "5", "--out", str(out), "--dead-letter-out", str(dead), "--no-progress"]  # fmt: skip

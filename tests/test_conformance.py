@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from privstream.mechanisms.client import SimulatedClientPort
 from privstream.mechanisms.contract import LedgerEntry, Mechanism, Release, Slot
 from privstream.mechanisms.errors import IncompatibleState
@@ -34,10 +33,17 @@ def population_values(t: int) -> np.ndarray:
 
 def make_slot(mech: Mechanism[Any, Any], t: int, seed: int = SEED) -> Slot:
     randomness = SlotRandomness(seed, "conf", t)
-    return Slot("conf", t, SimulatedClientPort(population_values(t), mech.config.task, randomness), randomness)
+    return Slot(
+        "conf",
+        t,
+        SimulatedClientPort(population_values(t), mech.config.task, randomness),
+        randomness,
+    )
 
 
-def run(mech: Mechanism[Any, Any], state: Any, slots: range, seed: int = SEED) -> tuple[Any, list[Any]]:
+def run(
+    mech: Mechanism[Any, Any], state: Any, slots: range, seed: int = SEED
+) -> tuple[Any, list[Any]]:
     events: list[Any] = []
     for t in slots:
         state, out = mech.step(state, make_slot(mech, t, seed))
@@ -55,7 +61,15 @@ def registered(request: pytest.FixtureRequest) -> Registered:
 
 
 def test_every_family_member_is_registered() -> None:
-    assert {r.name for r in REGISTRY if r.family == "ldp-ids"} == {"LBU", "LSP", "LPU", "LBD", "LBA", "LPD", "LPA"}
+    assert {r.name for r in REGISTRY if r.family == "ldp-ids"} == {
+        "LBU",
+        "LSP",
+        "LPU",
+        "LBD",
+        "LBA",
+        "LPD",
+        "LPA",
+    }
 
 
 def test_one_release_and_one_ledger_entry_per_slot(registered: Registered) -> None:
@@ -147,4 +161,6 @@ def test_documents_guarantee_and_spec(registered: Registered) -> None:
     doc = type(registered.example(N)).__doc__ or ""
     assert "spec §" in doc, "docstring must cite the spec section it implements"
     module_doc = __import__(type(registered.example(N)).__module__, fromlist=["_"]).__doc__ or ""
-    assert "ε" in module_doc and "LDP" in module_doc, "module docstring must state the privacy guarantee"
+    assert "ε" in module_doc and "LDP" in module_doc, (
+        "module docstring must state the privacy guarantee"
+    )

@@ -12,7 +12,6 @@ import pytest
 from bytewax.dataflow import Dataflow
 from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.testing import TestingSink, TestingSource, cluster_main, run_main
-
 from privstream.connectors.events import EventBatch, parse_json_lines
 from privstream.connectors.jsonl import to_json
 from privstream.mechanisms.ldp_ids import LdpIdsConfig
@@ -33,7 +32,9 @@ def two_streams(t_max: int = T) -> list[EventBatch]:
     return [slot_batch(s, t) for t in range(1, t_max + 1) for s in ("a", "b")]
 
 
-def flow_over(items: list[Any], mechanism: str = "LPA", slotting: SlottingConfig | None = None) -> tuple[Dataflow, dict[str, list[Any]]]:
+def flow_over(
+    items: list[Any], mechanism: str = "LPA", slotting: SlottingConfig | None = None
+) -> tuple[Dataflow, dict[str, list[Any]]]:
     flow = Dataflow("test_ldp_ids")
     keyed = op.key_on("by_stream", op.input("in", flow, TestingSource(items)), lambda b: b.stream)
     out = ldp_ids(
@@ -117,7 +118,9 @@ def test_bad_events_go_to_dead_letters_and_do_not_change_releases() -> None:
         json.dumps({"stream": "s", "user": "u1", "slot": "x", "value": 1}),  # mistyped slot
         json.dumps({"stream": "s", "user": "u1", "slot": -4, "value": 1}),  # negative slot
         json.dumps({"stream": "s", "user": "u1", "slot": 4, "value": 7}),  # out of domain (d=2)
-        json.dumps({"stream": "s", "user": "u1", "slot": 3, "value": 1}),  # duplicate: u1 reported at open slot 3
+        json.dumps(
+            {"stream": "s", "user": "u1", "slot": 3, "value": 1}
+        ),  # duplicate: u1 reported at open slot 3
         json.dumps({"stream": "s", "user": "u2", "slot": 1, "value": 0}),  # late: slot 1 released
         json.dumps({"stream": "s", "user": "u2", "slot": 10**9, "value": 0}),  # far future
         "x" * 70_000,  # oversized
@@ -126,8 +129,18 @@ def test_bad_events_go_to_dead_letters_and_do_not_change_releases() -> None:
 
     def run(lines: list[str]) -> dict[str, list[Any]]:
         chunks = [lines[i : i + 250] for i in range(0, len(lines), 250)]
-        items = [item for chunk in chunks for item in parse_json_lines(chunk) if isinstance(item, EventBatch)]
-        parse_dead = [item for chunk in chunks for item in parse_json_lines(chunk) if not isinstance(item, EventBatch)]
+        items = [
+            item
+            for chunk in chunks
+            for item in parse_json_lines(chunk)
+            if isinstance(item, EventBatch)
+        ]
+        parse_dead = [
+            item
+            for chunk in chunks
+            for item in parse_json_lines(chunk)
+            if not isinstance(item, EventBatch)
+        ]
         flow, out = flow_over(items, slotting=SlottingConfig(lateness=0))
         run_main(flow)
         out["dead_letters"] = parse_dead + out["dead_letters"]
@@ -160,8 +173,12 @@ def test_a_violated_invariant_halts_only_that_stream_before_release() -> None:
 
     config = LdpIdsConfig(1.0, W, N, task=FrequencyTask(2))
     flow = Dataflow("halting")
-    keyed = op.key_on("by_stream", op.input("in", flow, TestingSource(two_streams(6))), lambda b: b.stream)
-    out = slotted_mechanism("m", keyed, mechanism=_BreaksAtSlot3(config), task=config.task, population=N, secret=1)
+    keyed = op.key_on(
+        "by_stream", op.input("in", flow, TestingSource(two_streams(6))), lambda b: b.stream
+    )
+    out = slotted_mechanism(
+        "m", keyed, mechanism=_BreaksAtSlot3(config), task=config.task, population=N, secret=1
+    )
     releases: list[Release] = []
     dead: list[Any] = []
     op.output("r", out.releases, TestingSink(releases))
@@ -182,6 +199,8 @@ def test_resuming_from_an_incompatible_snapshot_fails_loudly() -> None:
     old = StreamState("a", "LPA", mech.initial_state(), np.full(N, np.nan), version=0)
     with pytest.raises(IncompatibleState, match="version"):
         _SlottedLogic("step", mech, config.task, N, 1, SlottingConfig(), old)
-    wrong_mechanism = StreamState("a", "LBD", build("LBD", config).initial_state(), np.full(N, np.nan))
+    wrong_mechanism = StreamState(
+        "a", "LBD", build("LBD", config).initial_state(), np.full(N, np.nan)
+    )
     with pytest.raises(IncompatibleState, match="LBD"):
         _SlottedLogic("step", mech, config.task, N, 1, SlottingConfig(), wrong_mechanism)

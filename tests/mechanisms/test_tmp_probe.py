@@ -1,3 +1,0 @@
-def test_probe():
-    import privstream.mechanisms.oracles as o
-    print(o.__file__)
