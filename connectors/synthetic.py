@@ -21,7 +21,9 @@ DATASETS: Final = ("lns", "sin", "log", "lns-con", "sin-con", "log-con")
 CON_SIGMA: Final = 10.0  # spec §5.1 / A26
 
 
-def lns_probabilities(slots: int, rng: np.random.Generator, p0: float = 0.05, sqrt_q: float = 0.0025) -> NDArray[np.float64]:
+def lns_probabilities(
+    slots: int, rng: np.random.Generator, p0: float = 0.05, sqrt_q: float = 0.0025
+) -> NDArray[np.float64]:
     """LNS: ``p_t = min(1, |p_{t−1} + N(0, Q)|)`` (reflected at 0 and capped at 1, erratum A25)."""
     p = np.empty(slots)
     prev = p0
@@ -32,7 +34,9 @@ def lns_probabilities(slots: int, rng: np.random.Generator, p0: float = 0.05, sq
     return p
 
 
-def sin_probabilities(slots: int, a: float = 0.05, b: float = 0.01, h: float = 0.075) -> NDArray[np.float64]:
+def sin_probabilities(
+    slots: int, a: float = 0.05, b: float = 0.01, h: float = 0.075
+) -> NDArray[np.float64]:
     """Sin: ``p_t = A·sin(b·t) + h`` for ``t = 1..T``."""
     t = np.arange(1, slots + 1)
     return a * np.sin(b * t) + h
@@ -88,9 +92,13 @@ class SyntheticStream:
 
     def __post_init__(self) -> None:
         if self.name not in DATASETS:
-            raise ValueError(f"unknown synthetic dataset {self.name!r}; choose from {', '.join(DATASETS)}")
+            raise ValueError(
+                f"unknown synthetic dataset {self.name!r}; choose from {', '.join(DATASETS)}"
+            )
         if self.users < 1 or self.slots < 1:
-            raise ValueError(f"users and slots must be >= 1, got users={self.users}, slots={self.slots}")
+            raise ValueError(
+                f"users and slots must be >= 1, got users={self.users}, slots={self.slots}"
+            )
         base = self.name.removesuffix("-con")
         if base == "lns":
             p = lns_probabilities(self.slots, np.random.default_rng([self.seed, 0x4C4E53]))
@@ -112,11 +120,13 @@ class SyntheticStream:
     @property
     def bounds(self) -> tuple[float, float]:
         """Clipping range of ``-Con`` values: ``[min p − 3σ, max p + 3σ]`` (A26)."""
-        return float(self.probabilities.min() - 3 * self.sigma), float(self.probabilities.max() + 3 * self.sigma)
+        lower = float(self.probabilities.min()) - 3 * self.sigma
+        upper = float(self.probabilities.max()) + 3 * self.sigma
+        return lower, upper
 
     def ones(self, slot: int) -> int:
         """``K_t = round(p_t·n)``: users holding value 1 at ``slot`` (binary streams)."""
-        return int(round(self.probabilities[slot - 1] * self.users))
+        return round(float(self.probabilities[slot - 1]) * self.users)
 
     def values(self, slot: int) -> NDArray[np.int64] | NDArray[np.float64]:
         """Every user's value at ``slot`` (1-based), indexed by the user's dense index."""
@@ -142,5 +152,3 @@ class SyntheticStream:
 def dataset_d(name: str) -> int:
     """Domain size of a synthetic dataset without building it."""
     return 1 if name.endswith("-con") else 2
-
-

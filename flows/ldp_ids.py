@@ -137,20 +137,17 @@ def build(
     flow = Dataflow("privstream_ldp_ids")
     batches, parse_errors = events(flow, source)
     keyed = op.key_on("by_stream", batches, lambda b: b.stream)
-    releases, ledgers, dead = [], [], [parse_errors]
-    for name in names:
-        mech = ldp_ids(
-            f"ldp_ids_{name}", keyed, mechanism=name, config=config, secret=seed, slotting=slotting
-        )
-        releases.append(mech.releases)
-        ledgers.append(mech.ledger)
-        dead.append(mech.dead_letters)
-    all_releases = op.merge("releases", *releases)
+    mech = ldp_ids("ldp_ids", keyed, mechanism=names, config=config, secret=seed, slotting=slotting)
+    all_releases = mech.releases
     if progress is not None:
         op.inspect("progress", all_releases, lambda _step, release: progress(release))
     jsonl_output("releases_out", all_releases, out)
     if ledger_out:
-        jsonl_output("ledger_out", op.merge("ledger", *ledgers), ledger_out)
+        jsonl_output("ledger_out", mech.ledger, ledger_out)
     if dead_letter_out:
-        jsonl_output("dead_letters_out", op.merge("dead_letters", *dead), dead_letter_out)
+        jsonl_output(
+            "dead_letters_out",
+            op.merge("dead_letters", parse_errors, mech.dead_letters),
+            dead_letter_out,
+        )
     return flow

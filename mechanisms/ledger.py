@@ -141,7 +141,8 @@ class PopulationLedger:
         users = np.asarray(users, dtype=np.int64)
         if users.size and (users.min() < 0 or users.max() >= self.population):
             raise ValueError("population ledger charged for a user outside the population")
-        if np.unique(users).shape[0] != users.shape[0]:
+        ordered = np.sort(users)
+        if ordered.size > 1 and bool(np.any(ordered[1:] == ordered[:-1])):
             raise PrivacyBudgetExceeded(f"slot {t} charges a user twice")
         too_soon = (t - self.last_report[users]) < self.window
         if np.any(too_soon):

@@ -24,6 +24,8 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from bytewax.dataflow import operator
 from bytewax.operators import KeyedStream
 from privstream.connectors.events import EventBatch
@@ -36,20 +38,24 @@ def ldp_ids(
     step_id: str,
     up: KeyedStream[EventBatch],
     *,
-    mechanism: str,
+    mechanism: str | Sequence[str],
     config: LdpIdsConfig,
     secret: int | bytes,
     slotting: SlottingConfig | None = None,
 ) -> MechanismOut:
     """Publish ``mechanism`` (LBU, LSP, LPU, LBD, LBA, LPD or LPA) releases for every stream.
 
-    Guarantee: w-event ε-LDP for every user of every stream (spec §1.3) with ``ε =
+    ``mechanism`` may be a list of names: they then run side by side over one slotting of the
+    input, each with its own ledger. Guarantee: w-event ε-LDP for every user of every stream (spec §1.3) with ``ε =
     config.epsilon`` and ``w = config.window``, enforced by the mechanism's ledger.
     """
     return slotted_mechanism(
         "mechanism",
         up,
-        mechanism=build(mechanism, config),
+        mechanisms=[
+            build(name, config)
+            for name in ([mechanism] if isinstance(mechanism, str) else mechanism)
+        ],
         task=config.task,
         population=config.population,
         secret=secret,

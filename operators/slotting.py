@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 STREAM_STATE_VERSION: Final = 1
 MissingPolicy = Literal["carry_forward", "absent"]
 Output = tuple[str, Any]  # ("release" | "ledger" | "dead_letter", event)
+_REASON: Final = ("", USER_ID_KIND, OUT_OF_DOMAIN, LATE, FAR_FUTURE, POPULATION_FULL, DUPLICATE)
+_CODE: Final = {reason: code for code, reason in enumerate(_REASON)}
 
 
 @dataclass(frozen=True)
@@ -82,11 +84,14 @@ class SlottingConfig:
 
 @dataclass
 class StreamState:
-    """Snapshot of one stream: the mechanism's state plus the slotting bookkeeping."""
+    """Snapshot of one stream: each mechanism's state plus the shared slotting bookkeeping.
+
+    ``halted`` maps a mechanism whose ledger refused a charge to the reason; it releases nothing
+    more. When every mechanism of the stream is halted, its events become dead letters.
+    """
 
     stream: str
-    mechanism: str
-    mechanism_state: Any
+    mechanisms: dict[str, Any]
     current: NDArray[np.float64]
     version: int = STREAM_STATE_VERSION
     open_slots: dict[int, NDArray[np.float64]] = field(default_factory=dict)
@@ -94,14 +99,17 @@ class StreamState:
     id_kind: str | None = None
     max_seen: int | None = None
     last_closed: int | None = None
-    halted: str | None = None
+    halted: dict[str, str] = field(default_factory=dict)
+
+    def all_halted(self) -> bool:
+        return len(self.halted) == len(self.mechanisms)
 
 
 class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
     def __init__(
         self,
         step_id: str,
-        mechanism: Mechanism[Any, Any],
+        mechanisms: Sequence[Mechanism[Any, Any]],
         task: EstimationTask,
         population: int,
         secret: int | bytes,
@@ -109,19 +117,23 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
         resume: StreamState | None,
     ) -> None:
         self.step_id = step_id
-        self.mechanism = mechanism
+        self.mechanisms = {m.name: m for m in mechanisms}
         self.task = task
         self.n = population
         self._secret = secret
         self.cfg = config
         if resume is not None:
-            if resume.version != STREAM_STATE_VERSION or resume.mechanism != mechanism.name:
+            if (
+                resume.version != STREAM_STATE_VERSION
+                or resume.mechanisms.keys() != self.mechanisms.keys()
+            ):
                 raise IncompatibleState(
                     f"step {step_id!r}: snapshot of stream {resume.stream!r} has slotting version "
-                    f"{resume.version} for mechanism {resume.mechanism!r}; this code runs version "
-                    f"{STREAM_STATE_VERSION} of {mechanism.name!r}"
+                    f"{resume.version} for mechanisms {sorted(resume.mechanisms)}; this code runs "
+                    f"version {STREAM_STATE_VERSION} of {sorted(self.mechanisms)}"
                 )
-            mechanism.check_state(resume.mechanism_state)
+            for name, mechanism in self.mechanisms.items():
+                mechanism.check_state(resume.mechanisms[name])
         self.state: StreamState | None = resume
 
     # -- Bytewax callbacks ---------------------------------------------------------------------
@@ -130,8 +142,8 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
         out: list[Output] = []
         for batch in values:
             state = self._state_for(batch.stream)
-            if state.halted is not None:
-                out.extend(self._reject_all(batch, STREAM_HALTED, state.halted))
+            if state.all_halted():
+                out.extend(self._reject_all(batch, STREAM_HALTED, "; ".join(state.halted.values())))
                 continue
             out.extend(("dead_letter", d) for d in self._ingest(state, batch))
             if state.max_seen is not None:
@@ -146,7 +158,7 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
         if (
             self.cfg.close_on_eof
             and state is not None
-            and state.halted is None
+            and not state.all_halted()
             and state.max_seen is not None
         ):
             self._close_through(state, state.max_seen, out)
@@ -162,8 +174,7 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
         if self.state is None:
             self.state = StreamState(
                 stream=stream,
-                mechanism=self.mechanism.name,
-                mechanism_state=self.mechanism.initial_state(),
+                mechanisms={name: m.initial_state() for name, m in self.mechanisms.items()},
                 current=np.full(self.n, np.nan),
             )
         return self.state
@@ -193,44 +204,53 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
         return idx, "named"
 
     def _ingest(self, state: StreamState, batch: EventBatch) -> list[DeadLetter]:
+        """Buffer the batch's acceptable rows in their open slots; dead letters for the rest.
+
+        Vectorised over the batch: a reason code per row, 0 = accepted.
+        """
         size = len(batch)
         if size == 0:
             return []
-        reason = np.full(size, "", dtype=object)
+        code = np.zeros(size, dtype=np.int8)
         kind = "dense" if batch.users.dtype.kind in "iu" else "named"
         if state.id_kind is not None and state.id_kind != kind:
-            reason[:] = USER_ID_KIND
-        reason[(reason == "") & ~self.task.in_domain(batch.values)] = OUT_OF_DOMAIN
+            code[:] = _CODE[USER_ID_KIND]
+        code[(code == 0) & ~self.task.in_domain(batch.values)] = _CODE[OUT_OF_DOMAIN]
         slots = batch.slots
         if state.last_closed is not None:
-            reason[(reason == "") & (slots <= state.last_closed)] = LATE
-        pending = reason == ""
+            code[(code == 0) & (slots <= state.last_closed)] = _CODE[LATE]
+        pending = code == 0
         if pending.any():
             reference = state.max_seen if state.max_seen is not None else int(slots[pending].min())
-            reason[pending & (slots > reference + self.cfg.max_slot_gap)] = FAR_FUTURE
-        idx, kind = self._user_index(state, batch, reason == "")
-        reason[(reason == "") & (idx < 0)] = POPULATION_FULL if kind == "named" else OUT_OF_DOMAIN
-        ok = np.flatnonzero(reason == "")
-        if ok.size:
-            _, first = np.unique(np.stack([slots[ok], idx[ok]], axis=1), axis=0, return_index=True)
-            in_batch_dup = np.ones(ok.size, dtype=bool)
-            in_batch_dup[first] = False
-            reason[ok[in_batch_dup]] = DUPLICATE
-            ok = ok[~in_batch_dup]
-        for slot in np.unique(slots[ok]):
-            rows = ok[slots[ok] == slot]
-            target = state.open_slots.get(int(slot))
+            code[pending & (slots > reference + self.cfg.max_slot_gap)] = _CODE[FAR_FUTURE]
+        idx, kind = self._user_index(state, batch, code == 0)
+        code[(code == 0) & (idx < 0)] = _CODE[POPULATION_FULL if kind == "named" else OUT_OF_DOMAIN]
+        ok = np.flatnonzero(code == 0)
+        ok_slots = slots[ok]
+        lo, hi = (int(ok_slots.min()), int(ok_slots.max())) if ok.size else (0, -1)
+        for slot in [lo] if lo == hi else np.unique(ok_slots).tolist():
+            rows = ok if lo == hi else ok[ok_slots == slot]
+            users = idx[rows]
+            if np.bincount(users, minlength=self.n).max() > 1:  # rare: repeats inside the batch
+                _, first = np.unique(users, return_index=True)
+                repeat = np.ones(rows.shape[0], dtype=bool)
+                repeat[first] = False
+                code[rows[repeat]] = _CODE[DUPLICATE]
+                rows, users = rows[~repeat], users[~repeat]
+            target = state.open_slots.get(slot)
             if target is None:
-                target = state.open_slots[int(slot)] = np.full(self.n, np.nan)
-            seen = ~np.isnan(target[idx[rows]])
-            reason[rows[seen]] = DUPLICATE
-            fresh = rows[~seen]
-            target[idx[fresh]] = batch.values[fresh]
-        accepted = reason == ""
-        if accepted.any():
+                target = state.open_slots[slot] = np.full(self.n, np.nan)
+            seen = ~np.isnan(target[users])
+            if seen.any():
+                code[rows[seen]] = _CODE[DUPLICATE]
+                rows, users = rows[~seen], users[~seen]
+            target[users] = batch.values[rows]
+        if (code == 0).any():
             state.id_kind = kind
-            top = int(slots[accepted].max())
-            state.max_seen = top if state.max_seen is None else max(state.max_seen, top)
+            state.max_seen = hi if state.max_seen is None else max(state.max_seen, hi)
+        rejected = np.flatnonzero(code)
+        if rejected.size == 0:
+            return []
         details = {
             OUT_OF_DOMAIN: f"value or user outside the domain (d={self.task.d}, n={self.n})",
             LATE: f"slot already released (last released slot {state.last_closed})",
@@ -240,8 +260,8 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
             USER_ID_KIND: "user ids must be all strings or all dense indices within a stream",
         }
         return [
-            DeadLetter(str(reason[i]), batch.stream, batch.row_text(int(i)), details[str(reason[i])])
-            for i in np.flatnonzero(~accepted)
+            DeadLetter(_REASON[c], batch.stream, batch.row_text(int(i)), details[_REASON[c]])
+            for i, c in zip(rejected.tolist(), code[rejected].tolist(), strict=True)
         ]
 
     # -- closing slots -------------------------------------------------------------------------
@@ -255,7 +275,7 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
         else:
             start = state.last_closed + 1
         for slot in range(start, target + 1):
-            if state.halted is not None:
+            if state.all_halted():
                 return
             self._step(state, slot, out)
 
@@ -270,18 +290,23 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
                 values[fresh] = reported[fresh]
         randomness = SlotRandomness(self._secret, state.stream, slot)
         client = SimulatedClientPort(values, self.task, randomness, self.cfg.client_path)
-        try:
-            new_state, events = self.mechanism.step(
-                state.mechanism_state, Slot(state.stream, slot, client, randomness)
-            )
-        except PrivacyBudgetExceeded as exc:
-            state.halted = f"privacy invariant violated at slot {slot}: {exc}"
-            log.error("step %s: stream %r halted: %s", self.step_id, state.stream, state.halted)
-            return
-        state.mechanism_state = new_state
         state.last_closed = slot
-        for event in events:
-            out.append(("release", event) if isinstance(event, Release) else ("ledger", event))
+        for name, mechanism in self.mechanisms.items():
+            if name in state.halted:
+                continue
+            try:
+                new_state, events = mechanism.step(
+                    state.mechanisms[name], Slot(state.stream, slot, client, randomness)
+                )
+            except PrivacyBudgetExceeded as exc:
+                state.halted[name] = f"{name}: privacy invariant violated at slot {slot}: {exc}"
+                log.error(
+                    "step %s: stream %r halted: %s", self.step_id, state.stream, state.halted[name]
+                )
+                continue
+            state.mechanisms[name] = new_state
+            for event in events:
+                out.append(("release", event) if isinstance(event, Release) else ("ledger", event))
 
 
 @dataclass(frozen=True)
@@ -310,24 +335,31 @@ def slotted_mechanism(
     step_id: str,
     up: KeyedStream[EventBatch],
     *,
-    mechanism: Mechanism[Any, Any],
+    mechanisms: Sequence[Mechanism[Any, Any]],
     task: EstimationTask,
     population: int,
     secret: int | bytes,
     slotting: SlottingConfig | None = None,
 ) -> MechanismOut:
-    """Run ``mechanism`` over every stream of ``up`` (keyed by stream name), one slot at a time.
+    """Run ``mechanisms`` over every stream of ``up`` (keyed by stream name), slot by slot.
 
-    Each stream's ledger and slot bookkeeping live in one Bytewax state (recovered from
-    snapshots); randomness derives from ``secret``, the stream and the slot (design §6), so a
-    replayed slot releases byte-identical output. A ``PrivacyBudgetExceeded`` halts that stream
-    before anything of the offending slot is released; its later events become
+    The mechanisms share one slotting of the input (events are parsed, deduplicated and
+    buffered once) and each keeps its own ledger. A stream's state lives in one Bytewax state
+    (recovered from snapshots); randomness derives from ``secret``, the stream and the slot
+    (design §6), so a replayed slot releases byte-identical output. A
+    ``PrivacyBudgetExceeded`` halts that mechanism on that stream before anything of the
+    offending slot is released; once all are halted, the stream's events become
     ``stream_halted`` dead letters.
     """
     cfg = slotting or SlottingConfig()
+    names = [m.name for m in mechanisms]
+    if not names or len(set(names)) != len(names):
+        raise ValueError(
+            f"step {step_id!r}: mechanisms must be non-empty and distinct, got {names}"
+        )
 
     def builder(resume: StreamState | None) -> _SlottedLogic:
-        return _SlottedLogic(step_id, mechanism, task, population, secret, cfg, resume)
+        return _SlottedLogic(step_id, mechanisms, task, population, secret, cfg, resume)
 
     tagged = op.key_rm("untag", op.stateful_batch("slots", up, builder))
     return MechanismOut(

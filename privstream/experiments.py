@@ -40,13 +40,46 @@ from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import EstimationTask, FrequencyTask, MeanTask
 
 RESULT_FIELDS = ("mre", "mae", "bits_per_user", "publications", "seconds")
+MECHANISM_ORDER = ("LBU", "LSP", "LPU", "LBD", "LBA", "LPD", "LPA")
+
+# Spec §5.5.1 (paper Table 2): time-average bits per user on the synthetic streams, keyed by
+# (ε, w, dataset), then mechanism. The reproduction targets.
+_TABLE2_COLUMNS = ("LBU", "LBD", "LBA", "LSP", "LPU", "LPD", "LPA")
+_TABLE2_ROWS: dict[tuple[float, int, str], tuple[float, ...]] = {
+    (1.0, 20, "lns"): (1.0, 1.5585, 1.3410, 0.1, 0.1, 0.0912, 0.0804),
+    (1.0, 20, "sin"): (1.0, 1.5516, 1.3380, 0.1, 0.1, 0.0913, 0.0806),
+    (1.0, 20, "log"): (1.0, 1.5572, 1.3284, 0.1, 0.1, 0.0915, 0.0803),
+    (2.0, 20, "lns"): (1.0, 1.5500, 1.3540, 0.1, 0.1, 0.0934, 0.0825),
+    (2.0, 20, "sin"): (1.0, 1.5410, 1.3580, 0.1, 0.1, 0.0933, 0.0828),
+    (2.0, 20, "log"): (1.0, 1.5540, 1.3368, 0.1, 0.1, 0.0937, 0.0822),
+    (2.0, 40, "lns"): (1.0, 1.5420, 1.3395, 0.05, 0.05, 0.0485, 0.0410),
+    (2.0, 40, "sin"): (1.0, 1.5268, 1.3656, 0.05, 0.05, 0.0484, 0.0411),
+    (2.0, 40, "log"): (1.0, 1.4832, 1.3148, 0.05, 0.05, 0.0490, 0.0414),
+}
+PAPER_TABLE2_BITS: dict[tuple[float, int, str], dict[str, float]] = {
+    key: dict(zip(_TABLE2_COLUMNS, row, strict=True)) for key, row in _TABLE2_ROWS.items()
+}
+
+# Spec §5.5.2: the spec author's independent simulation (not paper numbers): MRE at δ = 1/n,
+# both bins, mean of 5 seeds, ε = 1, w = 20, n = 200,000, T = 800. Ballpark checks only.
+_CROSSCHECK_COLUMNS = ("LBU", "LBD", "LBA", "LSP", "LPU", "LPD", "LPA")
+SPEC_CROSSCHECK_MRE: dict[str, dict[str, float]] = {
+    "sin": dict(
+        zip(_CROSSCHECK_COLUMNS, (0.304, 0.303, 0.183, 0.029, 0.065, 0.056, 0.049), strict=True)
+    ),
+    "log": dict(
+        zip(_CROSSCHECK_COLUMNS, (0.104, 0.098, 0.062, 0.008, 0.024, 0.021, 0.018), strict=True)
+    ),
+}
 
 # ---------------------------------------------------------------------------------------------
 # Metrics (spec §5.3)
 # ---------------------------------------------------------------------------------------------
 
 
-def _pair(estimates: ArrayLike, truth: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+def _pair(
+    estimates: ArrayLike, truth: ArrayLike
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     r = np.asarray(estimates, dtype=np.float64)
     c = np.asarray(truth, dtype=np.float64)
     if r.ndim == 1:
@@ -135,7 +168,9 @@ class PrecomputedStream:
             raise ValueError("a precomputed stream needs at least one slot")
         n = self.columns[0].shape[0]
         if any(col.shape != (n,) for col in self.columns):
-            raise ValueError("every slot's value array must be one-dimensional with the same length")
+            raise ValueError(
+                "every slot's value array must be one-dimensional with the same length"
+            )
         if np.shape(self.truths) != (len(self.columns), self.task.d):
             raise ValueError(
                 f"truths must be T×d = {len(self.columns)}×{self.task.d}, got {np.shape(self.truths)}"
@@ -200,7 +235,7 @@ class RunResult:
     """One mechanism over one stream: the releases ``r_t`` (``estimates``, ``T×d``), the truth
     ``c_t``, each slot's strategy, the total communication bits (spec §5.3.4), the number of
     fresh publications and the seconds spent in the mechanism's steps (client simulation
-    included, data generation excluded)."""
+    included, data generation excluded), in total and per slot (``slot_seconds``)."""
 
     mechanism: str
     stream: str
@@ -215,6 +250,7 @@ class RunResult:
     total_bits: int
     publications: int
     seconds: float
+    slot_seconds: NDArray[np.float64] = field(repr=False)
 
     @property
     def slots(self) -> int:
@@ -287,7 +323,7 @@ def run_mechanisms(
     estimates = {name: np.empty((T, d)) for name in mechanisms}
     strategies: dict[str, list[str]] = {name: [] for name in mechanisms}
     bits = dict.fromkeys(mechanisms, 0)
-    seconds = dict.fromkeys(mechanisms, 0.0)
+    seconds = {name: np.zeros(T) for name in mechanisms}
     truth = np.empty((T, d))
     for t in range(1, T + 1):
         values = stream.values(t)
@@ -297,7 +333,7 @@ def run_mechanisms(
             started = time.perf_counter()
             client = SimulatedClientPort(values, task, randomness, path)
             states[name], events = mech.step(states[name], Slot(key, t, client, randomness))
-            seconds[name] += time.perf_counter() - started
+            seconds[name][t - 1] = time.perf_counter() - started
             release = next(e for e in events if isinstance(e, Release))
             estimates[name][t - 1] = release.estimate
             strategies[name].append(release.strategy)
@@ -318,7 +354,8 @@ def run_mechanisms(
             strategies=tuple(strategies[name]),
             total_bits=bits[name],
             publications=sum(s == "publish" for s in strategies[name]),
-            seconds=seconds[name],
+            seconds=float(seconds[name].sum()),
+            slot_seconds=seconds[name],
         )
         for name in mechanisms
     }
@@ -334,7 +371,9 @@ def run_mechanism(
     **config: Any,
 ) -> RunResult:
     """Run one LDP-IDS mechanism over ``stream`` (see ``run_mechanisms`` for the options)."""
-    return run_mechanisms([name], stream, epsilon, window, seed, path, **config)[name.strip().upper()]
+    return run_mechanisms([name], stream, epsilon, window, seed, path, **config)[
+        name.strip().upper()
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -380,7 +419,9 @@ def bench_ldp_ids(
         for seed in range(1, seeds + 1):
             bar.set_postfix_str(f"seed {seed}/{seeds}")
             stream = load_dataset(dataset, users, slots, seed)
-            runs = run_mechanisms(names, stream, epsilon, window, seed, path, progress=bar, **config)
+            runs = run_mechanisms(
+                names, stream, epsilon, window, seed, path, progress=bar, **config
+            )
             for name, run in runs.items():
                 for k, v in run.summary().items():
                     sums[name][k] += v

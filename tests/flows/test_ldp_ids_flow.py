@@ -177,7 +177,7 @@ def test_a_violated_invariant_halts_only_that_stream_before_release() -> None:
         "by_stream", op.input("in", flow, TestingSource(two_streams(6))), lambda b: b.stream
     )
     out = slotted_mechanism(
-        "m", keyed, mechanism=_BreaksAtSlot3(config), task=config.task, population=N, secret=1
+        "m", keyed, mechanisms=[_BreaksAtSlot3(config)], task=config.task, population=N, secret=1
     )
     releases: list[Release] = []
     dead: list[Any] = []
@@ -196,11 +196,16 @@ def test_resuming_from_an_incompatible_snapshot_fails_loudly() -> None:
 
     config = LdpIdsConfig(1.0, W, N, task=FrequencyTask(2))
     mech = build("LPA", config)
-    old = StreamState("a", "LPA", mech.initial_state(), np.full(N, np.nan), version=0)
+
+    def resume(state: StreamState) -> None:
+        _SlottedLogic("step", [mech], config.task, N, 1, SlottingConfig(), state)
+
+    resume(StreamState("a", {"LPA": mech.initial_state()}, np.full(N, np.nan)))  # compatible
     with pytest.raises(IncompatibleState, match="version"):
-        _SlottedLogic("step", mech, config.task, N, 1, SlottingConfig(), old)
-    wrong_mechanism = StreamState(
-        "a", "LBD", build("LBD", config).initial_state(), np.full(N, np.nan)
-    )
+        resume(StreamState("a", {"LPA": mech.initial_state()}, np.full(N, np.nan), version=0))
     with pytest.raises(IncompatibleState, match="LBD"):
-        _SlottedLogic("step", mech, config.task, N, 1, SlottingConfig(), wrong_mechanism)
+        resume(StreamState("a", {"LBD": build("LBD", config).initial_state()}, np.full(N, np.nan)))
+    stale = mech.initial_state()
+    stale.version = 99
+    with pytest.raises(IncompatibleState, match="version"):
+        resume(StreamState("a", {"LPA": stale}, np.full(N, np.nan)))
