@@ -31,6 +31,7 @@ MAX_EVENT_BYTES: Final = 64 * 1024  # larger lines are "oversized"
 
 # Machine-readable dead-letter reasons.
 MALFORMED: Final = "malformed_json"
+MALFORMED_CSV: Final = "malformed_csv"
 MISSING_FIELD: Final = "missing_field"
 INVALID_TYPE: Final = "invalid_type"
 NEGATIVE_SLOT: Final = "negative_slot"
@@ -44,7 +45,8 @@ POPULATION_FULL: Final = "population_full"
 USER_ID_KIND: Final = "user_id_kind_mismatch"
 STREAM_HALTED: Final = "stream_halted"
 REASONS: Final = (
-    MALFORMED, MISSING_FIELD, INVALID_TYPE, NEGATIVE_SLOT, OVERSIZED, UNKNOWN_STREAM, OUT_OF_DOMAIN,
+    MALFORMED,
+    MALFORMED_CSV, MISSING_FIELD, INVALID_TYPE, NEGATIVE_SLOT, OVERSIZED, UNKNOWN_STREAM, OUT_OF_DOMAIN,
     DUPLICATE, LATE, FAR_FUTURE, POPULATION_FULL, USER_ID_KIND, STREAM_HALTED,
 )  # fmt: skip
 
@@ -273,7 +275,7 @@ def parse_csv_lines(
         if [f.strip() for f in fields] == list(columns):
             continue
         if len(fields) != len(columns):
-            out.reject(MALFORMED, line, f"expected {len(columns)} CSV fields")
+            out.reject(MALFORMED_CSV, line, f"expected {len(columns)} CSV fields")
             continue
         rec: dict[str, Any] = dict(zip(columns, (f.strip() for f in fields), strict=True))
         for name in ("slot", "value"):

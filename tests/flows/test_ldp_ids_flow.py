@@ -209,3 +209,23 @@ def test_resuming_from_an_incompatible_snapshot_fails_loudly() -> None:
     stale.version = 99
     with pytest.raises(IncompatibleState, match="version"):
         resume(StreamState("a", {"LPA": stale}, np.full(N, np.nan)))
+
+
+def test_a_halted_mechanism_does_not_stop_its_neighbours() -> None:
+    from privstream.mechanisms.contract import Release
+    from privstream.mechanisms.ldp_ids import build
+    from privstream.operators.slotting import slotted_mechanism
+
+    config = LdpIdsConfig(1.0, W, N, task=FrequencyTask(2))
+    flow = Dataflow("halting_one")
+    keyed = op.key_on("by_stream", op.input("in", flow, TestingSource(two_streams(6))), lambda b: b.stream)
+    mechanisms = [_BreaksAtSlot3(config), build("LPD", config)]
+    out = slotted_mechanism("m", keyed, mechanisms=mechanisms, task=config.task, population=N, secret=1)
+    releases: list[Release] = []
+    dead: list[Any] = []
+    op.output("r", out.releases, TestingSink(releases))
+    op.output("d", out.dead_letters, TestingSink(dead))
+    run_main(flow)
+    assert sorted(r.slot for r in releases if r.mechanism == "LBU") == [1, 1, 2, 2]
+    assert sorted(r.slot for r in releases if r.mechanism == "LPD") == sorted(list(range(1, 7)) * 2)
+    assert dead == []
