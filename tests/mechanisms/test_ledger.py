@@ -231,14 +231,15 @@ def test_population_window_users_and_used() -> None:
     led = PopulationLedger(population=n, window=w)
     led.charge(1, np.arange(0, 10), "m1")
     led.charge(1, np.arange(10, 30), "m2")
-    led.charge(2, np.arange(30, 35), "m1")
-    led.charge(4, np.arange(35, 45), "m1")
-    led.charge(4, np.arange(45, 46), "m2")
     assert led.window_users(1) == 30
+    led.charge(2, np.arange(30, 35), "m1")
     assert led.window_users(2) == 35
     assert led.window_users(3) == 35
+    assert led.used(1, 3, "m1") == 15 and led.used(1, 3, "m2") == 20 and led.used(2, 3) == 5
+    led.charge(4, np.arange(35, 45), "m1")
+    led.charge(4, np.arange(45, 46), "m2")
     assert led.window_users(4) == 16  # slot 1 left the window
-    assert led.used(1, 4, "m1") == 15 and led.used(1, 4, "m2") == 1  # slot 1 overwritten by 4
+    assert led.used(1, 4, "m1") == 15 and led.used(1, 4, "m2") == 1  # slot 1's counts recycled
     assert led.used(2, 4) == 16 and led.used(2, 3, "m2") == 0
     assert led.window_users(7) == 0  # stale positions read zero
     led.charge(7, np.array([0]), "m2")
