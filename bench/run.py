@@ -104,7 +104,7 @@ def format_table2(t2: dict[str, Any]) -> str:
 def path_ratio(name: str, users: int, slots: int) -> dict[str, Any]:
     """One mechanism over the first ``slots`` slots of Sin through both client paths."""
     stream = ex.load_dataset("sin", users, slots, seed=1)
-    timing = {}
+    timing: dict[str, dict[str, float]] = {}
     for path in PATHS:
         run = ex.run_mechanism(name, stream, 1.0, 20, seed=1, path=path)
         timing[path] = {
@@ -189,8 +189,10 @@ def format_perf(perf: dict[str, Any]) -> str:
     for r in perf["paths"]:
         lines.append(
             f"  {r['mechanism']} on {r['dataset']} n={r['users']:,}, {r['slots']} slots: "
-            f"aggregate {r['aggregate']['ms_per_slot']:.2f} ms, "
-            f"per-user {r['per-user']['ms_per_slot']:.2f} ms, "
+            f"aggregate {r['aggregate']['ms_per_slot']:.2f} ms "
+            f"({r['aggregate']['publications']:.0f} publications), "
+            f"per-user {r['per-user']['ms_per_slot']:.2f} ms "
+            f"({r['per-user']['publications']:.0f}), "
             f"ratio per-user/aggregate {r['per_user_over_aggregate']:.1f}×"
         )
     big = perf["large_lpa"]

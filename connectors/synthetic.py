@@ -38,14 +38,16 @@ def sin_probabilities(
     slots: int, a: float = 0.05, b: float = 0.01, h: float = 0.075
 ) -> NDArray[np.float64]:
     """Sin: ``p_t = A·sin(b·t) + h`` for ``t = 1..T``."""
-    t = np.arange(1, slots + 1)
-    return a * np.sin(b * t) + h
+    t = np.arange(1, slots + 1, dtype=np.float64)
+    p: NDArray[np.float64] = a * np.sin(b * t) + h
+    return p
 
 
 def log_probabilities(slots: int, a: float = 0.25, b: float = 0.01) -> NDArray[np.float64]:
     """Log (logistic): ``p_t = A / (1 + e^{−b·t})`` for ``t = 1..T``."""
-    t = np.arange(1, slots + 1)
-    return a / (1 + np.exp(-b * t))
+    t = np.arange(1, slots + 1, dtype=np.float64)
+    p: NDArray[np.float64] = a / (1 + np.exp(-b * t))
+    return p
 
 
 def uniform_subset_mask(n: int, k: int, rng: np.random.Generator) -> NDArray[np.bool_]:

@@ -208,6 +208,17 @@ class LdpIdsMechanism(Mechanism[LdpIdsConfig, LdpIdsState]):
         state.l = state.t
         state.source_slot = slot.index
 
+    def uniform_outcome(
+        self, state: LdpIdsState, slot: Slot, agg: Aggregate, eps: float, instructed: bool
+    ) -> _Outcome:
+        """Outcome of a data-independent publication (LBU, LSP, LPU): publish the estimate, or
+        repeat the last release when nobody could report. ``epsilon_m2`` is what the ledger
+        charged a reporting user (budget division charges every user, reporting or not)."""
+        if agg.reports == 0:
+            return _Outcome("approximate", eps2=eps if self.division == "budget" else 0.0)
+        self.publish(state, slot, agg)
+        return _Outcome("publish", eps2=eps, users2=agg.reports, bits=self.bits(agg, instructed))
+
     def first_forced(self, state: LdpIdsState) -> bool:
         return self.config.force_first_publish and state.l == 0
 
@@ -270,10 +281,7 @@ class LBU(LdpIdsMechanism):
     def decide(self, state: LdpIdsState, slot: Slot) -> _Outcome:
         eps = self.config.epsilon / self.config.window
         agg = self.collect_all(state, slot, eps, "m2")
-        self.publish(state, slot, agg)
-        return _Outcome(
-            "publish", eps2=eps, users2=agg.reports, bits=self.bits(agg, instructed=False)
-        )
+        return self.uniform_outcome(state, slot, agg, eps, instructed=False)
 
 
 class LSP(LdpIdsMechanism):
@@ -286,11 +294,10 @@ class LSP(LdpIdsMechanism):
     def decide(self, state: LdpIdsState, slot: Slot) -> _Outcome:
         if (state.t - 1) % self.config.window != 0:
             return _Outcome("approximate")
-        agg = self.collect_sample(state, slot, int(state.population.available(state.t).sum()), "m2")  # type: ignore[union-attr]
-        self.publish(state, slot, agg)
-        return _Outcome(
-            "publish", eps2=self.config.epsilon, users2=agg.reports, bits=self.bits(agg, True)
-        )
+        assert state.population is not None
+        everyone = int(state.population.available(state.t).sum())
+        agg = self.collect_sample(state, slot, everyone, "m2")
+        return self.uniform_outcome(state, slot, agg, self.config.epsilon, instructed=True)
 
 
 class LPU(LdpIdsMechanism):
@@ -313,10 +320,7 @@ class LPU(LdpIdsMechanism):
         )
         pop.charge(state.t, members, "m2")
         agg = slot.client.collect(members, self.config.epsilon, purpose="m2")
-        self.publish(state, slot, agg)
-        return _Outcome(
-            "publish", eps2=self.config.epsilon, users2=agg.reports, bits=self.bits(agg, True)
-        )
+        return self.uniform_outcome(state, slot, agg, self.config.epsilon, instructed=True)
 
 
 class LBD(LdpIdsMechanism):
@@ -417,6 +421,14 @@ class LPA(LdpIdsMechanism):
     name = "LPA"
     division = "population"
 
+    def __init__(self, config: LdpIdsConfig) -> None:
+        super().__init__(config)
+        if math.floor((1 - config.beta) * config.population / config.window) < 1:
+            raise ValueError(
+                f"LPA needs a publication unit ⌊(1−β)n/w⌋ >= 1 user; population={config.population}, "
+                f"window={config.window}, beta={config.beta} give 0"
+            )
+
     def initial_state(self) -> LdpIdsState:
         state = super().initial_state()
         state.absorbed = 0 if self.config.absorption_init == "literal" else self._unit
@@ -424,7 +436,7 @@ class LPA(LdpIdsMechanism):
 
     @property
     def _unit(self) -> int:
-        return max(1, math.floor((1 - self.config.beta) * self.n / self.config.window))
+        return math.floor((1 - self.config.beta) * self.n / self.config.window)
 
     def decide(self, state: LdpIdsState, slot: Slot) -> _Outcome:
         cfg, t, m_u = self.config, state.t, self._unit

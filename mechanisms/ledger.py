@@ -70,16 +70,18 @@ class BudgetLedger:
         if eps < 0 or part not in ("m1", "m2"):
             raise ValueError(f"invalid charge eps={eps!r} part={part!r}")
         pos = t % self.window
-        if self.slots[pos] != t:
-            if self.slots[pos] > t:
-                raise ValueError(f"budget ledger charged at t={t} after t={int(self.slots[pos])}")
-            self.slots[pos], self.m1[pos], self.m2[pos] = t, 0.0, 0.0
+        if self.slots[pos] > t:
+            raise ValueError(f"budget ledger charged at t={t} after t={int(self.slots[pos])}")
+        # The position's old slot lies outside the window ending at t, so it is not counted here;
+        # the ledger changes only once the charge is known to fit.
         total = self.window_spent(t) + eps
         if total > self.epsilon + TOLERANCE:
             raise PrivacyBudgetExceeded(
                 f"charging ε={eps:.6g} at slot {t} would spend {total:.6g} > ε={self.epsilon:g} "
                 f"in the window of w={self.window}"
             )
+        if self.slots[pos] != t:
+            self.slots[pos], self.m1[pos], self.m2[pos] = t, 0.0, 0.0
         (self.m1 if part == "m1" else self.m2)[pos] += eps
 
 

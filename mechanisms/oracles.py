@@ -80,12 +80,16 @@ class FrequencyOracle(Oracle):
     def pq(self, eps: float) -> tuple[float, float]:
         """Probabilities ``(p, q)`` that a report supports the true value / another value."""
 
+    @abstractmethod
+    def gap(self, eps: float) -> float:
+        """``p − q``, computed with ``expm1`` so it stays positive for tiny ε."""
+
     def estimate(self, support: NDArray[np.float64], eps: float, m: int) -> NDArray[np.float64]:
         """Unbiased frequencies ``c̄[k] = (c'[k]/m − q)/(p − q)``; zeros when ``m = 0``."""
         if m == 0:
             return np.zeros(self.d)
-        p, q = self.pq(eps)
-        return (np.asarray(support, dtype=np.float64) / m - q) / (p - q)
+        _, q = self.pq(eps)
+        return (np.asarray(support, dtype=np.float64) / m - q) / self.gap(eps)
 
 
 class GRR(FrequencyOracle):
@@ -98,11 +102,14 @@ class GRR(FrequencyOracle):
         e = math.exp(eps)
         return e / (e + self.d - 1), 1.0 / (e + self.d - 1)
 
+    def gap(self, eps: float) -> float:
+        return math.expm1(eps) / (math.exp(eps) + self.d - 1)
+
     def variance(self, eps: float, m: int) -> float:
-        if m <= 0:
+        em1, d = math.expm1(eps), self.d
+        if m <= 0 or em1**2 == 0:
             return math.inf
-        e, d = math.exp(eps), self.d
-        return (d - 2 + e) / (m * (e - 1) ** 2) + (d - 2) / (d * m * (e - 1))
+        return (d - 1 + em1) / (m * em1**2) + (d - 2) / (d * m * em1)
 
     def report_bits(self, eps: float) -> int:
         return math.ceil(math.log2(self.d))
@@ -144,11 +151,14 @@ class OUE(FrequencyOracle):
         _check_budget(eps)
         return 0.5, 1.0 / (math.exp(eps) + 1.0)
 
+    def gap(self, eps: float) -> float:
+        return math.expm1(eps) / (2 * (math.exp(eps) + 1))
+
     def variance(self, eps: float, m: int) -> float:
-        if m <= 0:
+        em1 = math.expm1(eps)
+        if m <= 0 or em1**2 == 0:
             return math.inf
-        e = math.exp(eps)
-        return 4 * e / (m * (e - 1) ** 2) + 1 / (self.d * m)
+        return 4 * (em1 + 1) / (m * em1**2) + 1 / (self.d * m)
 
     def report_bits(self, eps: float) -> int:
         return self.d
@@ -192,11 +202,15 @@ class OLH(FrequencyOracle):
         e, g = math.exp(eps), self.g(eps)
         return e / (e + g - 1), 1.0 / g
 
+    def gap(self, eps: float) -> float:
+        g = self.g(eps)
+        return math.expm1(eps) * (g - 1) / (g * (math.exp(eps) + g - 1))
+
     def variance(self, eps: float, m: int) -> float:
-        if m <= 0:
+        em1 = math.expm1(eps)
+        if m <= 0 or em1**2 == 0:
             return math.inf
-        e = math.exp(eps)
-        return 4 * e / (m * (e - 1) ** 2)
+        return 4 * (em1 + 1) / (m * em1**2)
 
     def report_bits(self, eps: float) -> int:
         return math.ceil(math.log2(self.g(eps))) + 64  # hashed value plus the hash seed (a, b)

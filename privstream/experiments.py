@@ -194,14 +194,19 @@ class PrecomputedStream:
 
 
 def task_for(source: SlotSource) -> EstimationTask:
-    """The estimation task of a source: its own ``task`` if it has one; for a synthetic stream
-    ``MeanTask(*bounds)`` on ``-Con`` datasets (spec §5.1, A26) and ``FrequencyTask(2)`` on the
-    binary ones."""
+    """The estimation task of a source: its own ``task`` if it has one; otherwise, for sources
+    describing themselves like ``SyntheticStream`` (``numeric``, ``d``, ``bounds``), a
+    ``MeanTask(*bounds)`` for numeric streams (the ``-Con`` datasets, spec §5.1, A26) and a
+    ``FrequencyTask(d)`` for categorical ones (Ada oracle, spec §2.3)."""
     task = getattr(source, "task", None)
     if isinstance(task, EstimationTask):
         return task
-    if isinstance(source, SyntheticStream):
-        return MeanTask(*source.bounds) if source.numeric else FrequencyTask(source.d)
+    numeric = getattr(source, "numeric", None)
+    if numeric is True:
+        lower, upper = source.bounds  # type: ignore[attr-defined]
+        return MeanTask(float(lower), float(upper))
+    if numeric is False:
+        return FrequencyTask(int(source.d))  # type: ignore[attr-defined]
     raise ValueError(f"cannot tell the estimation task of {source!r}; pass task=")
 
 
@@ -479,15 +484,19 @@ def plot_releases(
     estimates: Mapping[str, ArrayLike],
     path: str | Path,
     title: str,
+    ylabel: str = "frequency of 1",
 ) -> Path:
     """Save a PNG comparing the true value-1 frequency (``truth``, length T) with each
-    mechanism's released value-1 frequency: one small-multiple panel per mechanism, shared
-    axes (the y range is robust to rare outlying releases, which are clipped at the panel
-    edge), truth in black, releases in colour. Renders with the Agg canvas without touching
-    pyplot's global state. Needs the ``plot`` extra (matplotlib).
+    mechanism's released value-1 frequency (or any other released scalar, with ``ylabel``).
+
+    One small-multiple panel per mechanism, titled with its MAE; shared axes whose y range is
+    robust to rare outlying releases (they are clipped at the panel edge); truth in black,
+    releases in colour. Renders on the Agg canvas without touching pyplot's global state.
+    Needs the ``plot`` extra (matplotlib). Returns the path written.
     """
     from matplotlib import colormaps
     from matplotlib.figure import Figure  # no pyplot: no global backend or figure registry
+    from matplotlib.lines import Line2D
 
     c = np.asarray(truth, dtype=np.float64)
     series = {name: np.asarray(r, dtype=np.float64) for name, r in estimates.items()}
@@ -510,24 +519,28 @@ def plot_releases(
     colours = colormaps["tab10"]
     for i, (name, r) in enumerate(series.items()):
         ax = axes[i // ncols][i % ncols]
-        ax.plot(slots, r, color=colours(i % 10), linewidth=0.9, label=f"{name} release")
-        ax.plot(slots, c, color="black", linewidth=1.4, label="true")
-        ax.set_title(name, fontsize=10, loc="left")
+        ax.plot(slots, r, color=colours(i % 10), linewidth=0.9)
+        ax.plot(slots, c, color="black", linewidth=1.4)
+        ax.set_title(f"{name}   (MAE {np.mean(np.abs(r - c)):.4f})", fontsize=10, loc="left")
         ax.set_ylim(lo - pad, hi + pad)
         ax.grid(True, alpha=0.3)
-        ax.legend(loc="upper right", fontsize=7, frameon=False)
     for j in range(count, nrows * ncols):
         axes[j // ncols][j % ncols].set_visible(False)
     for ax in axes[-1]:
         ax.set_xlabel("slot t")
     for row in axes:
-        row[0].set_ylabel("frequency of 1")
+        row[0].set_ylabel(ylabel)
     # The last visible panel of a short last row needs its own x labels.
     if count % ncols:
         axes[-2][-1].xaxis.set_tick_params(labelbottom=True)
         axes[-2][-1].set_xlabel("slot t")
-    fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
+    handles = [
+        Line2D([], [], color="black", linewidth=1.4, label="true"),
+        Line2D([], [], color="grey", linewidth=0.9, label="released (colour per mechanism)"),
+    ]
+    fig.legend(handles=handles, loc="upper right", ncols=2, fontsize=8, frameon=False)
+    fig.suptitle(title, fontsize=11, x=0.01, horizontalalignment="left")
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)

@@ -7,22 +7,30 @@ import math
 import numpy as np
 import pytest
 from numpy.typing import NDArray
-from scipy import stats
-
 from privstream.mechanisms.client import ABSENT, SimulatedClientPort, absent_mask
 from privstream.mechanisms.oracles import GRR, OUE
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import FrequencyTask, MeanTask
+from scipy import stats
 
 Z = 4.0
 
 
-def port(values: NDArray[np.int64] | NDArray[np.float64], task: FrequencyTask | MeanTask, slot: int = 1,
-         path: str = "aggregate", secret: int = 99) -> SimulatedClientPort:
-    return SimulatedClientPort(values, task, SlotRandomness(secret, "stream", slot), path=path)  # type: ignore[arg-type]
+def port(
+    values: NDArray[np.int64] | NDArray[np.float64],
+    task: FrequencyTask | MeanTask,
+    slot: int = 1,
+    path: str = "aggregate",
+    secret: int = 99,
+    stream: str = "stream",
+) -> SimulatedClientPort:
+    randomness = SlotRandomness(secret, stream, slot)
+    return SimulatedClientPort(values, task, randomness, path=path)  # type: ignore[arg-type]
 
 
-def chi2_same_distribution(a: NDArray[np.float64], b: NDArray[np.float64], min_count: int = 20) -> float:
+def chi2_same_distribution(
+    a: NDArray[np.float64], b: NDArray[np.float64], min_count: int = 20
+) -> float:
     """p-value of a chi-square homogeneity test of two discrete samples (sparse values merged)."""
     values = np.union1d(a, b)
     rows: list[list[int]] = []
@@ -57,14 +65,19 @@ def test_paths_agree_in_distribution(d: int, eps: float, oracle: str) -> None:
     c = np.bincount(values[users], minlength=d) / m
     var = GRR(d).variance if oracle == "GRR" else OUE(d).variance
     e = math.exp(eps)
-    per_coord = ((d - 2 + e) / (m * (e - 1) ** 2) + c * (d - 2) / (m * (e - 1)) if oracle == "GRR"
-                 else 4 * e / (m * (e - 1) ** 2) + c / m)
+    per_coord = (
+        (d - 2 + e) / (m * (e - 1) ** 2) + c * (d - 2) / (m * (e - 1))
+        if oracle == "GRR"
+        else 4 * e / (m * (e - 1) ** 2) + c / m
+    )
     assert float(per_coord.mean()) == pytest.approx(var(eps, m), rel=1e-12)
     for out in est.values():
         assert np.all(np.abs(out.mean(axis=0) - c) < Z * np.sqrt(per_coord / slots))
         # per-coordinate variance, relative sd sqrt(2/(R-1)) each; Bonferroni over d coordinates
         z = stats.norm.isf(0.5e-4 / d)
-        assert np.all(np.abs(out.var(axis=0, ddof=1) / per_coord - 1) < z * math.sqrt(2 / (slots - 1)))
+        assert np.all(
+            np.abs(out.var(axis=0, ddof=1) / per_coord - 1) < z * math.sqrt(2 / (slots - 1))
+        )
     for k in (0, 1, d - 1):
         a, b = np.round(est["aggregate"][:, k], 9), np.round(est["per-user"][:, k], 9)
         assert chi2_same_distribution(a, b) > 1e-3
@@ -108,8 +121,16 @@ def test_mean_task_collect_uses_only_eligible_users() -> None:
     assert np.array_equal(absent_mask(np.array([3, -1, 0])), np.array([False, True, False]))
 
 
-@pytest.mark.parametrize(("d", "eps", "oracle", "bits"), [(2, 1.0, "GRR", 1), (5, 1.0, "GRR", 3), (9, 3.0, "GRR", 4),
-                                                         (20, 1.0, "OUE", 20), (77, 1.0, "OUE", 77)])
+@pytest.mark.parametrize(
+    ("d", "eps", "oracle", "bits"),
+    [
+        (2, 1.0, "GRR", 1),
+        (5, 1.0, "GRR", 3),
+        (9, 3.0, "GRR", 4),
+        (20, 1.0, "OUE", 20),
+        (77, 1.0, "OUE", 77),
+    ],
+)
 def test_reports_and_bits(d: int, eps: float, oracle: str, bits: int) -> None:
     values = np.arange(500) % d
     values[:13] = ABSENT
@@ -141,10 +162,14 @@ def test_invalid_path_rejected() -> None:
 
 
 @pytest.mark.parametrize("path", ["aggregate", "per-user"])
-@pytest.mark.parametrize("task", [FrequencyTask(5), FrequencyTask(30), MeanTask(0.0, 4.0)], ids=repr)
+@pytest.mark.parametrize(
+    "task", [FrequencyTask(5), FrequencyTask(30), MeanTask(0.0, 4.0)], ids=repr
+)
 def test_same_randomness_same_aggregate(path: str, task: FrequencyTask | MeanTask) -> None:
     rng = np.random.default_rng(3)
-    values = rng.integers(0, 4, size=400) if task.kind == "frequency" else rng.uniform(0, 5, size=400)
+    values = (
+        rng.integers(0, 4, size=400) if task.kind == "frequency" else rng.uniform(0, 5, size=400)
+    )
     users = np.sort(rng.choice(400, size=150, replace=False))
     a = port(values, task, 7, path).collect(users, 0.8, "m1")
     b = port(values.copy(), task, 7, path).collect(users.copy(), 0.8, "m1")
@@ -152,12 +177,14 @@ def test_same_randomness_same_aggregate(path: str, task: FrequencyTask | MeanTas
     assert (a.reports, a.report_bits, a.oracle) == (b.reports, b.report_bits, b.oracle)
     # Asking twice in one slot for one purpose replays the same reports (replay safety) ...
     p = port(values, task, 7, path)
-    assert np.array_equal(p.collect(users, 0.8, "m1").estimate, p.collect(users, 0.8, "m1").estimate)
+    assert np.array_equal(
+        p.collect(users, 0.8, "m1").estimate, p.collect(users, 0.8, "m1").estimate
+    )
     # ... while another purpose, slot, stream or secret draws different reports.
     others = [
         port(values, task, 7, path).collect(users, 0.8, "m2"),
         port(values, task, 8, path).collect(users, 0.8, "m1"),
-        SimulatedClientPort(values, task, SlotRandomness(99, "other", 7), path=path).collect(users, 0.8, "m1"),  # type: ignore[arg-type]
+        port(values, task, 7, path, stream="other").collect(users, 0.8, "m1"),
         port(values, task, 7, path, secret=100).collect(users, 0.8, "m1"),
     ]
     for other in others:

@@ -9,17 +9,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
-from scipy import stats
-
 from privstream.mechanisms.errors import PrivacyBudgetExceeded
 from privstream.mechanisms.ledger import TOLERANCE, BudgetLedger, PopulationLedger
+from scipy import stats
 
 
 def arrays_of(ledger: BudgetLedger | PopulationLedger) -> dict[str, NDArray[np.generic]]:
     return {k: v.copy() for k, v in vars(ledger).items() if isinstance(v, np.ndarray)}
 
 
-def assert_same_arrays(before: dict[str, NDArray[np.generic]], ledger: BudgetLedger | PopulationLedger) -> None:
+def assert_same_arrays(
+    before: dict[str, NDArray[np.generic]], ledger: BudgetLedger | PopulationLedger
+) -> None:
     after = arrays_of(ledger)
     assert before.keys() == after.keys()
     for name, arr in before.items():
@@ -131,10 +132,14 @@ def test_budget_rejects_bad_charges() -> None:
     eps=st.sampled_from([0.5, 1.0, 3.0]),
     w=st.integers(1, 8),
     plan=st.lists(
-        st.tuples(st.integers(0, 3), st.sampled_from(["m1", "m2"]), st.floats(0.0, 0.7)), min_size=1, max_size=40
+        st.tuples(st.integers(0, 3), st.sampled_from(["m1", "m2"]), st.floats(0.0, 0.7)),
+        min_size=1,
+        max_size=40,
     ),
 )
-def test_budget_ledger_matches_reference_model(eps: float, w: int, plan: list[tuple[int, str, float]]) -> None:
+def test_budget_ledger_matches_reference_model(
+    eps: float, w: int, plan: list[tuple[int, str, float]]
+) -> None:
     """Random charge sequences (slot gaps 0..3) against a dictionary model of Thm 4.1."""
     led = BudgetLedger(epsilon=eps, window=w)
     ref: dict[int, float] = {}
@@ -262,9 +267,15 @@ def test_population_rejects_bad_charges() -> None:
 @settings(max_examples=100, deadline=None)
 @given(
     w=st.integers(1, 6),
-    plan=st.lists(st.tuples(st.integers(0, 2), st.lists(st.integers(0, 11), max_size=6)), min_size=1, max_size=30),
+    plan=st.lists(
+        st.tuples(st.integers(0, 2), st.lists(st.integers(0, 11), max_size=6)),
+        min_size=1,
+        max_size=30,
+    ),
 )
-def test_population_ledger_matches_reference_model(w: int, plan: list[tuple[int, list[int]]]) -> None:
+def test_population_ledger_matches_reference_model(
+    w: int, plan: list[tuple[int, list[int]]]
+) -> None:
     """Random charges against Thm 5.2: accept iff no user repeats or reported in the last w−1 slots."""
     n = 12
     led = PopulationLedger(population=n, window=w)

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from privstream.mechanisms.mean import (
     HM,
     HM_SWITCH,
@@ -48,14 +47,20 @@ def pm_law(x: float, eps: float) -> list[Component]:
     left = x * (c + 1) / 2 - (c - 1) / 2
     right = left + c - 1
     out = 1 / (h + 1)  # mass outside [ℓ, r], spread uniformly over [−C, ℓ) ∪ (r, C]
-    return [(h / (h + 1), left, right), (out * (left + c) / (c + 1), -c, left), (out * (c - right) / (c + 1), right, c)]
+    return [
+        (h / (h + 1), left, right),
+        (out * (left + c) / (c + 1), -c, left),
+        (out * (c - right) / (c + 1), right, c),
+    ]
 
 
 def hm_law(x: float, eps: float) -> list[Component]:
     if eps <= HM_SWITCH:
         return sr_law(x, eps)
     w_pm = 1 - math.exp(-eps / 2)
-    return [(w_pm * w, a, b) for w, a, b in pm_law(x, eps)] + [((1 - w_pm) * w, a, b) for w, a, b in sr_law(x, eps)]
+    return [(w_pm * w, a, b) for w, a, b in pm_law(x, eps)] + [
+        ((1 - w_pm) * w, a, b) for w, a, b in sr_law(x, eps)
+    ]
 
 
 def raw_moment(law: list[Component], k: int) -> float:
@@ -218,9 +223,9 @@ def test_hm_worst_variance_continuity_at_switch() -> None:
 
 def test_hm_oracle_interface() -> None:
     for form in ("exact", "paper"):
-        hm = HM(form)  # type: ignore[arg-type]
+        hm = HM(form)
         assert hm.d == 1 and hm.name == "HM"
-        assert hm.variance(1.0, 250) == pytest.approx(hm_worst_variance(1.0, form) / 250, rel=1e-15)  # type: ignore[arg-type]
+        assert hm.variance(1.0, 250) == pytest.approx(hm_worst_variance(1.0, form) / 250, rel=1e-15)
         assert hm.variance(1.0, 0) == math.inf
         assert hm.report_bits(1.0) == MEAN_REPORT_BITS == 64
     hm = HM()
@@ -240,13 +245,23 @@ def test_mean_task_encode_decode_and_clipping() -> None:
     assert task.d == 1 and task.kind == "mean" and task.scale == 4.0
     enc = task.encode(np.array([2.0, 10.0, 6.0, -100.0, 1e9, 3.0]))
     assert enc == pytest.approx(np.array([-1.0, 1.0, 0.0, -1.0, 1.0, -0.75]), abs=1e-15)
-    assert task.decode(np.array([-1.0, 0.0, 1.0, 0.25])) == pytest.approx(np.array([2.0, 6.0, 10.0, 7.0]))
+    assert task.decode(np.array([-1.0, 0.0, 1.0, 0.25])) == pytest.approx(
+        np.array([2.0, 6.0, 10.0, 7.0])
+    )
     assert task.select(1.0).name == "HM"
     assert task.variance(1.0, 100) == pytest.approx(hm_worst_variance(1.0) / 100 * 16.0, rel=1e-15)
     assert task.report_bits(1.0) == 64
-    assert list(task.in_domain(np.array([0.0, -5.0, np.nan, np.inf, 1e12]))) == [True, True, False, False, True]
+    assert list(task.in_domain(np.array([0.0, -5.0, np.nan, np.inf, 1e12]))) == [
+        True,
+        True,
+        False,
+        False,
+        True,
+    ]
     paper = MeanTask(lower=0.0, upper=1.0, hm_variance="paper")
-    assert paper.variance(2.0, 10) == pytest.approx(hm_worst_variance(2.0, "paper") / 10 / 4, rel=1e-15)
+    assert paper.variance(2.0, 10) == pytest.approx(
+        hm_worst_variance(2.0, "paper") / 10 / 4, rel=1e-15
+    )
 
 
 @settings(max_examples=200, deadline=None)
@@ -262,10 +277,14 @@ def test_mean_task_round_trip_is_clipping(lower: float, width: float, v: list[fl
     enc = task.encode(values)
     assert np.all((enc >= -1) & (enc <= 1))
     back = task.decode(enc)
-    assert back == pytest.approx(np.clip(values, lower, upper), abs=1e-9 * max(1.0, abs(lower), abs(upper)))
+    assert back == pytest.approx(
+        np.clip(values, lower, upper), abs=1e-9 * max(1.0, abs(lower), abs(upper))
+    )
 
 
-@pytest.mark.parametrize(("lower", "upper"), [(1.0, 1.0), (2.0, 1.0), (-math.inf, 1.0), (0.0, math.nan)])
+@pytest.mark.parametrize(
+    ("lower", "upper"), [(1.0, 1.0), (2.0, 1.0), (-math.inf, 1.0), (0.0, math.nan)]
+)
 def test_mean_task_rejects_bad_bounds(lower: float, upper: float) -> None:
     with pytest.raises(ValueError, match="lower"):
         MeanTask(lower=lower, upper=upper)
@@ -278,6 +297,8 @@ def test_mean_task_end_to_end_unbiased_for_clipped_mean() -> None:
     values = rng.uniform(0.0, 10.0, size=N)
     target = float(np.clip(values, 0.0, 8.0).mean())
     hm = task.select(eps)
-    est = task.decode(hm.estimate(hm.support(hm.perturb(task.encode(values), eps, rng), eps), eps, N))
+    est = task.decode(
+        hm.estimate(hm.support(hm.perturb(task.encode(values), eps, rng), eps), eps, N)
+    )
     assert est.shape == (1,)
     assert abs(float(est[0]) - target) < Z * math.sqrt(task.variance(eps, N))

@@ -15,10 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
-from scipy import stats
-
 from privstream.mechanisms.oracles import GRR, OLH, OUE, FrequencyOracle, ada_threshold
 from privstream.mechanisms.tasks import FrequencyTask
+from scipy import stats
 
 Z = 4.0  # standard errors allowed for a single statistical comparison
 
@@ -45,7 +44,9 @@ def olh_exact(eps: float, m: int, g: int, c: NDArray[np.float64]) -> NDArray[np.
     return (c * p * (1 - p) + (1 - c) * q * (1 - q)) / (m * (p - q) ** 2)
 
 
-def estimate_cov(oracle: FrequencyOracle, counts: NDArray[np.int64], eps: float) -> NDArray[np.float64]:
+def estimate_cov(
+    oracle: FrequencyOracle, counts: NDArray[np.int64], eps: float
+) -> NDArray[np.float64]:
     """Exact covariance matrix of the GRR/OUE estimate of users with value counts ``counts``."""
     d, m = oracle.d, int(counts.sum())
     p, q = oracle.pq(eps)
@@ -62,7 +63,7 @@ def estimate_cov(oracle: FrequencyOracle, counts: NDArray[np.int64], eps: float)
 
 def averaged_variance_sd(cov: NDArray[np.float64], reps: int) -> float:
     """Standard deviation of ``mean_k S²_k`` over ``reps`` repetitions (normal approximation)."""
-    return math.sqrt(2 * float(np.sum(cov**2)) / (reps - 1)) / cov.shape[0]
+    return math.sqrt(2 * float(np.sum(cov**2)) / (reps - 1)) / int(cov.shape[0])
 
 
 def values_from_counts(counts: NDArray[np.int64]) -> NDArray[np.int64]:
@@ -83,7 +84,9 @@ TABLE_2_4 = [
 
 
 @pytest.mark.parametrize(("eps", "m", "d", "v_grr", "v_oue", "ada"), TABLE_2_4)
-def test_averaged_variance_vectors(eps: float, m: int, d: int, v_grr: float, v_oue: float, ada: str) -> None:
+def test_averaged_variance_vectors(
+    eps: float, m: int, d: int, v_grr: float, v_oue: float, ada: str
+) -> None:
     assert GRR(d).variance(eps, m) == pytest.approx(v_grr, rel=1e-6)
     assert OUE(d).variance(eps, m) == pytest.approx(v_oue, rel=1e-6)
     task = FrequencyTask(d)
@@ -94,8 +97,12 @@ def test_averaged_variance_vectors(eps: float, m: int, d: int, v_grr: float, v_o
 def test_averaged_variance_is_mean_of_eq1_eq2() -> None:
     c = np.array([0.5, 0.2, 0.2, 0.1, 0.0])
     for eps in (0.1, 1.0, 3.0):
-        assert GRR(5).variance(eps, 777) == pytest.approx(float(np.mean(eq1_grr(eps, 777, 5, c))), rel=1e-12)
-        assert OUE(5).variance(eps, 777) == pytest.approx(float(np.mean(eq2_oue(eps, 777, c))), rel=1e-12)
+        assert GRR(5).variance(eps, 777) == pytest.approx(
+            float(np.mean(eq1_grr(eps, 777, 5, c))), rel=1e-12
+        )
+        assert OUE(5).variance(eps, 777) == pytest.approx(
+            float(np.mean(eq2_oue(eps, 777, c))), rel=1e-12
+        )
 
 
 @pytest.mark.parametrize("oracle", [GRR(3), OUE(3), OLH(3)], ids=repr)
@@ -114,8 +121,16 @@ def test_variance_finite_for_tiny_budget(eps: float) -> None:
         assert v == pytest.approx(approx, rel=1e-6)
 
 
-ADA_TABLE = [(0.025, 5.076), (0.05, 5.154), (0.1, 5.316), (0.25, 5.852), (0.5, 6.946), (1, 10.155),
-             (2, 24.167), (3, 62.257)]
+ADA_TABLE = [
+    (0.025, 5.076),
+    (0.05, 5.154),
+    (0.1, 5.316),
+    (0.25, 5.852),
+    (0.5, 6.946),
+    (1, 10.155),
+    (2, 24.167),
+    (3, 62.257),
+]
 
 
 @pytest.mark.parametrize(("eps", "d_star"), ADA_TABLE)
@@ -260,7 +275,9 @@ def check_averaged_variance(
     [(GRR(5), COUNTS_GRR, 0.5), (GRR(5), COUNTS_GRR, 2.0), (OUE(20), COUNTS_OUE, 1.0)],
     ids=["GRR-eps0.5", "GRR-eps2", "OUE-eps1"],
 )
-def test_averaged_variance_fast_path(oracle: FrequencyOracle, counts: NDArray[np.int64], eps: float) -> None:
+def test_averaged_variance_fast_path(
+    oracle: FrequencyOracle, counts: NDArray[np.int64], eps: float
+) -> None:
     rng = np.random.default_rng(201)
     m, reps = int(counts.sum()), 12_000
     estimates = np.empty((reps, oracle.d))
@@ -284,7 +301,9 @@ def test_averaged_variance_per_user_path(
     m = values.shape[0]
     estimates = np.empty((reps, oracle.d))
     for i in range(reps):
-        estimates[i] = oracle.estimate(oracle.support(oracle.perturb(values, eps, rng), eps), eps, m)
+        estimates[i] = oracle.estimate(
+            oracle.support(oracle.perturb(values, eps, rng), eps), eps, m
+        )
     check_averaged_variance(oracle, counts, eps, estimates)
 
 
@@ -293,14 +312,19 @@ def test_olh_averaged_variance_per_user_path() -> None:
     ``4e^ε/(m(e^ε−1)²) + c[k]/m``: §2.6's approximation plus the c-term it leaves out."""
     rng = np.random.default_rng(203)
     oracle, eps, reps = OLH(8), math.log(3), 8000
-    values = np.arange(100) % 8
-    m, c = values.shape[0], np.full(8, 1 / 8)
+    values = np.arange(100) % 8  # 13 users hold each of 0..3, 12 each of 4..7
+    m = values.shape[0]
+    c = np.bincount(values, minlength=8) / m
     assert oracle.g(eps) == 4
     per_coord = olh_exact(eps, m, 4, c)
-    assert oracle.variance(eps, m) + 1 / (8 * m) == pytest.approx(float(per_coord.mean()), rel=1e-12)
+    assert oracle.variance(eps, m) + 1 / (8 * m) == pytest.approx(
+        float(per_coord.mean()), rel=1e-12
+    )
     estimates = np.empty((reps, 8))
     for i in range(reps):
-        estimates[i] = oracle.estimate(oracle.support(oracle.perturb(values, eps, rng), eps), eps, m)
+        estimates[i] = oracle.estimate(
+            oracle.support(oracle.perturb(values, eps, rng), eps), eps, m
+        )
     v = float(per_coord.mean())
     sd = math.sqrt(2 / (reps - 1)) * v  # bound: holds whatever the correlation between coordinates
     empirical = float(np.mean(np.var(estimates, axis=0, ddof=1)))
@@ -315,7 +339,9 @@ def test_olh_has_no_fast_path() -> None:
 # -- the aggregate fast path and the per-user path have the same distribution -------------------
 
 
-def homogeneity_pvalue(a: NDArray[np.float64], b: NDArray[np.float64], min_count: int = 20) -> float:
+def homogeneity_pvalue(
+    a: NDArray[np.float64], b: NDArray[np.float64], min_count: int = 20
+) -> float:
     """Chi-square test that two samples of a discrete variable share one distribution; adjacent
     values are merged until every merged bin holds ``min_count`` pooled observations."""
     values = np.union1d(a, b)
@@ -336,10 +362,15 @@ def homogeneity_pvalue(a: NDArray[np.float64], b: NDArray[np.float64], min_count
 
 @pytest.mark.parametrize(
     ("oracle", "counts"),
-    [(GRR(5), np.array([20, 15, 8, 5, 2])), (OUE(20), np.bincount(np.arange(50) % 13, minlength=20))],
+    [
+        (GRR(5), np.array([20, 15, 8, 5, 2])),
+        (OUE(20), np.bincount(np.arange(50) % 13, minlength=20)),
+    ],
     ids=["GRR-d5", "OUE-d20"],
 )
-def test_fast_path_matches_per_user_distribution(oracle: FrequencyOracle, counts: NDArray[np.int64]) -> None:
+def test_fast_path_matches_per_user_distribution(
+    oracle: FrequencyOracle, counts: NDArray[np.int64]
+) -> None:
     rng = np.random.default_rng(301)
     eps, reps = 1.0, 10_000
     values = values_from_counts(counts)

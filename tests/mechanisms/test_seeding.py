@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy import stats
-
 from privstream.mechanisms.contract import Slot
 from privstream.mechanisms.seeding import STREAM_LEVEL, SlotRandomness, derive_rng
+from scipy import stats
 
 Key = tuple[int | bytes, str, int, str]
 
@@ -51,9 +50,14 @@ def test_different_tuples_different_streams(key: Key, other: Key) -> None:
 
 @pytest.mark.parametrize("field", range(4))
 def test_each_component_changes_the_stream(field: int) -> None:
-    changed = list(BASE)
-    changed[field] = {0: 123456790, 1: "orders/city", 2: 43, 3: "m2/client"}[field]
-    assert not np.array_equal(draws(BASE), draws(tuple(changed)))  # type: ignore[arg-type]
+    secret, stream, slot, purpose = BASE
+    changed: Key = [
+        (123456790, stream, slot, purpose),
+        (secret, "orders/city", slot, purpose),
+        (secret, stream, 43, purpose),
+        (secret, stream, slot, "m2/client"),
+    ][field]
+    assert not np.array_equal(draws(BASE), draws(changed))
 
 
 def test_components_are_framed() -> None:
@@ -61,12 +65,16 @@ def test_components_are_framed() -> None:
     assert not np.array_equal(draws((1, "ab", 0, "c")), draws((1, "a", 0, "bc")))
     assert not np.array_equal(draws((1, "", 0, "x")), draws((1, "x", 0, "")))
     assert not np.array_equal(draws((b"\x01", "s", 0, "p")), draws((b"\x01\x00", "s", 0, "p")))
+    # A bytes secret is followed directly by the stream name: the boundary must be encoded.
+    assert not np.array_equal(draws((b"key", "stream", 0, "p")), draws((b"keys", "tream", 0, "p")))
 
 
 def test_independence_across_slots_and_purposes() -> None:
     """First draws over many (slot, purpose) keys are uniform and mutually uncorrelated."""
     slots = 4000
-    first = np.array([[derive_rng(7, "s", t, p).random() for p in ("m1", "m2")] for t in range(slots)])
+    first = np.array(
+        [[derive_rng(7, "s", t, p).random() for p in ("m1", "m2")] for t in range(slots)]
+    )
     for column in first.T:
         assert stats.kstest(column, "uniform").pvalue > 1e-3
     bound = Z_CORR / math.sqrt(slots)
@@ -75,7 +83,6 @@ def test_independence_across_slots_and_purposes() -> None:
     secrets = np.array([derive_rng(s, "s", 1, "m1").random() for s in range(slots)])
     assert stats.kstest(secrets, "uniform").pvalue > 1e-3
     assert abs(float(np.corrcoef(secrets, first[:, 0])[0, 1])) < bound
-
 
 
 def test_slot_randomness_delegates_to_derive_rng() -> None:
@@ -90,7 +97,9 @@ def test_slot_randomness_delegates_to_derive_rng() -> None:
     assert not np.array_equal(r("lpu/groups").random(8), level)
 
 
-@pytest.mark.parametrize("secret", [987654321987654321, -31337, b"sup3r-s3cret-bytes", 2**100 + 12345])
+@pytest.mark.parametrize(
+    "secret", [987654321987654321, -31337, b"sup3r-s3cret-bytes", 2**100 + 12345]
+)
 def test_repr_never_shows_the_secret(secret: int | bytes) -> None:
     r = SlotRandomness(secret, "clicks", 12)
     shown = [repr(r), str(r), f"{r}", f"{r!r}", repr([r]), repr(Slot("clicks", 12, None, r))]  # type: ignore[arg-type]
