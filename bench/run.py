@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from privstream.mechanisms.client import ClientPath
-from privstream.mechanisms.tasks import FrequencyTask
 
 from privstream import experiments as ex
+from privstream.mechanisms.client import ClientPath
+from privstream.mechanisms.tasks import FrequencyTask
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ALL = list(ex.MECHANISM_ORDER)

@@ -80,17 +80,25 @@ def load_records(
         raise FileNotFoundError(f"event file {p} does not exist")
     parse = parse_csv_lines if detect_format(p) == "csv" else parse_json_lines
     with p.open("rb") as f:
-        items = parse(f.read().splitlines(), default_stream=stream or p.stem, streams=[stream] if stream else None)
+        items = parse(
+            f.read().splitlines(),
+            default_stream=stream or p.stem,
+            streams=[stream] if stream else None,
+        )
     batches = [b for b in items if isinstance(b, EventBatch)]
     rejected = [d for d in items if isinstance(d, DeadLetter)]
     if len(batches) != 1:
         names = sorted(b.stream for b in batches)
-        raise ValueError(f"{p} must hold exactly one stream (choose one with stream=...), found {names}")
+        raise ValueError(
+            f"{p} must hold exactly one stream (choose one with stream=...), found {names}"
+        )
     batch = batches[0]
     values = batch.values
     if not numeric:
         if np.any(values != np.floor(values)) or np.any(values < 0):
-            raise ValueError(f"{p}: categorical values must be integers >= 0 (use numeric=True for means)")
+            raise ValueError(
+                f"{p}: categorical values must be integers >= 0 (use numeric=True for means)"
+            )
         domain = domain or int(values.max()) + 1
         if np.any(values >= domain):
             raise ValueError(f"{p}: values must lie in 0..{domain - 1}")
@@ -109,5 +117,10 @@ def load_records(
         current[idx[rows]] = values[rows]
         columns.append(current)
     return RecordedStream(
-        batch.stream, first, tuple(columns), 1 if numeric else int(domain or 2), numeric, tuple(rejected)
+        batch.stream,
+        first,
+        tuple(columns),
+        1 if numeric else int(domain or 2),
+        numeric,
+        tuple(rejected),
     )

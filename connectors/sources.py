@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
+
 from privstream.connectors.events import EventBatch
 from privstream.connectors.synthetic import SyntheticStream
 

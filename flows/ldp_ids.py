@@ -16,6 +16,7 @@ from typing import Any
 
 from bytewax import operators as op
 from bytewax.dataflow import Dataflow, Stream
+
 from privstream.connectors.events import EventBatch, parse_csv_lines, parse_json_lines
 from privstream.connectors.jsonl import jsonl_output
 from privstream.connectors.sources import SyntheticSource, detect_format, file_source

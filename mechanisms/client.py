@@ -13,10 +13,11 @@ selected user. Two paths produce the same distribution of support counts:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
+
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import EstimationTask
 
@@ -75,6 +76,7 @@ class SimulatedClientPort:
         self._randomness = randomness
         self._path = path
         self._eligible = ~absent_mask(values)
+        self._everyone = bool(self._eligible.all())
         self._all_counts: NDArray[np.int64] | None = None
 
     @property
@@ -84,14 +86,20 @@ class SimulatedClientPort:
     def eligible(self) -> NDArray[np.bool_]:
         return self._eligible
 
+    def _raw(self, users: NDArray[np.int64] | None) -> NDArray[Any]:
+        """Raw values of ``users`` (all eligible users when None), without copying if possible."""
+        if users is not None:
+            return self._values[users]
+        return self._values if self._everyone else self._values[self._eligible]
+
     def _true_counts(self, users: NDArray[np.int64] | None) -> NDArray[np.int64]:
-        if users is None:
-            if self._all_counts is None:
-                encoded = self._task.encode(self._values[self._eligible])
-                self._all_counts = np.bincount(encoded.astype(np.int64), minlength=self._task.d)
+        if users is None and self._all_counts is not None:
             return self._all_counts
-        encoded = self._task.encode(self._values[users])
-        return np.bincount(encoded.astype(np.int64), minlength=self._task.d)
+        encoded = np.asarray(self._task.encode(self._raw(users)), dtype=np.int64)
+        counts = np.bincount(encoded, minlength=self._task.d)
+        if users is None:
+            self._all_counts = counts
+        return counts
 
     def collect(self, users: NDArray[np.int64] | None, eps: float, purpose: str) -> Aggregate:
         oracle = self._task.select(eps)
@@ -103,7 +111,7 @@ class SimulatedClientPort:
         if self._path == "aggregate" and self._task.kind == "frequency":
             support = oracle.sample_support(self._true_counts(users), eps, rng)
         if support is None:
-            raw = self._values[self._eligible] if users is None else self._values[users]
-            support = oracle.support(oracle.perturb(self._task.encode(raw), eps, rng), eps)
+            reports = oracle.perturb(self._task.encode(self._raw(users)), eps, rng)
+            support = oracle.support(reports, eps)
         estimate = self._task.decode(oracle.estimate(support, eps, m))
         return Aggregate(estimate, m, m * oracle.report_bits(eps), oracle.name)

@@ -20,6 +20,7 @@ from typing import ClassVar, Final, Literal
 
 import numpy as np
 from numpy.typing import NDArray
+
 from privstream.mechanisms.client import Aggregate
 from privstream.mechanisms.contract import (
     Division,
@@ -253,7 +254,7 @@ class LdpIdsMechanism(Mechanism[LdpIdsConfig, LdpIdsState]):
             assert state.population is not None
             spent = 0.0
             window_users = state.population.window_users(t)
-            available = int(state.population.available(t + 1).sum())
+            available = state.population.available_count(t + 1)
         return LedgerEntry(
             stream=slot.stream,
             mechanism=self.name,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
+
 from privstream.mechanisms.errors import PrivacyBudgetExceeded
 
 TOLERANCE = 1e-12  # float slack on budget sums (spec §1.6 invariant 1)
@@ -143,7 +144,8 @@ class PopulationLedger:
         users = np.asarray(users, dtype=np.int64)
         if users.size and (users.min() < 0 or users.max() >= self.population):
             raise ValueError("population ledger charged for a user outside the population")
-        ordered = np.sort(users)
+        increasing = users.size < 2 or bool(np.all(users[1:] > users[:-1]))  # sample() sorts
+        ordered = users if increasing else np.sort(users)
         if ordered.size > 1 and bool(np.any(ordered[1:] == ordered[:-1])):
             raise PrivacyBudgetExceeded(f"slot {t} charges a user twice")
         too_soon = (t - self.last_report[users]) < self.window
@@ -156,6 +158,11 @@ class PopulationLedger:
             self.slots[pos], self.counts_m1[pos], self.counts_m2[pos] = t, 0, 0
         self.last_report[users] = t
         (self.counts_m1 if part == "m1" else self.counts_m2)[pos] += users.shape[0]
+
+    def available_count(self, t: int) -> int:
+        """``|U_A|`` at slot ``t`` without scanning the population: everyone but the users who
+        reported at slots ``t−w+1..t−1``."""
+        return self.population - self.used(t - self.window + 1, t - 1)
 
     def window_users(self, t: int) -> int:
         """``Σ_{i=t−w+1}^{t} (|U_{i,1}| + |U_{i,2}|)``."""

@@ -13,6 +13,7 @@ from typing import Final, Literal
 
 import numpy as np
 from numpy.typing import NDArray
+
 from privstream.mechanisms.oracles import Oracle
 
 HM_SWITCH: Final = 0.61  # HM uses SR only at or below this ε (spec §2.7)

@@ -54,13 +54,18 @@ class SlotRandomness:
     secret: int | bytes
     stream: str
     slot: int
+    scope: str = ""
+    """Who draws: the mechanism's name, so mechanisms sharing a stream draw independent noise."""
+
+    def _purpose(self, purpose: str) -> str:
+        return f"{self.scope}:{purpose}" if self.scope else purpose
 
     def __call__(self, purpose: str) -> np.random.Generator:
-        return derive_rng(self.secret, self.stream, self.slot, purpose)
+        return derive_rng(self.secret, self.stream, self.slot, self._purpose(purpose))
 
     def stream_level(self, purpose: str) -> np.random.Generator:
         """A generator fixed for the whole stream (e.g. LPU's group assignment)."""
-        return derive_rng(self.secret, self.stream, STREAM_LEVEL, purpose)
+        return derive_rng(self.secret, self.stream, STREAM_LEVEL, self._purpose(purpose))
 
     def __repr__(self) -> str:  # never show the secret
-        return f"SlotRandomness(stream={self.stream!r}, slot={self.slot})"
+        return f"SlotRandomness(stream={self.stream!r}, slot={self.slot}, scope={self.scope!r})"

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
+
 from privstream.mechanisms.mean import HM, HmVariance
 from privstream.mechanisms.oracles import GRR, OLH, OUE, FrequencyOracle, Oracle, ada_threshold
 

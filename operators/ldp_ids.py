@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 from bytewax.dataflow import operator
 from bytewax.operators import KeyedStream
+
 from privstream.connectors.events import EventBatch
 from privstream.mechanisms.ldp_ids import LdpIdsConfig, build
 from privstream.operators.slotting import MechanismOut, SlottingConfig, slotted_mechanism

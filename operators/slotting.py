@@ -23,6 +23,7 @@ from bytewax import operators as op
 from bytewax.dataflow import Stream, operator
 from bytewax.operators import KeyedStream, StatefulBatchLogic
 from numpy.typing import NDArray
+
 from privstream.connectors.events import (
     DUPLICATE,
     FAR_FUTURE,
@@ -288,12 +289,12 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
             if reported is not None:
                 fresh = ~np.isnan(reported)
                 values[fresh] = reported[fresh]
-        randomness = SlotRandomness(self._secret, state.stream, slot)
-        client = SimulatedClientPort(values, self.task, randomness, self.cfg.client_path)
         state.last_closed = slot
         for name, mechanism in self.mechanisms.items():
             if name in state.halted:
                 continue
+            randomness = SlotRandomness(self._secret, state.stream, slot, scope=name)
+            client = SimulatedClientPort(values, self.task, randomness, self.cfg.client_path)
             try:
                 new_state, events = mechanism.step(
                     state.mechanisms[name], Slot(state.stream, slot, client, randomness)

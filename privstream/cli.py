@@ -126,6 +126,14 @@ def _parser() -> argparse.ArgumentParser:
         "--seeds", type=_positive_int, default=1, help="seeds 1..K to average over (default 1)"
     )
     bldp.add_argument("--json", help="write the results as JSON to this file")
+    bldp.add_argument(
+        "--domain",
+        type=_positive_int,
+        help="categories d of a file dataset (default: largest value + 1)",
+    )
+    bldp.add_argument(
+        "--numeric", action="store_true", help="a file dataset holds numbers: estimate their mean"
+    )
 
     demo = commands.add_parser(
         "demo", help="the main job: all seven LDP-IDS mechanisms on Sin through the flow"
@@ -212,6 +220,8 @@ def bench_ldp_ids(args: argparse.Namespace) -> int:
         window=args.window,
         mechanisms=[m.strip().upper() for m in args.mechanisms.split(",")],
         seeds=args.seeds,
+        domain=args.domain,
+        numeric=args.numeric,
     )
     print(experiments.format_table(result))
     if args.json:

@@ -2,7 +2,7 @@
 
 The harness drives the engine-free core directly (no Bytewax): for every slot ``t = 1..T`` it
 builds the slot's ``SimulatedClientPort`` over the population's values (trust mode
-``ldp-simulated``, design §4) with ``SlotRandomness(seed, stream, t)`` and calls each mechanism's
+``ldp-simulated``, design §4) with ``SlotRandomness(seed, stream, t, scope=mechanism)`` and calls each mechanism's
 pure ``step``. With the same seed and stream name it therefore releases exactly what the
 ``privstream.flows.ldp_ids`` dataflow releases for a synthetic dataset.
 
@@ -32,6 +32,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from tqdm import tqdm
 
+from privstream.connectors.files import RecordedStream, load_records
 from privstream.connectors.synthetic import DATASETS, SyntheticStream
 from privstream.mechanisms.client import ClientPath, SimulatedClientPort
 from privstream.mechanisms.contract import Release, Slot
@@ -210,20 +211,26 @@ def task_for(source: SlotSource) -> EstimationTask:
     raise ValueError(f"cannot tell the estimation task of {source!r}; pass task=")
 
 
-def load_dataset(spec: str, users: int, slots: int, seed: int) -> SyntheticStream:
+def load_dataset(
+    spec: str,
+    users: int,
+    slots: int,
+    seed: int,
+    *,
+    domain: int | None = None,
+    numeric: bool = False,
+) -> SyntheticStream | RecordedStream:
     """The slot source a dataset spec names.
 
     Synthetic names (``privstream.connectors.synthetic.DATASETS``: lns, sin, log and their
     ``-con`` variants, spec §5.1) give a ``SyntheticStream`` of ``users`` users over ``slots``
-    slots generated from ``seed``. ``file:PATH`` datasets are the job of
-    ``privstream.connectors.files`` and are not wired into the harness yet.
+    slots generated from ``seed``. ``file:PATH`` loads a user's own CSV/JSONL records
+    (``privstream.connectors.files``): ``users`` caps the population, ``domain`` is the number
+    of categories (default: largest value + 1), ``numeric`` makes the task a mean; the file fixes
+    the slots and ``seed`` only drives the mechanisms.
     """
     if spec.startswith("file:"):
-        raise ValueError(
-            f"dataset {spec!r}: file datasets are loaded by privstream.connectors.files, "
-            "which the benchmark harness does not use yet; use a synthetic dataset "
-            f"({', '.join(DATASETS)})"
-        )
+        return load_records(spec.removeprefix("file:"), users, domain=domain, numeric=numeric)
     name = spec.lower()
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {spec!r}; use one of {', '.join(DATASETS)} or file:PATH")
@@ -313,7 +320,7 @@ def run_mechanisms(
 
     Each slot's values are fetched once and shared; every mechanism gets its own
     ``SimulatedClientPort`` (``path`` = ``"aggregate"`` fast path or ``"per-user"`` reference)
-    and ``SlotRandomness(seed, stream_name, t)``, so a mechanism's releases do not depend on
+    and ``SlotRandomness(seed, stream_name, t, scope=name)``, so a mechanism's releases do not depend on
     which other mechanisms run beside it. ``stream_name`` defaults to the stream's name, as in
     the dataflow. ``config`` holds further ``LdpIdsConfig`` fields (``beta``, ``u_min``, …).
     ``progress`` is advanced by one per slot.
@@ -333,8 +340,8 @@ def run_mechanisms(
     for t in range(1, T + 1):
         values = stream.values(t)
         truth[t - 1] = stream.truth(t)
-        randomness = SlotRandomness(seed, key, t)
         for name, mech in built.items():
+            randomness = SlotRandomness(seed, key, t, scope=name)
             started = time.perf_counter()
             client = SimulatedClientPort(values, task, randomness, path)
             states[name], events = mech.step(states[name], Slot(key, t, client, randomness))
@@ -397,9 +404,14 @@ def bench_ldp_ids(
     progress: bool = True,
     *,
     path: ClientPath = "aggregate",
+    domain: int | None = None,
+    numeric: bool = False,
     **config: Any,
 ) -> dict[str, Any]:
     """Average each mechanism's metrics over seeds ``1..seeds``.
+
+    ``domain`` and ``numeric`` describe a ``file:PATH`` dataset (see ``load_dataset``); a file
+    is loaded once and its own slot count replaces ``slots``.
 
     Seed ``k`` generates the dataset once (``load_dataset(dataset, users, slots, k)``) and
     drives every mechanism's randomness on it. Returns
@@ -410,7 +422,12 @@ def bench_ldp_ids(
     names = _mechanism_names(mechanisms)
     if seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")
-    load_dataset(dataset, users, 1, 1)  # validate the spec before any work
+    recorded = None
+    if dataset.startswith("file:"):
+        recorded = load_dataset(dataset, users, slots, 1, domain=domain, numeric=numeric)
+        slots = recorded.slots
+    else:
+        load_dataset(dataset, users, 1, 1)  # validate the spec before any work
     sums: dict[str, dict[str, float]] = {name: dict.fromkeys(RESULT_FIELDS, 0.0) for name in names}
     with tqdm(
         total=seeds * slots,
@@ -423,7 +440,7 @@ def bench_ldp_ids(
     ) as bar:
         for seed in range(1, seeds + 1):
             bar.set_postfix_str(f"seed {seed}/{seeds}")
-            stream = load_dataset(dataset, users, slots, seed)
+            stream = recorded or load_dataset(dataset, users, slots, seed)
             runs = run_mechanisms(
                 names, stream, epsilon, window, seed, path, progress=bar, **config
             )

@@ -65,3 +65,30 @@ def test_bad_arguments_are_rejected_clearly(capsys: pytest.CaptureFixture[str]) 
     assert "unknown mechanism" in capsys.readouterr().err
     assert main(["run", "ldp-ids", "--dataset", "file:/nonexistent.csv", "--no-progress"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_bench_ldp_ids_writes_the_documented_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out.json"
+    argv = ["bench", "ldp-ids", "--dataset", "sin", "--users", "4000", "--slots", "40", "--epsilon", "1",
+            "--window", "20", "--mechanisms", "LBU,LPA", "--seeds", "2", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["params"]["seeds"] == 2 and result["params"]["users"] == 4000
+    assert set(result["results"]) == {"LBU", "LPA"}
+    for row in result["results"].values():
+        assert set(row) == {"mre", "mae", "bits_per_user", "publications", "seconds"}
+    assert result["results"]["LBU"]["bits_per_user"] == 1.0
+    table = capsys.readouterr().out
+    assert "LBU" in table and "LPA" in table
+
+
+def test_bench_on_a_file_dataset(tmp_path: Path) -> None:
+    src = tmp_path / "events.csv"
+    src.write_text("".join(f"u{u},{t},{(u + t) % 3}\n" for t in range(1, 21) for u in range(300)))
+    out = tmp_path / "out.json"
+    argv = ["bench", "ldp-ids", "--dataset", f"file:{src}", "--users", "300", "--window", "5",
+            "--mechanisms", "LPU", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["params"]["slots"] == 20
+    assert result["results"]["LPU"]["bits_per_user"] == pytest.approx((2 + 1) / 5)

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from privstream.mechanisms.client import SimulatedClientPort
 from privstream.mechanisms.contract import LedgerEntry, Mechanism, Release, Slot
 from privstream.mechanisms.errors import IncompatibleState

@@ -33,11 +33,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from privstream.connectors.synthetic import SyntheticStream
-from privstream.mechanisms.tasks import FrequencyTask
 
 from privstream import experiments as ex
+from privstream.connectors.synthetic import SyntheticStream
 from privstream.experiments import PAPER_TABLE2_BITS, RunResult, load_dataset, run_mechanisms
+from privstream.mechanisms.tasks import FrequencyTask
 
 N, T, EPS, W = 200_000, 800, 1.0, 20
 DATASETS = ("sin", "log")
@@ -307,6 +307,7 @@ def test_lockstep_runs_do_not_depend_on_companions_or_share_state() -> None:
 def test_harness_releases_what_the_dataflow_releases(tmp_path: Path) -> None:
     """Same dataset, seed and stream name: the engine-free harness and the Bytewax flow agree."""
     from bytewax.testing import run_main
+
     from privstream.flows.ldp_ids import build
 
     out = tmp_path / "releases.jsonl"
@@ -314,7 +315,7 @@ def test_harness_releases_what_the_dataflow_releases(tmp_path: Path) -> None:
     flow = build(
         dataset="sin", mechanisms=names, users=1_500, slots=25, window=5, seed=3, out=str(out)
     )
-    run_main(flow)
+    run_main(flow)  # type: ignore[no-untyped-call]
     released: dict[str, dict[int, list[float]]] = {n: {} for n in names}
     for line in out.read_text().splitlines():
         r = json.loads(line)

@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats
+
 from privstream.connectors.synthetic import (
     CON_SIGMA,
     DATASETS,
@@ -17,7 +19,6 @@ from privstream.connectors.synthetic import (
     sin_probabilities,
     uniform_subset_mask,
 )
-from scipy import stats
 
 BINARY = [name for name in DATASETS if not name.endswith("-con")]
 

@@ -92,4 +92,9 @@ def test_csv_with_header_and_default_stream() -> None:
 def test_dead_letters_serialise_without_loss() -> None:
     (dead,) = parse_json_lines(["{oops"])
     assert isinstance(dead, DeadLetter)
-    assert dead.to_dict() == {"reason": "malformed_json", "stream": None, "detail": "not valid JSON", "payload": "{oops"}
+    assert dead.to_dict() == {
+        "reason": "malformed_json",
+        "stream": None,
+        "detail": "not valid JSON",
+        "payload": "{oops",
+    }

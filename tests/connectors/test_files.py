@@ -15,7 +15,13 @@ def test_csv_records_with_carry_forward_and_first_report_wins(tmp_path: Path) ->
     src = tmp_path / "clicks.csv"
     src.write_text("user,slot,value\nann,5,1\nbob,5,0\nann,5,2\nbob,6,2\ncid,7,1\nbad,x,1\n")
     stream = load_records(src, users=4)
-    assert (stream.name, stream.first_slot, stream.slots, stream.users, stream.d) == ("clicks", 5, 3, 4, 3)
+    assert (stream.name, stream.first_slot, stream.slots, stream.users, stream.d) == (
+        "clicks",
+        5,
+        3,
+        4,
+        3,
+    )
     assert np.array_equal(stream.values(1), [1, 0, np.nan, np.nan], equal_nan=True)
     assert np.array_equal(stream.values(2), [1, 2, np.nan, np.nan], equal_nan=True)
     assert np.array_equal(stream.values(3), [1, 2, 1, np.nan], equal_nan=True)
@@ -25,7 +31,12 @@ def test_csv_records_with_carry_forward_and_first_report_wins(tmp_path: Path) ->
 
 def test_jsonl_numeric_records(tmp_path: Path) -> None:
     src = tmp_path / "prices.jsonl"
-    src.write_text("".join(json.dumps({"user": f"u{i}", "slot": 1 + i % 2, "value": 10.0 * i}) + "\n" for i in range(6)))
+    src.write_text(
+        "".join(
+            json.dumps({"user": f"u{i}", "slot": 1 + i % 2, "value": 10.0 * i}) + "\n"
+            for i in range(6)
+        )
+    )
     stream = load_records(src, users=6, numeric=True)
     assert stream.d == 1 and stream.slots == 2 and stream.bounds == (0.0, 50.0)
     assert stream.truth(2)[0] == pytest.approx(np.mean([0, 10, 20, 30, 40, 50]))

@@ -12,6 +12,7 @@ import pytest
 from bytewax.dataflow import Dataflow
 from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.testing import TestingSink, TestingSource, cluster_main, run_main
+
 from privstream.connectors.events import EventBatch, parse_json_lines
 from privstream.connectors.jsonl import to_json
 from privstream.mechanisms.ldp_ids import LdpIdsConfig
@@ -218,9 +219,13 @@ def test_a_halted_mechanism_does_not_stop_its_neighbours() -> None:
 
     config = LdpIdsConfig(1.0, W, N, task=FrequencyTask(2))
     flow = Dataflow("halting_one")
-    keyed = op.key_on("by_stream", op.input("in", flow, TestingSource(two_streams(6))), lambda b: b.stream)
+    keyed = op.key_on(
+        "by_stream", op.input("in", flow, TestingSource(two_streams(6))), lambda b: b.stream
+    )
     mechanisms = [_BreaksAtSlot3(config), build("LPD", config)]
-    out = slotted_mechanism("m", keyed, mechanisms=mechanisms, task=config.task, population=N, secret=1)
+    out = slotted_mechanism(
+        "m", keyed, mechanisms=mechanisms, task=config.task, population=N, secret=1
+    )
     releases: list[Release] = []
     dead: list[Any] = []
     op.output("r", out.releases, TestingSink(releases))

@@ -7,11 +7,12 @@ import math
 import numpy as np
 import pytest
 from numpy.typing import NDArray
+from scipy import stats
+
 from privstream.mechanisms.client import ABSENT, SimulatedClientPort, absent_mask
 from privstream.mechanisms.oracles import GRR, OUE
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import FrequencyTask, MeanTask
-from scipy import stats
 
 Z = 4.0
 

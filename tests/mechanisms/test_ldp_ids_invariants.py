@@ -22,6 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
+
 from privstream.mechanisms.client import ABSENT, Aggregate, SimulatedClientPort
 from privstream.mechanisms.contract import LedgerEntry, Release, Slot
 from privstream.mechanisms.errors import PrivacyBudgetExceeded

@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
+from scipy import stats
+
 from privstream.mechanisms.errors import PrivacyBudgetExceeded
 from privstream.mechanisms.ledger import TOLERANCE, BudgetLedger, PopulationLedger
-from scipy import stats
 
 
 def arrays_of(ledger: BudgetLedger | PopulationLedger) -> dict[str, NDArray[np.generic]]:

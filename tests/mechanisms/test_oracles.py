@@ -15,9 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
+from scipy import stats
+
 from privstream.mechanisms.oracles import GRR, OLH, OUE, FrequencyOracle, ada_threshold
 from privstream.mechanisms.tasks import FrequencyTask
-from scipy import stats
 
 Z = 4.0  # standard errors allowed for a single statistical comparison
 

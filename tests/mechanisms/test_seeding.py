@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy import stats
+
 from privstream.mechanisms.contract import Slot
 from privstream.mechanisms.seeding import STREAM_LEVEL, SlotRandomness, derive_rng
-from scipy import stats
 
 Key = tuple[int | bytes, str, int, str]
 
