@@ -350,16 +350,19 @@ def test_numeric_datasets_use_the_mean_task() -> None:
     assert run.estimates.shape == run.truth.shape == (10, 1)
 
 
-def test_load_dataset_boundary() -> None:
-    with pytest.raises(ValueError, match=r"privstream\.connectors\.files"):
-        ex.load_dataset("file:/tmp/events.jsonl", 10, 10, 1)
+def test_load_dataset_boundary(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        ex.load_dataset(f"file:{tmp_path / 'missing.jsonl'}", 10, 10, 1)
+    src = tmp_path / "events.csv"
+    src.write_text("a,1,0\nb,1,1\na,2,1\n")
+    recorded = ex.load_dataset(f"file:{src}", 10, 999, 1)
+    assert (recorded.users, recorded.slots, recorded.d) == (10, 2, 2)
     with pytest.raises(ValueError, match="unknown dataset"):
         ex.load_dataset("taxi", 10, 10, 1)
     assert isinstance(ex.load_dataset("SIN", 10, 10, 1), SyntheticStream)
 
 
 def test_plot_releases_writes_a_png(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
     truth = np.linspace(0.1, 0.2, 50)
     rng = np.random.default_rng(0)
     series = {name: truth + rng.normal(0, 0.01, 50) for name in ("LBU", "LPU", "LPA")}

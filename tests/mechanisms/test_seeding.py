@@ -108,7 +108,7 @@ def test_repr_never_shows_the_secret(secret: int | bytes) -> None:
     for text in shown:
         assert needle not in text
         assert "clicks" in text
-    assert repr(r) == "SlotRandomness(stream='clicks', slot=12)"
+    assert repr(r) == "SlotRandomness(stream='clicks', slot=12, scope='')"
     if isinstance(secret, bytes):
         for text in shown:
             assert repr(secret) not in text and secret.hex() not in text
