@@ -19,7 +19,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Final
@@ -225,15 +225,18 @@ def _check_record(
     out.accept(stream, slot, user, value, line)
 
 
-def parse_json_lines(
+_SKIP: Final = object()  # a line that is no event (blank, a CSV header) or already rejected
+
+
+def _parse(
     lines: Iterable[str | bytes],
-    *,
-    streams: Iterable[str] | None = None,
-    default_stream: str | None = None,
-    clock: SlotClock | None = None,
-    max_bytes: int = MAX_EVENT_BYTES,
+    decode: Callable[[str, _Builder], Any],
+    streams: Iterable[str] | None,
+    default_stream: str | None,
+    clock: SlotClock | None,
+    max_bytes: int,
 ) -> list[EventBatch | DeadLetter]:
-    """Parse JSON-lines events; one ``EventBatch`` per stream, then the dead letters."""
+    """The loop both formats share: size check, decode, record checks."""
     allowed = frozenset(streams) if streams is not None else None
     out = _Builder()
     for raw in lines:
@@ -243,13 +246,30 @@ def parse_json_lines(
         line = _text(raw).strip()
         if not line:
             continue
+        rec = decode(line, out)
+        if rec is not _SKIP:
+            _check_record(rec, line, out, allowed, default_stream, clock)
+    return out.result()
+
+
+def parse_json_lines(
+    lines: Iterable[str | bytes],
+    *,
+    streams: Iterable[str] | None = None,
+    default_stream: str | None = None,
+    clock: SlotClock | None = None,
+    max_bytes: int = MAX_EVENT_BYTES,
+) -> list[EventBatch | DeadLetter]:
+    """Parse JSON-lines events; one ``EventBatch`` per stream, then the dead letters."""
+
+    def decode(line: str, out: _Builder) -> Any:
         try:
-            rec = json.loads(line)
+            return json.loads(line)
         except (json.JSONDecodeError, RecursionError):
             out.reject(MALFORMED, line, "not valid JSON")
-            continue
-        _check_record(rec, line, out, allowed, default_stream, clock)
-    return out.result()
+            return _SKIP
+
+    return _parse(lines, decode, streams, default_stream, clock, max_bytes)
 
 
 def parse_csv_lines(
@@ -262,27 +282,18 @@ def parse_csv_lines(
     max_bytes: int = MAX_EVENT_BYTES,
 ) -> list[EventBatch | DeadLetter]:
     """Parse CSV records with the given columns (a header line naming them is skipped)."""
-    allowed = frozenset(streams) if streams is not None else None
-    out = _Builder()
-    for raw in lines:
-        if len(raw) > max_bytes:
-            out.reject(OVERSIZED, _text(raw)[:256], f"event larger than {max_bytes} bytes")
-            continue
-        line = _text(raw).strip()
-        if not line:
-            continue
-        fields = next(csv.reader([line]))
-        if [f.strip() for f in fields] == list(columns):
-            continue
+
+    def decode(line: str, out: _Builder) -> Any:
+        fields = [f.strip() for f in next(csv.reader([line]))]
+        if fields == list(columns):
+            return _SKIP
         if len(fields) != len(columns):
             out.reject(MALFORMED_CSV, line, f"expected {len(columns)} CSV fields")
-            continue
-        rec: dict[str, Any] = dict(zip(columns, (f.strip() for f in fields), strict=True))
-        for name in ("slot", "value"):
-            if name in rec:
-                rec[name] = _csv_number(rec[name])
-        _check_record(rec, line, out, allowed, default_stream, clock)
-    return out.result()
+            return _SKIP
+        rec = dict(zip(columns, fields, strict=True))
+        return {k: _csv_number(v) if k in ("slot", "value") else v for k, v in rec.items()}
+
+    return _parse(lines, decode, streams, default_stream, clock, max_bytes)
 
 
 def _csv_number(text: str) -> Any:

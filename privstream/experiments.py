@@ -137,7 +137,8 @@ def bits_per_user(total_bits: int | float, users: int, slots: int) -> float:
 class SlotSource(Protocol):
     """What the harness needs from a dataset: every user's value and the truth, per 1-based slot.
 
-    ``SyntheticStream`` is one; ``PrecomputedStream`` wraps arrays already in memory.
+    ``SyntheticStream`` is one; ``privstream.connectors.files.RecordedStream`` (a user's own
+    records, in memory) is another.
     """
 
     @property
@@ -152,46 +153,6 @@ class SlotSource(Protocol):
     def values(self, slot: int) -> NDArray[Any]: ...
 
     def truth(self, slot: int) -> NDArray[np.float64]: ...
-
-
-@dataclass(frozen=True)
-class PrecomputedStream:
-    """Per-slot value arrays (``columns[t−1]`` holds every user's value at slot ``t``; ``-1`` or
-    NaN marks a user without a value) and the true statistic ``truths`` (``T×d``)."""
-
-    name: str
-    columns: Sequence[NDArray[Any]]
-    truths: NDArray[np.float64]
-    task: EstimationTask
-
-    def __post_init__(self) -> None:
-        if len(self.columns) == 0:
-            raise ValueError("a precomputed stream needs at least one slot")
-        n = self.columns[0].shape[0]
-        if any(col.shape != (n,) for col in self.columns):
-            raise ValueError(
-                "every slot's value array must be one-dimensional with the same length"
-            )
-        if np.shape(self.truths) != (len(self.columns), self.task.d):
-            raise ValueError(
-                f"truths must be T×d = {len(self.columns)}×{self.task.d}, got {np.shape(self.truths)}"
-            )
-
-    @property
-    def users(self) -> int:
-        return int(self.columns[0].shape[0])
-
-    @property
-    def slots(self) -> int:
-        return len(self.columns)
-
-    def values(self, slot: int) -> NDArray[Any]:
-        if not 1 <= slot <= self.slots:
-            raise ValueError(f"slot must lie in 1..{self.slots}, got {slot}")
-        return self.columns[slot - 1]
-
-    def truth(self, slot: int) -> NDArray[np.float64]:
-        return np.asarray(self.truths[slot - 1], dtype=np.float64)
 
 
 def task_for(source: SlotSource) -> EstimationTask:

@@ -67,7 +67,9 @@ def test_bad_arguments_are_rejected_clearly(capsys: pytest.CaptureFixture[str]) 
     assert "does not exist" in capsys.readouterr().err
 
 
-def test_bench_ldp_ids_writes_the_documented_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_ldp_ids_writes_the_documented_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "out.json"
     argv = ["bench", "ldp-ids", "--dataset", "sin", "--users", "4000", "--slots", "40", "--epsilon", "1",
             "--window", "20", "--mechanisms", "LBU,LPA", "--seeds", "2", "--json", str(out)]  # fmt: skip
