@@ -234,3 +234,17 @@ def test_a_halted_mechanism_does_not_stop_its_neighbours() -> None:
     assert sorted(r.slot for r in releases if r.mechanism == "LBU") == [1, 1, 2, 2]
     assert sorted(r.slot for r in releases if r.mechanism == "LPD") == sorted(list(range(1, 7)) * 2)
     assert dead == []
+
+
+def test_the_ready_flow_runs_under_bytewax_run_from_the_checkout(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out = tmp_path / "r.jsonl"
+    spec = f"privstream.flows.ldp_ids:build(dataset='log', mechanisms='LBA,LPD', users=3000, slots=30, out='{out}')"
+    checkout = Path(__file__).resolve().parents[2]
+    subprocess.run(
+        [sys.executable, "-m", "bytewax.run", spec], cwd=checkout, check=True, timeout=120
+    )
+    ids = sorted(json.loads(line)["release_id"] for line in out.read_text().splitlines())
+    assert ids == sorted(f"log/{m}/{t}" for m in ("LBA", "LPD") for t in range(1, 31))
