@@ -3,13 +3,15 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The strict editable install links each module file, so a new or changed module reinstalls.
+SOURCES := $(wildcard privstream/*.py mechanisms/*.py operators/*.py connectors/*.py flows/*.py)
 
 .DEFAULT_GOAL := help
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(SOURCES)
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet --config-settings editable_mode=strict -e '.[dev,plot]'
