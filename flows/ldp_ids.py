@@ -22,7 +22,7 @@ from privstream.connectors.jsonl import jsonl_output
 from privstream.connectors.sources import SyntheticSource, detect_format, file_source
 from privstream.connectors.synthetic import DATASETS, SyntheticStream
 from privstream.mechanisms.contract import Release
-from privstream.mechanisms.ldp_ids import MECHANISMS, LdpIdsConfig
+from privstream.mechanisms.ldp_ids import LdpIdsConfig, mechanism_names
 from privstream.mechanisms.tasks import EstimationTask, FrequencyTask, MeanTask
 from privstream.operators.ldp_ids import ldp_ids
 from privstream.operators.slotting import SlottingConfig
@@ -62,24 +62,14 @@ def resolve_source(
     return Source(stream or name, task, synthetic=synthetic)
 
 
-def _mechanism_list(mechanisms: str | Sequence[str]) -> list[str]:
-    names = [
-        m.strip().upper()
-        for m in (mechanisms.split(",") if isinstance(mechanisms, str) else mechanisms)
-    ]
-    unknown = [m for m in names if m not in MECHANISMS]
-    if unknown or not names:
-        raise ValueError(f"unknown mechanism(s) {unknown}; choose from {', '.join(MECHANISMS)}")
-    return names
-
-
-def events(flow: Dataflow, source: Source) -> tuple[Stream[EventBatch], Stream[Any]]:
-    """Input step(s): parsed event batches and the dead letters of parsing."""
+def events(flow: Dataflow, source: Source) -> tuple[Stream[EventBatch], Stream[Any] | None]:
+    """Input step(s): parsed event batches and the dead letters of parsing (None when the
+    source needs no parsing)."""
     if source.synthetic is not None:
         batches: Stream[Any] = op.input(
             "synthetic", flow, SyntheticSource(source.synthetic, source.stream)
         )
-        return batches, op.filter("no_parse_errors", batches, lambda _b: False)
+        return batches, None
     assert source.path is not None
     lines = op.input("file", flow, file_source(source.path))
     parse = parse_csv_lines if detect_format(source.path) == "csv" else parse_json_lines
@@ -128,7 +118,7 @@ def build(
         stream: stream name (defaults to the dataset name, or the records' ``stream`` field).
         progress: called with every release (for progress bars).
     """
-    names = _mechanism_list(mechanisms)
+    names = mechanism_names(mechanisms)
     source = resolve_source(dataset, users, slots, seed, domain, mean_range, stream)
     config = LdpIdsConfig(
         epsilon=epsilon, window=window, population=users, task=source.task, beta=beta
@@ -148,7 +138,9 @@ def build(
     if dead_letter_out:
         jsonl_output(
             "dead_letters_out",
-            op.merge("dead_letters", parse_errors, mech.dead_letters),
+            mech.dead_letters
+            if parse_errors is None
+            else op.merge("dead_letters", parse_errors, mech.dead_letters),
             dead_letter_out,
         )
     return flow

@@ -15,6 +15,7 @@ earlier LDP outputs and public counts, so they are post-processing.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Final, Literal
 
@@ -209,15 +210,26 @@ class LdpIdsMechanism(Mechanism[LdpIdsConfig, LdpIdsState]):
         state.l = state.t
         state.source_slot = slot.index
 
-    def uniform_outcome(
-        self, state: LdpIdsState, slot: Slot, agg: Aggregate, eps: float, instructed: bool
+    def uniform_publication(
+        self, state: LdpIdsState, slot: Slot, users: NDArray[np.int64] | None, eps: float
     ) -> _Outcome:
-        """Outcome of a data-independent publication (LBU, LSP, LPU): publish the estimate, or
-        repeat the last release when nobody could report. ``epsilon_m2`` is what the ledger
+        """A data-independent publication (LBU, LSP, LPU): charge the ledger, then publish what
+        ``users`` (every eligible user when None, budget division) report with ``eps``, or
+        repeat the last release when nobody can report. ``epsilon_m2`` is what the ledger
         charged a reporting user (budget division charges every user, reporting or not)."""
-        if agg.reports == 0:
-            return _Outcome("approximate", eps2=eps if self.division == "budget" else 0.0)
+        if users is None:
+            assert state.budget is not None
+            state.budget.charge(state.t, eps, "m2")
+            if not slot.client.eligible().any():
+                return _Outcome("approximate", eps2=eps)
+        else:
+            assert state.population is not None
+            state.population.charge(state.t, users, "m2")
+            if users.size == 0:
+                return _Outcome("approximate")
+        agg = slot.client.collect(users, eps, purpose="m2")
         self.publish(state, slot, agg)
+        instructed = self.division == "population"
         return _Outcome("publish", eps2=eps, users2=agg.reports, bits=self.bits(agg, instructed))
 
     def first_forced(self, state: LdpIdsState) -> bool:
@@ -280,9 +292,7 @@ class LBU(LdpIdsMechanism):
     division = "budget"
 
     def decide(self, state: LdpIdsState, slot: Slot) -> _Outcome:
-        eps = self.config.epsilon / self.config.window
-        agg = self.collect_all(state, slot, eps, "m2")
-        return self.uniform_outcome(state, slot, agg, eps, instructed=False)
+        return self.uniform_publication(state, slot, None, self.config.epsilon / self.config.window)
 
 
 class LSP(LdpIdsMechanism):
@@ -296,9 +306,9 @@ class LSP(LdpIdsMechanism):
         if (state.t - 1) % self.config.window != 0:
             return _Outcome("approximate")
         assert state.population is not None
-        everyone = int(state.population.available(state.t).sum())
-        agg = self.collect_sample(state, slot, everyone, "m2")
-        return self.uniform_outcome(state, slot, agg, self.config.epsilon, instructed=True)
+        pool = state.population.available(state.t)
+        everyone = np.flatnonzero(pool & slot.client.eligible())
+        return self.uniform_publication(state, slot, everyone, self.config.epsilon)
 
 
 class LPU(LdpIdsMechanism):
@@ -319,9 +329,7 @@ class LPU(LdpIdsMechanism):
         members = np.flatnonzero(
             (state.groups == (state.t - 1) % self.config.window) & slot.client.eligible()
         )
-        pop.charge(state.t, members, "m2")
-        agg = slot.client.collect(members, self.config.epsilon, purpose="m2")
-        return self.uniform_outcome(state, slot, agg, self.config.epsilon, instructed=True)
+        return self.uniform_publication(state, slot, members, self.config.epsilon)
 
 
 class LBD(LdpIdsMechanism):
@@ -463,6 +471,17 @@ class LPA(LdpIdsMechanism):
 MECHANISMS: Final[dict[str, type[LdpIdsMechanism]]] = {
     m.name: m for m in (LBU, LSP, LPU, LBD, LBA, LPD, LPA)
 }
+
+
+def mechanism_names(names: str | Sequence[str]) -> list[str]:
+    """Validated, upper-cased mechanism names from a list or a comma-separated string."""
+    out = [n.strip().upper() for n in (names.split(",") if isinstance(names, str) else names)]
+    unknown = [n for n in out if n not in MECHANISMS]
+    if unknown or not out:
+        raise ValueError(f"unknown mechanism(s) {unknown}; choose from {', '.join(MECHANISMS)}")
+    if len(set(out)) != len(out):
+        raise ValueError(f"mechanisms listed twice: {out}")
+    return out
 
 
 def build(name: str, config: LdpIdsConfig) -> LdpIdsMechanism:

@@ -170,9 +170,10 @@ def _progress_bar(total: int | None, unit: str) -> Any:
 
 
 def run_ldp_ids(args: argparse.Namespace) -> int:
-    from privstream.flows.ldp_ids import _mechanism_list, build
+    from privstream.flows.ldp_ids import build
+    from privstream.mechanisms.ldp_ids import mechanism_names
 
-    names = _mechanism_list(args.mechanism)
+    names = mechanism_names(args.mechanism)
     synthetic = not args.dataset.startswith("file:")
     bar = (
         None

@@ -36,7 +36,7 @@ from privstream.connectors.files import RecordedStream, load_records
 from privstream.connectors.synthetic import DATASETS, SyntheticStream
 from privstream.mechanisms.client import ClientPath, SimulatedClientPort
 from privstream.mechanisms.contract import Release, Slot
-from privstream.mechanisms.ldp_ids import MECHANISMS, LdpIdsConfig, build
+from privstream.mechanisms.ldp_ids import LdpIdsConfig, build, mechanism_names
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import EstimationTask, FrequencyTask, MeanTask
 
@@ -254,16 +254,6 @@ class RunResult:
         }
 
 
-def _mechanism_names(names: Sequence[str]) -> list[str]:
-    out = [n.strip().upper() for n in names]
-    unknown = [n for n in out if n not in MECHANISMS]
-    if unknown or not out:
-        raise ValueError(f"unknown mechanism(s) {unknown}; choose from {', '.join(MECHANISMS)}")
-    if len(set(out)) != len(out):
-        raise ValueError(f"mechanisms listed twice: {out}")
-    return out
-
-
 def run_mechanisms(
     names: Sequence[str],
     stream: SlotSource,
@@ -286,7 +276,7 @@ def run_mechanisms(
     the dataflow. ``config`` holds further ``LdpIdsConfig`` fields (``beta``, ``u_min``, …).
     ``progress`` is advanced by one per slot.
     """
-    mechanisms = _mechanism_names(names)
+    mechanisms = mechanism_names(names)
     task = task if task is not None else task_for(stream)
     key = stream_name if stream_name is not None else stream.name
     cfg = LdpIdsConfig(epsilon=epsilon, window=window, population=stream.users, task=task, **config)
@@ -380,7 +370,7 @@ def bench_ldp_ids(
     "seconds"}}}`` with MRE at ``δ = 1/n`` (spec §5.3.1), bits per spec §5.3.4, publications
     per run and step seconds per run. A tqdm bar on stderr counts slots.
     """
-    names = _mechanism_names(mechanisms)
+    names = mechanism_names(mechanisms)
     if seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")
     recorded = None
