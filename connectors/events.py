@@ -5,10 +5,15 @@ An event is one user's value for one slot of one stream::
     {"stream": "country", "user": "u-123", "slot": 42, "value": 3}
 
 ``slot`` is a non-negative integer (or ``ts``, an RFC 3339 time turned into a slot by a
-``SlotClock``); ``value`` an integer category or a number. The parser turns a batch of raw lines
-into one columnar ``EventBatch`` per stream plus a ``DeadLetter`` for every line it cannot
-accept, each with a machine-readable reason. Per-event Python is limited to JSON decoding and
-field checks; everything downstream works on the arrays.
+``SlotClock``); ``value`` an integer category or a number. An end-of-slot marker
+``{"stream": "country", "end_of_slot": 42}`` says every event of slots ``<= 42`` of that stream
+has been written before it (``privstream produce`` writes one after each slot).
+
+The parser turns a batch of raw lines into columnar ``EventBatch``es per stream plus a
+``DeadLetter`` for every line it cannot accept, each with a machine-readable reason. A batch of
+well-formed events takes a fast path (one ``orjson`` call for the whole batch and column-wise
+checks); a batch with anything unusual in it falls back to the line-by-line checks, which give
+the same result for the good lines and a precise reason for each bad one.
 
 Dead letters carry the original line: they belong to the trusted input side (same access as the
 input topic) and are never part of the public output.
@@ -25,6 +30,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Final
 
 import numpy as np
+import orjson
 from numpy.typing import NDArray
 
 MAX_EVENT_BYTES: Final = 64 * 1024  # larger lines are "oversized"
@@ -67,16 +73,23 @@ class EventBatch:
     slots: NDArray[np.int64]
     users: NDArray[Any]
     values: NDArray[np.float64]
-    raw: tuple[str, ...] | None = None
+    raw: Sequence[str | bytes] | None = None
     complete_through: int | None = None
 
     def __len__(self) -> int:
         return int(self.slots.shape[0])
 
+    def row_original(self, i: int) -> bytes | None:
+        """The exact bytes of row ``i`` when ``row_text`` does not reproduce them."""
+        raw = self.raw[i] if self.raw is not None else None
+        if isinstance(raw, bytes) and raw != self.row_text(i).encode("utf-8"):
+            return raw
+        return None
+
     def row_text(self, i: int) -> str:
         """The original line of row ``i``, or an equivalent JSON object."""
         if self.raw is not None:
-            return self.raw[i]
+            return _text(self.raw[i]).strip()
         user = self.users[i]
         return json.dumps(
             {"stream": self.stream, "user": user.item() if hasattr(user, "item") else user,
@@ -86,12 +99,22 @@ class EventBatch:
 
 @dataclass(frozen=True)
 class DeadLetter:
-    """An input the flow could not use, with a machine-readable ``reason`` (see ``REASONS``)."""
+    """An input the flow could not use, with a machine-readable ``reason`` (see ``REASONS``).
+
+    ``payload`` is the input as text (cut to its first 256 characters when oversized);
+    ``original`` keeps the exact input bytes when they are not simply ``payload`` in UTF-8
+    (invalid UTF-8, surrounding whitespace, oversized), so a dead-letter topic can carry them.
+    """
 
     reason: str
     stream: str | None
     payload: str
     detail: str = ""
+    original: bytes | None = None
+
+    def payload_bytes(self) -> bytes:
+        """The input exactly as it arrived."""
+        return self.original if self.original is not None else self.payload.encode("utf-8")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -127,34 +150,47 @@ def _text(line: str | bytes) -> str:
 
 
 class _Builder:
-    """Collects accepted rows per stream and dead letters, in input order."""
+    """Collects accepted rows per stream and dead letters, in input order.
+
+    A marker cuts its stream's rows so far into a batch that carries it, so rows after the
+    marker can never be counted into a slot it declared complete.
+    """
 
     def __init__(self) -> None:
-        self.rows: dict[str, tuple[list[int], list[str], list[float], list[str]]] = {}
+        self.rows: dict[str, tuple[list[int], list[str], list[float], list[str | bytes]]] = {}
+        self.batches: list[EventBatch] = []
         self.dead: list[DeadLetter] = []
 
-    def reject(self, reason: str, line: str, detail: str, stream: str | None = None) -> None:
-        self.dead.append(DeadLetter(reason, stream, line, detail))
+    def reject(
+        self, reason: str, line: str, detail: str, stream: str | None = None, raw: Any = None
+    ) -> None:
+        original = raw if isinstance(raw, bytes) and raw != line.encode("utf-8") else None
+        self.dead.append(DeadLetter(reason, stream, line, detail, original))
 
-    def accept(self, stream: str, slot: int, user: str, value: float, line: str) -> None:
+    def accept(self, stream: str, slot: int, user: str, value: float, raw: str | bytes) -> None:
         slots, users, values, raws = self.rows.setdefault(stream, ([], [], [], []))
         slots.append(slot)
         users.append(user)
         values.append(value)
-        raws.append(line)
+        raws.append(raw)
+
+    def mark(self, stream: str, through: int) -> None:
+        self.batches.append(self._cut(stream, through))
+
+    def _cut(self, stream: str, through: int | None = None) -> EventBatch:
+        slots, users, values, raws = self.rows.pop(stream, ([], [], [], []))
+        return EventBatch(
+            stream,
+            np.asarray(slots, dtype=np.int64),
+            np.asarray(users, dtype=object),
+            np.asarray(values, dtype=np.float64),
+            tuple(raws),
+            through,
+        )
 
     def result(self) -> list[EventBatch | DeadLetter]:
-        out: list[EventBatch | DeadLetter] = []
-        for stream, (slots, users, values, raws) in self.rows.items():
-            out.append(
-                EventBatch(
-                    stream,
-                    np.asarray(slots, dtype=np.int64),
-                    np.asarray(users, dtype=object),
-                    np.asarray(values, dtype=np.float64),
-                    tuple(raws),
-                )
-            )
+        out: list[EventBatch | DeadLetter] = list(self.batches)
+        out.extend(self._cut(stream) for stream in list(self.rows))
         out.extend(self.dead)
         return out
 
@@ -168,61 +204,69 @@ def _number(x: Any) -> float | None:
 def _check_record(
     rec: Any,
     line: str,
+    raw: str | bytes,
     out: _Builder,
     streams: frozenset[str] | None,
     default_stream: str | None,
     clock: SlotClock | None,
 ) -> None:
     if not isinstance(rec, dict):
-        out.reject(INVALID_TYPE, line, "event must be a JSON object")
+        out.reject(INVALID_TYPE, line, "event must be a JSON object", raw=raw)
         return
     stream = rec.get("stream", default_stream)
     if stream is None:
-        out.reject(MISSING_FIELD, line, "stream")
+        out.reject(MISSING_FIELD, line, "stream", raw=raw)
         return
     if not isinstance(stream, str) or not stream:
-        out.reject(INVALID_TYPE, line, "stream must be a non-empty string")
+        out.reject(INVALID_TYPE, line, "stream must be a non-empty string", raw=raw)
         return
     if streams is not None and stream not in streams:
-        out.reject(UNKNOWN_STREAM, line, "stream is not configured", stream)
+        out.reject(UNKNOWN_STREAM, line, "stream is not configured", stream, raw)
+        return
+    if "end_of_slot" in rec and "user" not in rec:
+        through = rec["end_of_slot"]
+        if isinstance(through, bool) or not isinstance(through, int) or through < 0:
+            out.reject(INVALID_TYPE, line, "end_of_slot must be an integer >= 0", stream, raw)
+        else:
+            out.mark(stream, through)
         return
     for name in ("user", "value"):
         if name not in rec:
-            out.reject(MISSING_FIELD, line, name, stream)
+            out.reject(MISSING_FIELD, line, name, stream, raw)
             return
     user = rec["user"]
     if isinstance(user, int) and not isinstance(user, bool):
         user = str(user)
     if not isinstance(user, str) or not user:
-        out.reject(INVALID_TYPE, line, "user must be a non-empty string", stream)
+        out.reject(INVALID_TYPE, line, "user must be a non-empty string", stream, raw)
         return
     if "slot" in rec:
         slot = rec["slot"]
         if isinstance(slot, float) and slot.is_integer():
             slot = int(slot)
         if isinstance(slot, bool) or not isinstance(slot, int):
-            out.reject(INVALID_TYPE, line, "slot must be an integer", stream)
+            out.reject(INVALID_TYPE, line, "slot must be an integer", stream, raw)
             return
     elif "ts" in rec and clock is not None:
         try:
             slot = clock.slot(str(rec["ts"]))
         except (TypeError, ValueError):
-            out.reject(INVALID_TYPE, line, "ts must be an RFC 3339 time", stream)
+            out.reject(INVALID_TYPE, line, "ts must be an RFC 3339 time", stream, raw)
             return
     else:
-        out.reject(MISSING_FIELD, line, "slot" if clock is None else "slot or ts", stream)
+        out.reject(MISSING_FIELD, line, "slot" if clock is None else "slot or ts", stream, raw)
         return
     if slot < 0:
-        out.reject(NEGATIVE_SLOT, line, "slot must be >= 0", stream)
+        out.reject(NEGATIVE_SLOT, line, "slot must be >= 0", stream, raw)
         return
     if slot >= 2**62:
-        out.reject(INVALID_TYPE, line, "slot out of range", stream)
+        out.reject(INVALID_TYPE, line, "slot out of range", stream, raw)
         return
     value = _number(rec["value"])
     if value is None or not math.isfinite(value):
-        out.reject(INVALID_TYPE, line, "value must be a finite number", stream)
+        out.reject(INVALID_TYPE, line, "value must be a finite number", stream, raw)
         return
-    out.accept(stream, slot, user, value, line)
+    out.accept(stream, slot, user, value, raw)
 
 
 _SKIP: Final = object()  # a line that is no event (blank, a CSV header) or already rejected
@@ -230,26 +274,80 @@ _SKIP: Final = object()  # a line that is no event (blank, a CSV header) or alre
 
 def _parse(
     lines: Iterable[str | bytes],
-    decode: Callable[[str, _Builder], Any],
+    decode: Callable[[str, _Builder, str | bytes], Any],
     streams: Iterable[str] | None,
     default_stream: str | None,
     clock: SlotClock | None,
     max_bytes: int,
 ) -> list[EventBatch | DeadLetter]:
-    """The loop both formats share: size check, decode, record checks."""
+    """The line-by-line loop both formats share: size check, decode, record checks."""
     allowed = frozenset(streams) if streams is not None else None
     out = _Builder()
     for raw in lines:
         if len(raw) > max_bytes:
-            out.reject(OVERSIZED, _text(raw)[:256], f"event larger than {max_bytes} bytes")
+            text = _text(raw)[:256]
+            original = raw if isinstance(raw, bytes) else raw.encode("utf-8")
+            out.dead.append(
+                DeadLetter(OVERSIZED, None, text, f"event larger than {max_bytes} bytes", original)
+            )
             continue
         line = _text(raw).strip()
         if not line:
             continue
-        rec = decode(line, out)
+        rec = decode(line, out, raw)
         if rec is not _SKIP:
-            _check_record(rec, line, out, allowed, default_stream, clock)
+            _check_record(rec, line, raw, out, allowed, default_stream, clock)
     return out.result()
+
+
+_INT_LIMIT: Final = 2**62
+
+
+def _fast_json(
+    lines: Sequence[bytes], allowed: frozenset[str] | None, max_bytes: int
+) -> list[EventBatch | DeadLetter] | None:
+    """The whole batch in one ``orjson`` call and column-wise checks, or None when any line
+    needs the line-by-line path (a bad or unusual line, a marker, a ``ts``, user indices)."""
+    if not lines or max(map(len, lines)) > max_bytes:
+        return None
+    try:
+        recs = orjson.loads(b"[" + b",".join(lines) + b"]")
+        if len(recs) != len(lines):
+            return None  # a line held several JSON values, or none
+        streams = [r["stream"] for r in recs]
+        users = [r["user"] for r in recs]
+        slots = [r["slot"] for r in recs]
+        values = [r["value"] for r in recs]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return None
+    if (
+        set(map(type, streams)) != {str}
+        or set(map(type, users)) != {str}
+        or set(map(type, slots)) != {int}
+        or not set(map(type, values)) <= {int, float}
+        or not all(users)
+    ):
+        return None
+    names = set(streams)
+    if "" in names or (allowed is not None and not names <= allowed):
+        return None
+    try:
+        slot_arr = np.asarray(slots, dtype=np.int64)
+        value_arr = np.asarray(values, dtype=np.float64)
+    except OverflowError:
+        return None
+    if (slot_arr < 0).any() or (slot_arr >= _INT_LIMIT).any() or not np.isfinite(value_arr).all():
+        return None
+    user_arr = np.asarray(users, dtype=object)
+    if len(names) == 1:
+        return [EventBatch(streams[0], slot_arr, user_arr, value_arr, lines)]
+    stream_arr = np.asarray(streams, dtype=object)
+    out: list[EventBatch | DeadLetter] = []
+    for name in dict.fromkeys(streams):  # first-seen order
+        rows = np.flatnonzero(stream_arr == name)
+        raws = tuple(lines[i] for i in rows.tolist())
+        out.append(EventBatch(name, slot_arr[rows], user_arr[rows], value_arr[rows], raws))
+    return out
 
 
 def parse_json_lines(
@@ -260,16 +358,23 @@ def parse_json_lines(
     clock: SlotClock | None = None,
     max_bytes: int = MAX_EVENT_BYTES,
 ) -> list[EventBatch | DeadLetter]:
-    """Parse JSON-lines events; one ``EventBatch`` per stream, then the dead letters."""
+    """Parse JSON-lines events: the ``EventBatch``es per stream (cut at markers), then the
+    dead letters. Lines may be ``bytes`` (Kafka message values) or ``str`` (file lines)."""
+    batch = lines if isinstance(lines, Sequence) else list(lines)
+    if batch and all(type(line) is bytes for line in batch):
+        allowed = frozenset(streams) if streams is not None else None
+        fast = _fast_json(batch, allowed, max_bytes)  # type: ignore[arg-type]
+        if fast is not None:
+            return fast
 
-    def decode(line: str, out: _Builder) -> Any:
-        try:
+    def decode(line: str, out: _Builder, raw: str | bytes) -> Any:
+        try:  # the standard parser: it reads NaN and huge integers, so they get a precise reason
             return json.loads(line)
         except (json.JSONDecodeError, RecursionError):
-            out.reject(MALFORMED, line, "not valid JSON")
+            out.reject(MALFORMED, line, "not valid JSON", raw=raw)
             return _SKIP
 
-    return _parse(lines, decode, streams, default_stream, clock, max_bytes)
+    return _parse(batch, decode, streams, default_stream, clock, max_bytes)
 
 
 def parse_csv_lines(
@@ -283,12 +388,12 @@ def parse_csv_lines(
 ) -> list[EventBatch | DeadLetter]:
     """Parse CSV records with the given columns (a header line naming them is skipped)."""
 
-    def decode(line: str, out: _Builder) -> Any:
+    def decode(line: str, out: _Builder, raw: str | bytes) -> Any:
         fields = [f.strip() for f in next(csv.reader([line]))]
         if fields == list(columns):
             return _SKIP
         if len(fields) != len(columns):
-            out.reject(MALFORMED_CSV, line, f"expected {len(columns)} CSV fields")
+            out.reject(MALFORMED_CSV, line, f"expected {len(columns)} CSV fields", raw=raw)
             return _SKIP
         rec = dict(zip(columns, fields, strict=True))
         return {k: _csv_number(v) if k in ("slot", "value") else v for k, v in rec.items()}

@@ -1,4 +1,5 @@
-"""Ready LDP-IDS dataflow: a synthetic or file source → LDP-IDS mechanisms → JSON lines.
+"""Ready LDP-IDS dataflow: synthetic, file or Kafka events → LDP-IDS mechanisms → JSON lines or
+Kafka topics, with Prometheus metrics of the privacy spend.
 
 Run it with Bytewax's runner, e.g.::
 
@@ -11,75 +12,19 @@ flow; each keeps its own ledgers. Guarantee: w-event ε-LDP for every user (spec
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
 
 from bytewax import operators as op
-from bytewax.dataflow import Dataflow, Stream
+from bytewax.dataflow import Dataflow
 
-from privstream.connectors.events import EventBatch, parse_csv_lines, parse_json_lines
-from privstream.connectors.jsonl import jsonl_output
-from privstream.connectors.sources import SyntheticSource, detect_format, file_source
-from privstream.connectors.synthetic import DATASETS, SyntheticStream
+from privstream.connectors import control
+from privstream.flows.io import KafkaIO, Source, events, outputs, resolve_source
 from privstream.mechanisms.contract import Release
 from privstream.mechanisms.ldp_ids import LdpIdsConfig, mechanism_names
-from privstream.mechanisms.tasks import EstimationTask, FrequencyTask, MeanTask
 from privstream.operators.ldp_ids import ldp_ids
+from privstream.operators.metrics import BOARD
 from privstream.operators.slotting import SlottingConfig
 
-
-@dataclass(frozen=True)
-class Source:
-    """Where a flow's events come from and what they are."""
-
-    stream: str
-    task: EstimationTask
-    synthetic: SyntheticStream | None = None
-    path: str | None = None
-
-
-def resolve_source(
-    dataset: str,
-    users: int,
-    slots: int,
-    seed: int,
-    domain: int | None = None,
-    mean_range: tuple[float, float] | None = None,
-    stream: str | None = None,
-) -> Source:
-    """Turn ``--dataset`` (a synthetic name or ``file:PATH``) into a ``Source``."""
-    if dataset.startswith("file:"):
-        path = dataset.removeprefix("file:")
-        task: EstimationTask = MeanTask(*mean_range) if mean_range else FrequencyTask(domain or 2)
-        return Source(stream or "file", task, path=path)
-    name = dataset.lower()
-    if name not in DATASETS:
-        raise ValueError(
-            f"unknown dataset {dataset!r}; use one of {', '.join(DATASETS)} or file:PATH"
-        )
-    synthetic = SyntheticStream(name, users, slots, seed=seed)
-    task = MeanTask(*synthetic.bounds) if synthetic.numeric else FrequencyTask(synthetic.d)
-    return Source(stream or name, task, synthetic=synthetic)
-
-
-def events(flow: Dataflow, source: Source) -> tuple[Stream[EventBatch], Stream[Any] | None]:
-    """Input step(s): parsed event batches and the dead letters of parsing (None when the
-    source needs no parsing)."""
-    if source.synthetic is not None:
-        batches: Stream[Any] = op.input(
-            "synthetic", flow, SyntheticSource(source.synthetic, source.stream)
-        )
-        return batches, None
-    assert source.path is not None
-    lines = op.input("file", flow, file_source(source.path))
-    parse = parse_csv_lines if detect_format(source.path) == "csv" else parse_json_lines
-
-    def parse_batch(batch: list[str]) -> list[Any]:
-        return parse(batch, default_stream=source.stream)
-
-    parsed = op.flat_map_batch("parse", lines, parse_batch)
-    split = op.branch("split_parsed", parsed, lambda item: isinstance(item, EventBatch))
-    return split.trues, split.falses
+__all__ = ["KafkaIO", "Source", "build", "resolve_source"]
 
 
 def build(
@@ -100,6 +45,8 @@ def build(
     mean_range: tuple[float, float] | None = None,
     stream: str | None = None,
     progress: Callable[[Release], None] | None = None,
+    kafka: KafkaIO | None = None,
+    secret: int | bytes | None = None,
 ) -> Dataflow:
     """The LDP-IDS dataflow.
 
@@ -117,30 +64,47 @@ def build(
             ``(lower, upper)`` clipping range of a numeric mean.
         stream: stream name (defaults to the dataset name, or the records' ``stream`` field).
         progress: called with every release (for progress bars).
+        kafka: read events from and write outputs to Kafka instead (``out``,
+            ``ledger_out`` and ``dead_letter_out`` are then ignored; ``dataset`` only names the
+            stream and its task). Open slots stay open when the flow stops: the stream goes on.
+        secret: the mechanisms' secret seed (design §6); defaults to ``seed``, which is fine
+            for reproductions but guessable — production runs pass a secret from the
+            environment or a file (``privstream run`` does).
     """
     names = mechanism_names(mechanisms)
     source = resolve_source(dataset, users, slots, seed, domain, mean_range, stream)
     config = LdpIdsConfig(
         epsilon=epsilon, window=window, population=users, task=source.task, beta=beta
     )
-    slotting = SlottingConfig(lateness=lateness, client_path=client_path)  # type: ignore[arg-type]
+    slotting = SlottingConfig(
+        lateness=lateness,
+        client_path=client_path,  # type: ignore[arg-type]
+        close_on_eof=kafka is None,
+    )
+    stop = control.fresh() if kafka is not None else None
+    BOARD.clear()  # the metrics show this flow's ledgers
 
     flow = Dataflow("privstream_ldp_ids")
-    batches, parse_errors = events(flow, source)
+    batches, parse_errors = events(flow, source, kafka, stop)
     keyed = op.key_on("by_stream", batches, lambda b: b.stream)
-    mech = ldp_ids("ldp_ids", keyed, mechanism=names, config=config, secret=seed, slotting=slotting)
-    all_releases = mech.releases
-    if progress is not None:
-        op.inspect("progress", all_releases, lambda _step, release: progress(release))
-    jsonl_output("releases_out", all_releases, out)
-    if ledger_out:
-        jsonl_output("ledger_out", mech.ledger, ledger_out)
-    if dead_letter_out:
-        jsonl_output(
-            "dead_letters_out",
-            mech.dead_letters
-            if parse_errors is None
-            else op.merge("dead_letters", parse_errors, mech.dead_letters),
-            dead_letter_out,
-        )
+    mech = ldp_ids(
+        "ldp_ids",
+        keyed,
+        mechanism=names,
+        config=config,
+        secret=seed if secret is None else secret,
+        slotting=slotting,
+    )
+    outputs(
+        mech,
+        parse_errors,
+        streams=[source.stream],
+        mechanisms=names,
+        kafka=kafka,
+        stop=stop,
+        out=out,
+        ledger_out=ledger_out,
+        dead_letter_out=dead_letter_out,
+        progress=progress,
+    )
     return flow

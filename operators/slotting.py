@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -40,10 +41,11 @@ from privstream.mechanisms.contract import LedgerEntry, Mechanism, Release, Slot
 from privstream.mechanisms.errors import IncompatibleState, PrivacyBudgetExceeded
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import EstimationTask
+from privstream.operators.metrics import BOARD, EVENTS, STEP_SECONDS, Tally
 
 log = logging.getLogger(__name__)
 
-STREAM_STATE_VERSION: Final = 1
+STREAM_STATE_VERSION: Final = 2  # 2: per-mechanism tallies for the metrics
 MissingPolicy = Literal["carry_forward", "absent"]
 Output = tuple[str, Any]  # ("release" | "ledger" | "dead_letter", event)
 _REASON: Final = ("", USER_ID_KIND, OUT_OF_DOMAIN, LATE, FAR_FUTURE, POPULATION_FULL, DUPLICATE)
@@ -89,6 +91,8 @@ class StreamState:
 
     ``halted`` maps a mechanism whose ledger refused a charge to the reason; it releases nothing
     more. When every mechanism of the stream is halted, its events become dead letters.
+    ``tallies`` are each mechanism's release counts and last ledger entry, the source of the
+    exported gauges (``operators.metrics``).
     """
 
     stream: str
@@ -101,6 +105,7 @@ class StreamState:
     max_seen: int | None = None
     last_closed: int | None = None
     halted: dict[str, str] = field(default_factory=dict)
+    tallies: dict[str, Tally] = field(default_factory=dict)
 
     def all_halted(self) -> bool:
         return len(self.halted) == len(self.mechanisms)
@@ -136,6 +141,10 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
             for name, mechanism in self.mechanisms.items():
                 mechanism.check_state(resume.mechanisms[name])
         self.state: StreamState | None = resume
+        if resume is not None:
+            for name in self.mechanisms:
+                resume.tallies.setdefault(name, Tally())
+                self._publish(resume, name)
 
     # -- Bytewax callbacks ---------------------------------------------------------------------
 
@@ -177,12 +186,29 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
                 stream=stream,
                 mechanisms={name: m.initial_state() for name, m in self.mechanisms.items()},
                 current=np.full(self.n, np.nan),
+                tallies={name: Tally() for name in self.mechanisms},
             )
+            for name in self.mechanisms:
+                self._publish(self.state, name)
         return self.state
+
+    def _publish(self, state: StreamState, name: str) -> None:
+        """Show the ledger of ``name`` on the metrics endpoint."""
+        BOARD.update(
+            state.stream,
+            name,
+            self.mechanisms[name].privacy_cost,
+            self.n,
+            state.tallies[name],
+            name in state.halted,
+        )
 
     def _reject_all(self, batch: EventBatch, reason: str, detail: str) -> list[Output]:
         return [
-            ("dead_letter", DeadLetter(reason, batch.stream, batch.row_text(i), detail))
+            (
+                "dead_letter",
+                DeadLetter(reason, batch.stream, batch.row_text(i), detail, batch.row_original(i)),
+            )
             for i in range(len(batch))
         ]
 
@@ -195,13 +221,15 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
             return np.where((idx >= 0) & (idx < self.n), idx, -1), "dense"
         idx = np.full(len(batch), -1, dtype=np.int64)
         directory = state.directory
-        for i in np.flatnonzero(ok):
-            user = batch.users[i]
-            j = directory.get(user)
-            if j is None and len(directory) < self.n:
-                j = directory[user] = len(directory)
-            if j is not None:
-                idx[i] = j
+        rows = np.flatnonzero(ok)
+        users = batch.users[rows].tolist()
+        known = [directory.get(user, -1) for user in users]
+        for k in [k for k, j in enumerate(known) if j < 0]:  # new users, first come first served
+            j = directory.get(users[k], -1)
+            if j < 0 and len(directory) < self.n:
+                j = directory[users[k]] = len(directory)
+            known[k] = j
+        idx[rows] = known
         return idx, "named"
 
     def _ingest(self, state: StreamState, batch: EventBatch) -> list[DeadLetter]:
@@ -232,8 +260,8 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
         for slot in [lo] if lo == hi else np.unique(ok_slots).tolist():
             rows = ok if lo == hi else ok[ok_slots == slot]
             users = idx[rows]
-            if np.bincount(users, minlength=self.n).max() > 1:  # rare: repeats inside the batch
-                _, first = np.unique(users, return_index=True)
+            _, first = np.unique(users, return_index=True)
+            if first.shape[0] < users.shape[0]:  # rare: repeats inside the batch
                 repeat = np.ones(rows.shape[0], dtype=bool)
                 repeat[first] = False
                 code[rows[repeat]] = _CODE[DUPLICATE]
@@ -246,7 +274,9 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
                 code[rows[seen]] = _CODE[DUPLICATE]
                 rows, users = rows[~seen], users[~seen]
             target[users] = batch.values[rows]
-        if (code == 0).any():
+        accepted = int((code == 0).sum())
+        if accepted:
+            EVENTS.labels(state.stream).inc(accepted)
             state.id_kind = kind
             state.max_seen = hi if state.max_seen is None else max(state.max_seen, hi)
         rejected = np.flatnonzero(code)
@@ -261,7 +291,13 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
             USER_ID_KIND: "user ids must be all strings or all dense indices within a stream",
         }
         return [
-            DeadLetter(_REASON[c], batch.stream, batch.row_text(int(i)), details[_REASON[c]])
+            DeadLetter(
+                _REASON[c],
+                batch.stream,
+                batch.row_text(i),
+                details[_REASON[c]],
+                batch.row_original(i),
+            )
             for i, c in zip(rejected.tolist(), code[rejected].tolist(), strict=True)
         ]
 
@@ -295,17 +331,23 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
                 continue
             randomness = SlotRandomness(self._secret, state.stream, slot, scope=name)
             client = SimulatedClientPort(values, self.task, randomness, self.cfg.client_path)
+            started = time.perf_counter()
             try:
                 new_state, events = mechanism.step(
                     state.mechanisms[name], Slot(state.stream, slot, client, randomness)
                 )
             except PrivacyBudgetExceeded as exc:
                 state.halted[name] = f"{name}: privacy invariant violated at slot {slot}: {exc}"
+                state.tallies[name].violations += 1
+                self._publish(state, name)
                 log.error(
                     "step %s: stream %r halted: %s", self.step_id, state.stream, state.halted[name]
                 )
                 continue
+            STEP_SECONDS.labels(state.stream, name).observe(time.perf_counter() - started)
             state.mechanisms[name] = new_state
+            state.tallies[name].record(events)
+            self._publish(state, name)
             for event in events:
                 out.append(("release", event) if isinstance(event, Release) else ("ledger", event))
 

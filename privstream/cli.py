@@ -1,7 +1,7 @@
-"""The ``privstream`` command line: run flows, run benchmarks, run the demo.
+"""The ``privstream`` command line: run flows against files or Kafka, manage the embedded broker
+and topics, produce synthetic events, run benchmarks, run the demo.
 
-``privstream run ldp-ids``, ``privstream bench ldp-ids`` and ``privstream demo`` are contracts:
-their flags and output formats are what scripts and later checks rely on.
+The commands and their flags are contracts: scripts and later checks rely on them.
 """
 
 from __future__ import annotations
@@ -9,15 +9,19 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from privstream.mechanisms.ldp_ids import MECHANISMS
 
 ALL_LDP_IDS = ",".join(MECHANISMS)
+ENV_SECRET = "PRIVSTREAM_SECRET"
+log = logging.getLogger("privstream")
 
 
 def _positive_int(text: str) -> int:
@@ -57,8 +61,8 @@ def _common(p: argparse.ArgumentParser, *, users: int = 200_000) -> None:
     p.add_argument(
         "--slots",
         type=_positive_int,
-        default=800,
-        help="slots of a synthetic stream (default %(default)s)",
+        help="slots 1..T of a synthetic stream (default 800); with Kafka input, stop once "
+        "slot T is released (default: run until SIGTERM)",
     )
     p.add_argument(
         "--epsilon", type=_positive_float, default=1.0, help="window budget ε (default %(default)s)"
@@ -66,6 +70,29 @@ def _common(p: argparse.ArgumentParser, *, users: int = 200_000) -> None:
     p.add_argument(
         "--window", type=_positive_int, default=20, help="window size w (default %(default)s)"
     )
+
+
+def _kafka_flags(p: argparse.ArgumentParser, *, required: bool = False) -> None:
+    p.add_argument(
+        "--bootstrap",
+        required=required and not os.environ.get("PRIVSTREAM_BOOTSTRAP"),
+        help="Kafka bootstrap servers HOST:PORT[,...] (or $PRIVSTREAM_BOOTSTRAP)",
+    )
+    p.add_argument(
+        "--kafka-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="librdkafka client property, e.g. security.protocol=SASL_SSL (repeatable; "
+        "also $PRIVSTREAM_KAFKA_<PROPERTY>)",
+    )
+
+
+def _topic_flags(p: argparse.ArgumentParser, *, input_required: bool) -> None:
+    p.add_argument("--input-topic", required=input_required, help="topic of user events")
+    p.add_argument("--output-topic", help="topic of releases (keyed by release_id)")
+    p.add_argument("--dead-letter-topic", help="topic of rejected events (optional)")
+    p.add_argument("--ledger-topic", help="topic of ledger entries (optional)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -111,7 +138,60 @@ def _parser() -> argparse.ArgumentParser:
         "--workers", type=_positive_int, default=1, help="Bytewax worker threads (default 1)"
     )
     ldp.add_argument("--recovery-dir", help="Bytewax recovery store directory (created if missing)")
+    ldp.add_argument(
+        "--snapshot-interval",
+        type=_positive_float,
+        default=10.0,
+        help="seconds between recovery snapshots (Bytewax epoch; default %(default)s)",
+    )
+    ldp.add_argument(
+        "--secret-file",
+        help=f"file holding the secret seed of the noise (default ${ENV_SECRET}, else --seed)",
+    )
+    ldp.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics on this port (Bytewax dataflow API, /metrics)",
+    )
     ldp.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
+    _kafka_flags(ldp)
+    _topic_flags(ldp, input_required=False)
+    ldp.add_argument(
+        "--max-event-bytes",
+        type=_positive_int,
+        default=64 * 1024,
+        help="larger Kafka messages are 'oversized' dead letters (default %(default)s)",
+    )
+
+    broker = commands.add_parser(
+        "broker", help="run the embedded Kafka-protocol broker (Tansu) until interrupted"
+    )
+    broker.add_argument("--host", default="127.0.0.1", help="listen address (default loopback)")
+    broker.add_argument("--port", type=int, help="listen port (default: a free port)")
+
+    topics = commands.add_parser("topics", help="manage the Kafka topics of a flow")
+    topics_cmd = topics.add_subparsers(dest="topics_command", required=True)
+    create = topics_cmd.add_parser(
+        "create",
+        help="create the topics of a flow (idempotent); release and ledger topics are compacted",
+    )
+    _kafka_flags(create, required=True)
+    _topic_flags(create, input_required=False)
+    create.add_argument("--partitions", type=_positive_int, default=1)
+    create.add_argument("--replication", type=_positive_int, default=1)
+
+    produce = commands.add_parser(
+        "produce", help="write a synthetic stream of user events to a Kafka topic"
+    )
+    produce.add_argument("--dataset", default="sin", help="lns, sin, log or a -con variant")
+    produce.add_argument("--users", type=_positive_int, default=20_000)
+    produce.add_argument("--slots", type=_positive_int, default=100)
+    produce.add_argument("--seed", type=int, default=1, help="seed of the synthetic data")
+    produce.add_argument("--topic", required=True, help="event topic (must exist)")
+    produce.add_argument("--stream", help="stream name (default: the dataset name)")
+    produce.add_argument("--first-slot", type=_positive_int, default=1)
+    produce.add_argument("--no-progress", action="store_true")
+    _kafka_flags(produce, required=True)
 
     bench = commands.add_parser(
         "bench", help="run a reproduction benchmark on the engine-free core"
@@ -134,22 +214,42 @@ def _parser() -> argparse.ArgumentParser:
     bldp.add_argument(
         "--numeric", action="store_true", help="a file dataset holds numbers: estimate their mean"
     )
+    bkafka = bench_family.add_parser(
+        "kafka", help="flow events/s against a plain confluent-kafka consumer, same messages"
+    )
+    bkafka.add_argument("--dataset", default="sin")
+    bkafka.add_argument("--users", type=_positive_int, default=20_000)
+    bkafka.add_argument("--slots", type=_positive_int, default=100)
+    bkafka.add_argument("--mechanism", default="LBU", help="mechanism(s) of the flow")
+    bkafka.add_argument("--repeats", type=_positive_int, default=3, help="runs of each reader")
+    bkafka.add_argument("--json", help="write the results as JSON to this file")
+    _kafka_flags(bkafka)
 
     demo = commands.add_parser(
-        "demo", help="the main job: all seven LDP-IDS mechanisms on Sin through the flow"
+        "demo",
+        help="the main job: embedded broker, synthetic Sin events on Kafka, all seven LDP-IDS "
+        "mechanisms over Kafka with metrics, summary of the releases read back",
     )
     demo.add_argument(
-        "--out", default="demo-out", help="directory for releases, ledger, table and plot"
+        "--out", default="demo-out", help="directory for releases, table, metrics and plot"
     )
-    demo.add_argument("--users", type=_positive_int, default=200_000)
-    demo.add_argument("--slots", type=_positive_int, default=800)
+    demo.add_argument("--users", type=_positive_int, default=20_000)
+    demo.add_argument("--slots", type=_positive_int, default=200)
     demo.add_argument("--epsilon", type=_positive_float, default=1.0)
     demo.add_argument("--window", type=_positive_int, default=20)
     demo.add_argument("--seed", type=int, default=1)
     return parser
 
 
-def _run_flow(flow: Any, workers: int, recovery_dir: str | None) -> None:
+def _run_flow(
+    flow: Any,
+    workers: int,
+    recovery_dir: str | None,
+    snapshot_interval: float | None = None,
+    metrics_port: int | None = None,
+) -> None:
+    """Run ``flow`` in this process with Bytewax's runner: recovery store, snapshot interval
+    and the metrics endpoint (Bytewax dataflow API) as asked."""
     from bytewax.recovery import RecoveryConfig, init_db_dir
     from bytewax.run import cli_main
 
@@ -160,7 +260,28 @@ def _run_flow(flow: Any, workers: int, recovery_dir: str | None) -> None:
             path.mkdir(parents=True)
             init_db_dir(path, 1)
         recovery = RecoveryConfig(path)
-    cli_main(flow, workers_per_process=workers, recovery_config=recovery)
+    if metrics_port is not None:
+        os.environ["BYTEWAX_DATAFLOW_API_ENABLED"] = "true"
+        os.environ["BYTEWAX_DATAFLOW_API_PORT"] = str(metrics_port)
+    interval = timedelta(seconds=snapshot_interval) if snapshot_interval else None
+    cli_main(flow, workers_per_process=workers, epoch_interval=interval, recovery_config=recovery)
+
+
+def _secret(args: argparse.Namespace) -> bytes | None:
+    """The noise secret from ``--secret-file`` or ``$PRIVSTREAM_SECRET`` (never logged)."""
+    if getattr(args, "secret_file", None):
+        secret = Path(args.secret_file).read_bytes().strip()
+        if not secret:
+            raise ValueError(f"secret file {args.secret_file} is empty")
+        return secret
+    env = os.environ.get(ENV_SECRET)
+    return env.encode() if env else None
+
+
+def _kafka_settings(args: argparse.Namespace) -> Any:
+    from privstream.connectors.kafka import KafkaSettings
+
+    return KafkaSettings.from_options(args.bootstrap, args.kafka_config)
 
 
 def _progress_bar(total: int | None, unit: str) -> Any:
@@ -170,21 +291,47 @@ def _progress_bar(total: int | None, unit: str) -> Any:
 
 
 def run_ldp_ids(args: argparse.Namespace) -> int:
-    from privstream.flows.ldp_ids import build
+    from privstream.connectors import control
+    from privstream.flows.ldp_ids import KafkaIO, build
     from privstream.mechanisms.ldp_ids import mechanism_names
 
     names = mechanism_names(args.mechanism)
-    synthetic = not args.dataset.startswith("file:")
+    kafka = None
+    if args.bootstrap or args.input_topic or os.environ.get("PRIVSTREAM_BOOTSTRAP"):
+        if not args.input_topic or not args.output_topic:
+            raise ValueError("Kafka runs need --input-topic and --output-topic")
+        settings = _kafka_settings(args)
+        from privstream.connectors.kafka import require_topics
+
+        kafka = KafkaIO(
+            settings,
+            args.input_topic,
+            args.output_topic,
+            args.dead_letter_topic,
+            args.ledger_topic,
+            until_slot=args.slots,
+            max_event_bytes=args.max_event_bytes,
+        )
+        require_topics(settings, kafka.topics())
+    slots = args.slots or 800
+    secret = _secret(args)
+    if secret is None and kafka is not None:
+        log.warning(
+            "the noise secret is --seed; set $%s or --secret-file for production runs",
+            ENV_SECRET,
+        )
+    synthetic = kafka is None and not args.dataset.startswith("file:")
+    total = slots if synthetic or (kafka is not None and args.slots) else None
     bar = (
         None
         if args.no_progress
-        else _progress_bar(args.slots * len(names) if synthetic else None, "release")
+        else _progress_bar(total * len(names) if total else None, "release")
     )
     flow = build(
         dataset=args.dataset,
         mechanisms=names,
         users=args.users,
-        slots=args.slots,
+        slots=slots,
         epsilon=args.epsilon,
         window=args.window,
         seed=args.seed,
@@ -198,15 +345,110 @@ def run_ldp_ids(args: argparse.Namespace) -> int:
         mean_range=args.mean_range,
         stream=args.stream,
         progress=(lambda _release: bar.update(1)) if bar is not None else None,
+        kafka=kafka,
+        secret=secret,
     )
-    for path in (args.out, args.ledger_out, args.dead_letter_out):
-        if path:  # outputs exist after the run even when nothing was written to them
-            Path(path).touch()
+    if kafka is None:
+        for path in (args.out, args.ledger_out, args.dead_letter_out):
+            if path:  # outputs exist after the run even when nothing was written to them
+                Path(path).touch()
+    else:
+        control.install_signal_handlers()
     started = time.perf_counter()
-    _run_flow(flow, args.workers, args.recovery_dir)
+    _run_flow(flow, args.workers, args.recovery_dir, args.snapshot_interval, args.metrics_port)
     if bar is not None:
         bar.close()
-    print(f"wrote releases to {args.out} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    where = f"topic {args.output_topic}" if kafka is not None else args.out
+    reason = f" ({control.current().reason})" if kafka is not None else ""
+    print(
+        f"wrote releases to {where} in {time.perf_counter() - started:.1f} s{reason}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def broker(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from privstream.connectors.broker import EmbeddedBroker
+
+    done = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: done.set())
+    with EmbeddedBroker(args.host, args.port) as running:
+        print(f"PRIVSTREAM_BOOTSTRAP={running.bootstrap}", flush=True)
+        print("embedded broker running; Ctrl-C or SIGTERM stops it", file=sys.stderr)
+        done.wait()
+    print("embedded broker stopped", file=sys.stderr)
+    return 0
+
+
+def topics_create(args: argparse.Namespace) -> int:
+    from privstream.connectors.kafka import RELEASE_TOPIC_CONFIG, TopicSpec, create_topics
+
+    roles = [
+        (args.input_topic, {}),
+        (args.output_topic, RELEASE_TOPIC_CONFIG),
+        (args.dead_letter_topic, {}),
+        (args.ledger_topic, RELEASE_TOPIC_CONFIG),
+    ]
+    specs = [
+        TopicSpec(name, args.partitions, args.replication, config) for name, config in roles if name
+    ]
+    if not specs:
+        raise ValueError("name at least one topic (--input-topic, --output-topic, ...)")
+    for name, status in create_topics(_kafka_settings(args), specs).items():
+        print(f"{name}: {status}")
+    return 0
+
+
+def produce(args: argparse.Namespace) -> int:
+    from privstream.connectors.producer import produce_synthetic
+    from privstream.connectors.synthetic import DATASETS, SyntheticStream
+
+    if args.dataset.lower() not in DATASETS:
+        raise ValueError(f"unknown dataset {args.dataset!r}; use one of {', '.join(DATASETS)}")
+    stream = SyntheticStream(args.dataset.lower(), args.users, args.slots, seed=args.seed)
+    count = args.users * (args.slots - args.first_slot + 1)
+    bar = None if args.no_progress else _progress_bar(count, "event")
+    started = time.perf_counter()
+    written = produce_synthetic(
+        _kafka_settings(args),
+        args.topic,
+        stream,
+        name=args.stream,
+        first_slot=args.first_slot,
+        progress=bar.update if bar is not None else None,
+    )
+    if bar is not None:
+        bar.close()
+    seconds = time.perf_counter() - started
+    print(
+        f"wrote {written} events to {args.topic} in {seconds:.1f} s "
+        f"({written / max(seconds, 1e-9):,.0f} events/s)",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def bench_kafka(args: argparse.Namespace) -> int:
+    from privstream.bench_kafka import bench_kafka as run
+    from privstream.bench_kafka import format_result
+
+    settings = _kafka_settings(args) if args.bootstrap else None
+    result = run(
+        settings=settings,
+        dataset=args.dataset,
+        users=args.users,
+        slots=args.slots,
+        mechanisms=args.mechanism,
+        repeats=args.repeats,
+        run_flow=_run_flow,
+    )
+    print(format_result(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 
@@ -216,7 +458,7 @@ def bench_ldp_ids(args: argparse.Namespace) -> int:
     result = experiments.bench_ldp_ids(
         dataset=args.dataset,
         users=args.users,
-        slots=args.slots,
+        slots=args.slots or 800,
         epsilon=args.epsilon,
         window=args.window,
         mechanisms=[m.strip().upper() for m in args.mechanisms.split(",")],
@@ -251,13 +493,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    from privstream.connectors.broker import BrokerError
+    from privstream.connectors.kafka import TopicMissing
+
+    commands = {
+        "run": run_ldp_ids,
+        "broker": broker,
+        "topics": topics_create,
+        "produce": produce,
+        "bench": bench_kafka if getattr(args, "family", "") == "kafka" else bench_ldp_ids,
+        "demo": demo,
+    }
     try:
-        if args.command == "run":
-            return run_ldp_ids(args)
-        if args.command == "bench":
-            return bench_ldp_ids(args)
-        return demo(args)
-    except (ValueError, FileNotFoundError) as exc:
+        return commands[args.command](args)
+    except (ValueError, FileNotFoundError, TopicMissing, BrokerError, ConnectionError) as exc:
         print(f"privstream: error: {exc}", file=sys.stderr)
         return 2
 

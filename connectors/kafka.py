@@ -1,0 +1,418 @@
+"""Kafka in and out (design §5, §6, §9): settings, topics, the event source and the sinks.
+
+* ``KafkaSettings`` — bootstrap servers and client properties (SASL/SSL pass through) from
+  flags and the environment (``PRIVSTREAM_BOOTSTRAP``, ``PRIVSTREAM_KAFKA_<PROPERTY>``).
+* ``create_topics`` (idempotent) and ``require_topics``: a missing topic is a clear error, never
+  auto-created (some brokers, Tansu among them, create a topic on a metadata request for it,
+  so existence is checked against the full topic list).
+* ``KafkaEventSource`` — a Bytewax partitioned source on ``confluent-kafka``: one Bytewax
+  partition per Kafka partition, resumable from the offset in its snapshot, emitting a whole
+  poll as one ``RawBatch`` so parsing is batched (design §8). Bytewax's own ``KafkaSource``
+  emits one Python object per message and cannot be stopped from inside the flow; this one
+  polls a ``StopSignal``.
+* ``kafka_output`` — Bytewax's ``KafkaSink`` (at-least-once) with releases keyed by
+  ``release_id``, ledger entries keyed the same way, and dead letters carrying the original
+  bytes plus machine-readable headers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Final
+
+from bytewax import operators as op
+from bytewax.connectors.kafka import KafkaSink, KafkaSinkMessage
+from bytewax.dataflow import Stream, operator
+from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from privstream.connectors.control import StopSignal
+from privstream.connectors.events import (
+    MALFORMED,
+    MAX_EVENT_BYTES,
+    DeadLetter,
+    EventBatch,
+    parse_json_lines,
+)
+from privstream.connectors.jsonl import to_json
+from privstream.mechanisms.contract import LedgerEntry, Release
+
+log = logging.getLogger(__name__)
+
+ENV_BOOTSTRAP: Final = "PRIVSTREAM_BOOTSTRAP"
+ENV_PROPERTY_PREFIX: Final = "PRIVSTREAM_KAFKA_"
+_SECRET_WORDS: Final = ("password", "secret", "key", "token")
+
+# Fetch large batches: a slot's events arrive in a few polls instead of many small ones.
+CONSUMER_DEFAULTS: Final[Mapping[str, str]] = {
+    "fetch.max.bytes": "52428800",
+    "max.partition.fetch.bytes": "10485760",
+    "fetch.wait.max.ms": "10",
+    "queued.min.messages": "1000000",
+}
+RELEASE_TOPIC_CONFIG: Final[Mapping[str, str]] = {"cleanup.policy": "compact"}
+"""Releases and ledger entries are keyed by release id: compaction keeps one copy of each."""
+
+
+class TopicMissing(RuntimeError):
+    """A topic the flow needs does not exist (privstream never auto-creates topics)."""
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    """Where the cluster is and how to talk to it.
+
+    ``properties`` are librdkafka client properties passed to every consumer, producer and
+    admin client (``security.protocol``, ``sasl.mechanism``, ``ssl.ca.location``, ...).
+    """
+
+    brokers: tuple[str, ...]
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.brokers or not all(self.brokers):
+            raise ValueError(
+                "bootstrap servers must be given (--bootstrap or PRIVSTREAM_BOOTSTRAP)"
+            )
+
+    @classmethod
+    def from_options(
+        cls,
+        bootstrap: str | None,
+        properties: Sequence[str] = (),
+        environ: Mapping[str, str] | None = None,
+    ) -> KafkaSettings:
+        """Flags first, then the environment: ``PRIVSTREAM_BOOTSTRAP=host:port,...`` and
+        ``PRIVSTREAM_KAFKA_SASL_MECHANISM=PLAIN`` → ``sasl.mechanism=PLAIN``; ``properties``
+        are ``key=value`` strings and win over the environment."""
+        env = os.environ if environ is None else environ
+        servers = bootstrap or env.get(ENV_BOOTSTRAP, "")
+        props = {
+            key[len(ENV_PROPERTY_PREFIX) :].lower().replace("_", "."): value
+            for key, value in env.items()
+            if key.startswith(ENV_PROPERTY_PREFIX)
+        }
+        for item in properties:
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise ValueError(f"Kafka client property must be KEY=VALUE, got {item!r}")
+            props[key.strip()] = value
+        return cls(tuple(s.strip() for s in servers.split(",") if s.strip()), props)
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(self.brokers)
+
+    def client_config(self, **extra: Any) -> dict[str, Any]:
+        """Configuration for a ``confluent-kafka`` client: servers, properties, then ``extra``
+        (the properties win over privstream's defaults, never over ``extra``)."""
+        return {"bootstrap.servers": self.bootstrap, **self.properties, **extra}
+
+    def __repr__(self) -> str:  # never print credentials
+        shown = {
+            k: ("***" if any(word in k for word in _SECRET_WORDS) else v)
+            for k, v in self.properties.items()
+        }
+        return f"KafkaSettings(brokers={self.brokers!r}, properties={shown!r})"
+
+
+def _admin(settings: KafkaSettings) -> AdminClient:
+    return AdminClient(settings.client_config())
+
+
+def existing_topics(settings: KafkaSettings, timeout: float = 10.0) -> dict[str, int]:
+    """Topic name → partition count, from the full topic list (no auto-creation)."""
+    try:
+        metadata = _admin(settings).list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise ConnectionError(f"cannot reach Kafka at {settings.bootstrap}: {exc}") from exc
+    return {name: len(t.partitions or {}) for name, t in metadata.topics.items() if not t.error}
+
+
+def require_topics(settings: KafkaSettings, topics: Iterable[str]) -> dict[str, int]:
+    """Partition counts of ``topics``; ``TopicMissing`` naming every missing one."""
+    wanted = [t for t in topics if t]
+    known = existing_topics(settings)
+    missing = [t for t in wanted if t not in known]
+    if missing:
+        raise TopicMissing(
+            f"Kafka topic(s) {', '.join(repr(t) for t in missing)} do not exist on "
+            f"{settings.bootstrap}; create them with `privstream topics create` "
+            "(privstream never auto-creates topics)"
+        )
+    return {t: known[t] for t in wanted}
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """A topic to create: partitions, replication factor and topic config."""
+
+    name: str
+    partitions: int = 1
+    replication: int = 1
+    config: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("topic name must not be empty")
+        if self.partitions < 1:
+            raise ValueError(f"partitions must be >= 1, got {self.partitions}")
+        if self.replication < 1:
+            raise ValueError(f"replication must be >= 1, got {self.replication}")
+
+
+def create_topics(
+    settings: KafkaSettings, specs: Sequence[TopicSpec], timeout: float = 30.0
+) -> dict[str, str]:
+    """Create the topics that do not exist yet: name → ``"created"`` or ``"exists"``.
+
+    Idempotent: an existing topic is left as it is (its partitions and config are not changed).
+    """
+    admin = _admin(settings)
+    result: dict[str, str] = {}
+    todo = []
+    known = existing_topics(settings)
+    for spec in specs:
+        if spec.name in known:
+            result[spec.name] = "exists"
+        else:
+            todo.append(
+                NewTopic(spec.name, spec.partitions, spec.replication, config=dict(spec.config))
+            )
+    if todo:
+        for name, future in admin.create_topics(todo, request_timeout=timeout).items():
+            try:
+                future.result(timeout)
+                result[name] = "created"
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise RuntimeError(f"cannot create Kafka topic {name!r}: {exc}") from exc
+                result[name] = "exists"
+    return result
+
+
+@dataclass(frozen=True)
+class RawBatch:
+    """One poll of one Kafka partition: message values in offset order."""
+
+    topic: str
+    partition: int
+    first_offset: int
+    values: list[bytes]
+
+
+class _EventPartition(StatefulSourcePartition[RawBatch, int]):
+    """One Kafka partition, read from the offset of the last snapshot."""
+
+    _IDLE: Final = timedelta(milliseconds=50)
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        topic: str,
+        partition: int,
+        offset: int,
+        batch_size: int,
+        stop: StopSignal | None,
+    ) -> None:
+        self._consumer = Consumer(config)
+        self._consumer.assign([TopicPartition(topic, partition, offset)])
+        self._topic = topic
+        self._partition = partition
+        self._offset = offset
+        self._batch_size = batch_size
+        self._stop = stop
+        self._eof = False
+        self._awake: datetime | None = None
+
+    def next_batch(self) -> list[RawBatch]:
+        if self._eof or (self._stop is not None and self._stop.is_set()):
+            raise StopIteration
+        messages = self._consumer.consume(self._batch_size, 0.01)
+        values: list[bytes] = []
+        first = None
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    self._eof = True
+                    break
+                raise RuntimeError(
+                    f"error consuming Kafka topic {self._topic!r} partition {self._partition}: "
+                    f"{error}"
+                )
+            offset = message.offset()
+            assert offset is not None
+            if first is None:
+                first = offset
+            values.append(message.value() or b"")
+            self._offset = offset + 1
+        self._awake = None if values else datetime.now(timezone.utc) + self._IDLE
+        if first is None:
+            return []
+        return [RawBatch(self._topic, self._partition, first, values)]
+
+    def next_awake(self) -> datetime | None:
+        return self._awake
+
+    def snapshot(self) -> int:
+        return self._offset
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+class KafkaEventSource(FixedPartitionedSource[RawBatch, int]):
+    """Every partition of ``topic`` from its beginning (or from the recovered offsets).
+
+    Args:
+        settings: cluster and client properties.
+        topic: the event topic; it must exist (``TopicMissing`` otherwise).
+        tail: keep waiting for new messages at the end of a partition (default); with False a
+            partition ends at its end (relies on the broker's high watermark).
+        batch_size: most messages per poll (one ``RawBatch``).
+        stop: ends every partition when set (clean shutdown, ``--slots``).
+    """
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        topic: str,
+        *,
+        tail: bool = True,
+        batch_size: int = 5000,
+        stop: StopSignal | None = None,
+    ) -> None:
+        self.settings = settings
+        self.topic = topic
+        self.tail = tail
+        self.batch_size = batch_size
+        self.stop = stop
+
+    def list_parts(self) -> list[str]:
+        partitions = require_topics(self.settings, [self.topic])[self.topic]
+        return [f"{i}-{self.topic}" for i in range(partitions)]
+
+    def build_part(self, step_id: str, for_part: str, resume_state: int | None) -> _EventPartition:
+        index, topic = for_part.split("-", 1)
+        if topic != self.topic:
+            raise RuntimeError(
+                f"step {step_id!r}: recovery store holds offsets of topic {topic!r}, "
+                f"but the flow reads {self.topic!r}; use a new recovery directory"
+            )
+        config = self.settings.client_config(
+            **{
+                "group.id": "privstream",  # required by the client; offsets live in snapshots
+                "enable.auto.commit": "false",
+                "enable.partition.eof": str(not self.tail).lower(),
+            }
+        )
+        for key, value in CONSUMER_DEFAULTS.items():
+            config.setdefault(key, value)
+        offset = OFFSET_BEGINNING if resume_state is None else resume_state
+        return _EventPartition(config, topic, int(index), offset, self.batch_size, self.stop)
+
+
+def parse_raw_batch(
+    batch: RawBatch,
+    *,
+    streams: Iterable[str] | None = None,
+    default_stream: str | None = None,
+    max_bytes: int = MAX_EVENT_BYTES,
+) -> list[EventBatch | DeadLetter]:
+    """Parse a poll's messages; an empty message (or tombstone) is a ``malformed_json`` dead
+    letter rather than silently skipped."""
+    values = batch.values
+    empty = [i for i, v in enumerate(values) if not v.strip()]
+    if not empty:
+        return parse_json_lines(
+            values, streams=streams, default_stream=default_stream, max_bytes=max_bytes
+        )
+    skip = set(empty)
+    parsed = parse_json_lines(
+        [v for i, v in enumerate(values) if i not in skip],
+        streams=streams,
+        default_stream=default_stream,
+        max_bytes=max_bytes,
+    )
+    dead = [DeadLetter(MALFORMED, None, values[i].decode("utf-8", "replace"), "empty message",
+                       values[i] or None) for i in empty]  # fmt: skip
+    return parsed + list(dead)
+
+
+def release_message(release: Release) -> KafkaSinkMessage[bytes, bytes]:
+    """A release keyed by its ``release_id`` (canonical JSON value)."""
+    return KafkaSinkMessage(release.release_id.encode(), to_json(release).encode())
+
+
+def ledger_message(entry: LedgerEntry) -> KafkaSinkMessage[bytes, bytes]:
+    """A ledger entry keyed like the release of its slot."""
+    key = f"{entry.stream}/{entry.mechanism}/{entry.slot}"
+    return KafkaSinkMessage(key.encode(), to_json(entry).encode())
+
+
+DEAD_LETTER_REASON_HEADER: Final = "privstream-reason"
+DEAD_LETTER_DETAIL_HEADER: Final = "privstream-detail"
+DEAD_LETTER_STREAM_HEADER: Final = "privstream-stream"
+
+
+def dead_letter_message(letter: DeadLetter) -> KafkaSinkMessage[bytes | None, bytes]:
+    """The original event bytes, with the reason, detail and stream as headers."""
+    headers = [
+        (DEAD_LETTER_REASON_HEADER, letter.reason.encode()),
+        (DEAD_LETTER_DETAIL_HEADER, letter.detail.encode()),
+    ]
+    if letter.stream is not None:
+        headers.append((DEAD_LETTER_STREAM_HEADER, letter.stream.encode()))
+    return KafkaSinkMessage(None, letter.payload_bytes(), headers=headers)
+
+
+@operator
+def kafka_output(
+    step_id: str,
+    up: Stream[Any],
+    settings: KafkaSettings,
+    topic: str,
+    to_message: Callable[[Any], KafkaSinkMessage[Any, Any]],
+) -> None:
+    """Write every item of ``up`` to ``topic`` (at-least-once: Bytewax ``KafkaSink``)."""
+    messages = op.map("to_message", up, to_message)
+    op.output(
+        "kafka", messages, KafkaSink(list(settings.brokers), topic, dict(settings.properties))
+    )
+
+
+def wait_for_messages(
+    settings: KafkaSettings,
+    topic: str,
+    predicate: Callable[[list[Any]], bool],
+    timeout: float = 60.0,
+) -> list[Any]:
+    """Read ``topic`` from the beginning until ``predicate(messages)`` holds (tests, demo).
+
+    Returns confluent-kafka ``Message`` objects; ``TimeoutError`` when it never holds.
+    """
+    partitions = require_topics(settings, [topic])[topic]
+    consumer = Consumer(
+        settings.client_config(**{"group.id": "privstream-reader", "enable.auto.commit": "false"})
+    )
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+    messages: list[Any] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while not predicate(messages):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(messages)} messages on {topic!r} after {timeout} s")
+            for message in consumer.consume(10_000, 0.2):
+                if message.error() is None:
+                    messages.append(message)
+    finally:
+        consumer.close()
+    return messages

@@ -1,0 +1,215 @@
+"""Inputs and outputs every ready flow shares: synthetic, file or Kafka in; files or Kafka out.
+
+A family's flow (``flows/ldp_ids.py``, ...) resolves its ``Source``, calls ``events`` for the
+parsed, stream-keyable batches, runs its operator, and hands the ``MechanismOut`` to ``outputs``.
+Step ids made here ("synthetic", "file", "kafka_in", "parse", "split_parsed",
+"dead_letters", "count_dead_letters", "log_dead_letters", "*_out") are part of the recovery
+format.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from bytewax import operators as op
+from bytewax.dataflow import Dataflow, Stream
+
+from privstream.connectors.control import StopSignal
+from privstream.connectors.events import (
+    MAX_EVENT_BYTES,
+    DeadLetter,
+    EventBatch,
+    parse_csv_lines,
+    parse_json_lines,
+)
+from privstream.connectors.jsonl import jsonl_output
+from privstream.connectors.kafka import (
+    KafkaEventSource,
+    KafkaSettings,
+    RawBatch,
+    dead_letter_message,
+    kafka_output,
+    ledger_message,
+    parse_raw_batch,
+    release_message,
+)
+from privstream.connectors.sources import SyntheticSource, detect_format, file_source
+from privstream.connectors.synthetic import DATASETS, SyntheticStream
+from privstream.mechanisms.contract import Release
+from privstream.mechanisms.tasks import EstimationTask, FrequencyTask, MeanTask
+from privstream.operators.metrics import BOARD, count_dead_letter
+from privstream.operators.slotting import MechanismOut
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a flow's events come from and what they are."""
+
+    stream: str
+    task: EstimationTask
+    synthetic: SyntheticStream | None = None
+    path: str | None = None
+
+
+def resolve_source(
+    dataset: str,
+    users: int,
+    slots: int,
+    seed: int,
+    domain: int | None = None,
+    mean_range: tuple[float, float] | None = None,
+    stream: str | None = None,
+) -> Source:
+    """Turn ``--dataset`` (a synthetic name or ``file:PATH``) into a ``Source``.
+
+    With Kafka input the dataset only names the stream and its task (the categories of a
+    synthetic dataset, or ``domain``/``mean_range``); the events come from the topic.
+    """
+    if dataset.startswith("file:"):
+        path = dataset.removeprefix("file:")
+        task: EstimationTask = MeanTask(*mean_range) if mean_range else FrequencyTask(domain or 2)
+        return Source(stream or "file", task, path=path)
+    name = dataset.lower()
+    if name not in DATASETS:
+        raise ValueError(
+            f"unknown dataset {dataset!r}; use one of {', '.join(DATASETS)} or file:PATH"
+        )
+    synthetic = SyntheticStream(name, users, slots, seed=seed)
+    if mean_range is not None:
+        task = MeanTask(*mean_range)
+    elif domain is not None:
+        task = FrequencyTask(domain)
+    else:
+        task = MeanTask(*synthetic.bounds) if synthetic.numeric else FrequencyTask(synthetic.d)
+    return Source(stream or name, task, synthetic=synthetic)
+
+
+@dataclass(frozen=True)
+class KafkaIO:
+    """Kafka topics of a flow.
+
+    Attributes:
+        settings: cluster and client properties.
+        input_topic: user events (design §5).
+        output_topic: releases keyed by ``release_id`` (compacted topic recommended).
+        dead_letter_topic: rejected events (original bytes, reason headers); optional — without
+            it dead letters are counted in the metrics and logged by reason only.
+        ledger_topic: ledger entries; optional.
+        until_slot: stop once every mechanism has released this slot (batch runs, tests);
+            None runs until stopped (SIGTERM).
+        batch_size: most messages per poll.
+        max_event_bytes: larger messages are ``oversized`` dead letters.
+    """
+
+    settings: KafkaSettings
+    input_topic: str
+    output_topic: str
+    dead_letter_topic: str | None = None
+    ledger_topic: str | None = None
+    until_slot: int | None = None
+    batch_size: int = 5000
+    max_event_bytes: int = MAX_EVENT_BYTES
+
+    def topics(self) -> list[str]:
+        names = [self.input_topic, self.output_topic, self.dead_letter_topic, self.ledger_topic]
+        return [t for t in names if t]
+
+
+def events(
+    flow: Dataflow,
+    source: Source,
+    kafka: KafkaIO | None = None,
+    stop: StopSignal | None = None,
+) -> tuple[Stream[EventBatch], Stream[DeadLetter] | None]:
+    """Input step(s): parsed event batches and the dead letters of parsing (None when the
+    source needs no parsing)."""
+    if kafka is not None:
+        raw: Stream[RawBatch] = op.input(
+            "kafka_in",
+            flow,
+            KafkaEventSource(
+                kafka.settings, kafka.input_topic, batch_size=kafka.batch_size, stop=stop
+            ),
+        )
+        streams = [source.stream]
+
+        def parse_polls(batch: RawBatch) -> list[EventBatch | DeadLetter]:
+            return parse_raw_batch(batch, streams=streams, max_bytes=kafka.max_event_bytes)
+
+        parsed: Stream[Any] = op.flat_map("parse", raw, parse_polls)
+    elif source.synthetic is not None:
+        batches: Stream[Any] = op.input(
+            "synthetic", flow, SyntheticSource(source.synthetic, source.stream)
+        )
+        return batches, None
+    else:
+        assert source.path is not None
+        lines = op.input("file", flow, file_source(source.path))
+        parse = parse_csv_lines if detect_format(source.path) == "csv" else parse_json_lines
+
+        def parse_batch(batch: list[str]) -> list[Any]:
+            return parse(batch, default_stream=source.stream)
+
+        parsed = op.flat_map_batch("parse", lines, parse_batch)
+    split = op.branch("split_parsed", parsed, lambda item: isinstance(item, EventBatch))
+    return split.trues, split.falses
+
+
+def outputs(
+    mech: MechanismOut,
+    parse_errors: Stream[DeadLetter] | None,
+    *,
+    streams: Iterable[str],
+    mechanisms: Iterable[str],
+    kafka: KafkaIO | None = None,
+    stop: StopSignal | None = None,
+    out: str | None = None,
+    ledger_out: str | None = None,
+    dead_letter_out: str | None = None,
+    progress: Callable[[Release], None] | None = None,
+) -> None:
+    """Write releases, ledger entries and dead letters to Kafka topics or JSON-lines files,
+    count dead letters in the metrics, and stop at ``kafka.until_slot``."""
+    known = frozenset(streams)
+    releases = mech.releases
+    if progress is not None:
+        op.inspect("progress", releases, lambda _step, release: progress(release))
+    dead = (
+        mech.dead_letters
+        if parse_errors is None
+        else op.merge("dead_letters", parse_errors, mech.dead_letters)
+    )
+    op.inspect("count_dead_letters", dead, lambda _step, letter: count_dead_letter(letter, known))
+    if kafka is None:
+        jsonl_output("releases_out", releases, out or "releases.jsonl")
+        if ledger_out:
+            jsonl_output("ledger_out", mech.ledger, ledger_out)
+        if dead_letter_out:
+            jsonl_output("dead_letters_out", dead, dead_letter_out)
+        return
+    kafka_output("releases_out", releases, kafka.settings, kafka.output_topic, release_message)
+    if kafka.ledger_topic:
+        kafka_output("ledger_out", mech.ledger, kafka.settings, kafka.ledger_topic, ledger_message)
+    if kafka.dead_letter_topic:
+        kafka_output(
+            "dead_letters_out", dead, kafka.settings, kafka.dead_letter_topic, dead_letter_message
+        )
+    else:
+        op.inspect(
+            "log_dead_letters",
+            dead,
+            lambda _step, letter: log.warning(
+                "dead letter (%s) dropped: no --dead-letter-topic", letter.reason
+            ),
+        )
+    if kafka.until_slot is not None:
+        # Read from the ledger board, so a run resumed after its last slot stops at once too.
+        assert stop is not None, "until_slot needs a stop signal"
+        pairs = [(s, m) for s in known for m in mechanisms]
+        last = kafka.until_slot
+        stop.when(lambda: BOARD.released_through(pairs, last), f"slot {last} released")

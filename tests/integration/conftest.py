@@ -1,0 +1,102 @@
+"""Fixtures of the Kafka integration tests: one embedded broker per test process, fresh topics
+per test, and helpers to run the CLI as a real process and read topics back."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from privstream.connectors.broker import EmbeddedBroker
+from privstream.connectors.kafka import (
+    RELEASE_TOPIC_CONFIG,
+    KafkaSettings,
+    TopicSpec,
+    create_topics,
+    wait_for_messages,
+)
+
+PRIVSTREAM = [sys.executable, "-m", "privstream.cli"]
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[EmbeddedBroker]:
+    with EmbeddedBroker() as running:
+        yield running
+
+
+@pytest.fixture
+def kafka(broker: EmbeddedBroker) -> KafkaSettings:
+    return KafkaSettings((broker.bootstrap,))
+
+
+class Topics:
+    """Uniquely named topics of one test: events, releases, dlq, ledger."""
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        tag = uuid.uuid4().hex[:8]
+        self.events, self.releases = f"events-{tag}", f"releases-{tag}"
+        self.dlq, self.ledger = f"dlq-{tag}", f"ledger-{tag}"
+        create_topics(
+            settings,
+            [
+                TopicSpec(self.events),
+                TopicSpec(self.releases, config=RELEASE_TOPIC_CONFIG),
+                TopicSpec(self.dlq),
+                TopicSpec(self.ledger, config=RELEASE_TOPIC_CONFIG),
+            ],
+        )
+
+    def run_flags(self, settings: KafkaSettings) -> list[str]:
+        return [
+            "--bootstrap", settings.bootstrap, "--input-topic", self.events,
+            "--output-topic", self.releases, "--dead-letter-topic", self.dlq,
+            "--ledger-topic", self.ledger,
+        ]  # fmt: skip
+
+
+@pytest.fixture
+def topics(kafka: KafkaSettings) -> Topics:
+    return Topics(kafka)
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIVSTREAM_")}
+    env.update(extra)
+    return env
+
+
+def run_cli(*args: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``privstream`` as its own process; fail with its stderr when it fails."""
+    done = subprocess.run(
+        [*PRIVSTREAM, *args], capture_output=True, text=True, timeout=timeout, env=cli_env(**env)
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def read_json(
+    settings: KafkaSettings, topic: str, count: int, timeout: float = 60
+) -> list[dict[str, Any]]:
+    """The first ``count`` messages of ``topic`` as JSON objects (waits for them)."""
+    messages = wait_for_messages(settings, topic, lambda got: len(got) >= count, timeout)
+    return [json.loads(m.value()) for m in messages]
+
+
+def read_all(settings: KafkaSettings, topic: str, settle: float = 1.0) -> list[Any]:
+    """Every message of ``topic`` (reads until nothing new arrives for ``settle`` s)."""
+    last = [0, time.monotonic()]
+
+    def quiet(got: list[Any]) -> bool:
+        if len(got) != last[0]:
+            last[:] = [len(got), time.monotonic()]
+        return time.monotonic() - last[1] > settle
+
+    return wait_for_messages(settings, topic, quiet, timeout=120)
