@@ -208,7 +208,7 @@ class RawBatch:
     values: list[bytes]
 
 
-class _EventPartition(StatefulSourcePartition[RawBatch, int]):
+class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int]]):
     """One Kafka partition, read from the offset of the last snapshot."""
 
     _IDLE: Final = timedelta(milliseconds=50)
@@ -262,14 +262,14 @@ class _EventPartition(StatefulSourcePartition[RawBatch, int]):
     def next_awake(self) -> datetime | None:
         return self._awake
 
-    def snapshot(self) -> int:
-        return self._offset
+    def snapshot(self) -> tuple[str, int]:
+        return (self._topic, self._offset)
 
     def close(self) -> None:
         self._consumer.close()
 
 
-class KafkaEventSource(FixedPartitionedSource[RawBatch, int]):
+class KafkaEventSource(FixedPartitionedSource[RawBatch, tuple[str, int]]):
     """Every partition of ``topic`` from its beginning (or from the recovered offsets).
 
     Args:
@@ -298,15 +298,20 @@ class KafkaEventSource(FixedPartitionedSource[RawBatch, int]):
 
     def list_parts(self) -> list[str]:
         partitions = require_topics(self.settings, [self.topic])[self.topic]
-        return [f"{i}-{self.topic}" for i in range(partitions)]
+        return [f"partition-{i}" for i in range(partitions)]
 
-    def build_part(self, step_id: str, for_part: str, resume_state: int | None) -> _EventPartition:
-        index, topic = for_part.split("-", 1)
-        if topic != self.topic:
+    def build_part(
+        self, step_id: str, for_part: str, resume_state: tuple[str, int] | None
+    ) -> _EventPartition:
+        # Part keys name the partition only and snapshots hold (topic, offset), so a recovery
+        # store written for another topic is recognised instead of silently resumed.
+        if resume_state is not None and resume_state[0] != self.topic:
             raise RuntimeError(
-                f"step {step_id!r}: recovery store holds offsets of topic {topic!r}, "
-                f"but the flow reads {self.topic!r}; use a new recovery directory"
+                f"step {step_id!r}: the recovery store holds offsets of Kafka topic "
+                f"{resume_state[0]!r}, but the flow reads {self.topic!r}; its ledgers belong to "
+                "that other input, so use a new recovery directory"
             )
+        index = int(for_part.removeprefix("partition-"))
         config = self.settings.client_config(
             **{
                 "group.id": "privstream",  # required by the client; offsets live in snapshots
@@ -316,8 +321,8 @@ class KafkaEventSource(FixedPartitionedSource[RawBatch, int]):
         )
         for key, value in CONSUMER_DEFAULTS.items():
             config.setdefault(key, value)
-        offset = OFFSET_BEGINNING if resume_state is None else resume_state
-        return _EventPartition(config, topic, int(index), offset, self.batch_size, self.stop)
+        offset = OFFSET_BEGINNING if resume_state is None else resume_state[1]
+        return _EventPartition(config, self.topic, index, offset, self.batch_size, self.stop)
 
 
 def parse_raw_batch(

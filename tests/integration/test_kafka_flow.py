@@ -1,0 +1,358 @@
+"""The LDP-IDS flow against a real Kafka-protocol broker (design §10 item 6): end to end, topics,
+bad input, SIGTERM and SIGKILL with recovery, step-id stability."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from privstream.connectors.events import REASONS
+from privstream.connectors.kafka import (
+    DEAD_LETTER_REASON_HEADER,
+    KafkaSettings,
+    existing_topics,
+    wait_for_messages,
+)
+from privstream.flows.ldp_ids import KafkaIO, build
+from tests.integration.conftest import PRIVSTREAM, Topics, cli_env, read_all, read_json, run_cli
+
+EPSILON, WINDOW = 1.0, 5
+
+
+def produce_lines(settings: KafkaSettings, topic: str, lines: list[bytes]) -> None:
+    producer = Producer(settings.client_config(**{"linger.ms": 5}))
+    for line in lines:
+        producer.produce(topic, line, b"sin")
+    assert producer.flush(30) == 0
+
+
+def event(user: int | str, slot: int, value: Any, stream: str = "sin") -> bytes:
+    return json.dumps({"stream": stream, "user": f"u{user}", "slot": slot, "value": value}).encode()
+
+
+def marker(slot: int, stream: str = "sin") -> bytes:
+    return json.dumps({"stream": stream, "end_of_slot": slot}).encode()
+
+
+def good_events(users: int, slots: int) -> list[bytes]:
+    """Every user at every slot with value ``(user + slot) % 2``, a marker after each slot."""
+    lines: list[bytes] = []
+    for t in range(1, slots + 1):
+        lines += [event(u, t, (u * t + u // 3) % 2) for u in range(users)]
+        lines.append(marker(t))
+    return lines
+
+
+def run_flags(topics: Topics, kafka: KafkaSettings, users: int, slots: int, mech: str) -> list[str]:
+    return [
+        "run", "ldp-ids", "--mechanism", mech, "--users", str(users), "--epsilon", str(EPSILON),
+        "--window", str(WINDOW), "--seed", "7", "--slots", str(slots), "--no-progress",
+        *topics.run_flags(kafka),
+    ]  # fmt: skip
+
+
+def by_id(messages: list[Any]) -> dict[str, list[bytes]]:
+    """Release payloads by their Kafka key (the release id)."""
+    out: dict[str, list[bytes]] = defaultdict(list)
+    for m in messages:
+        out[m.key().decode()].append(m.value())
+    return out
+
+
+# -- end to end --------------------------------------------------------------------------------
+
+
+def test_kafka_flow_equals_the_file_flow_on_the_same_events(
+    kafka: KafkaSettings, topics: Topics, tmp_path: Path
+) -> None:
+    users, slots = 400, 12
+    lines = good_events(users, slots)
+    produce_lines(kafka, topics.events, lines)
+    done = run_cli(*run_flags(topics, kafka, users, slots, "LBU,LPA"))
+    assert "slot 12 released" in done.stderr
+
+    releases = read_json(kafka, topics.releases, 2 * slots)
+    assert len(releases) == 2 * slots
+    keys = by_id(wait_for_messages(kafka, topics.releases, lambda got: len(got) >= 2 * slots))
+    assert sorted(keys) == sorted(f"sin/{m}/{t}" for m in ("LBU", "LPA") for t in range(1, 13))
+    ledger = read_json(kafka, topics.ledger, 2 * slots)
+    assert {(e["mechanism"], e["slot"]) for e in ledger} == {
+        (m, t) for m in ("LBU", "LPA") for t in range(1, 13)
+    }
+
+    # The same events from a file through the file source give byte-identical releases.
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    out = tmp_path / "releases.jsonl"
+    run_cli(
+        "run", "ldp-ids", "--mechanism", "LBU,LPA", "--users", str(users), "--epsilon", "1.0",
+        "--window", str(WINDOW), "--seed", "7", "--dataset", f"file:{path}", "--stream", "sin",
+        "--out", str(out), "--no-progress",
+    )  # fmt: skip
+    from_file = sorted(out.read_bytes().splitlines())
+    assert from_file == sorted(v for vs in keys.values() for v in vs)
+
+
+def test_a_missing_topic_is_an_error_not_created(kafka: KafkaSettings, topics: Topics) -> None:
+    done = subprocess.run(
+        [*PRIVSTREAM, "run", "ldp-ids", "--users", "10", "--bootstrap", kafka.bootstrap,
+         "--input-topic", "no-such-topic", "--output-topic", topics.releases, "--slots", "1"],
+        capture_output=True, text=True, timeout=60, env=cli_env(),
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "'no-such-topic'" in done.stderr and "privstream topics create" in done.stderr
+    assert "no-such-topic" not in existing_topics(kafka)
+
+
+def test_topics_create_is_idempotent(kafka: KafkaSettings) -> None:
+    flags = ["topics", "create", "--bootstrap", kafka.bootstrap, "--input-topic", "idem-events",
+             "--output-topic", "idem-releases", "--partitions", "2"]  # fmt: skip
+    assert run_cli(*flags).stdout.split() == [
+        "idem-events:",
+        "created",
+        "idem-releases:",
+        "created",
+    ]
+    assert run_cli(*flags).stdout.split() == ["idem-events:", "exists", "idem-releases:", "exists"]
+    assert existing_topics(kafka)["idem-events"] == 2
+
+
+def test_produce_writes_the_synthetic_stream(kafka: KafkaSettings, topics: Topics) -> None:
+    run_cli(
+        "produce", "--bootstrap", kafka.bootstrap, "--topic", topics.events, "--dataset", "sin",
+        "--users", "50", "--slots", "3", "--no-progress",
+    )  # fmt: skip
+    got = read_json(kafka, topics.events, 153)
+    assert len(got) == 153
+    assert [g["end_of_slot"] for g in got if "end_of_slot" in g] == [1, 2, 3]
+    events = [g for g in got if "user" in g]
+    assert Counter(g["slot"] for g in events) == {1: 50, 2: 50, 3: 50}
+    assert {g["user"] for g in events} == {f"u{i}" for i in range(50)}
+
+
+# -- bad input ---------------------------------------------------------------------------------
+
+MAX_BYTES = 2048
+
+
+def bad_events(users: int) -> list[tuple[int, bytes, str]]:
+    """(position: insert after this many good slots, line, expected reason)."""
+    return [
+        (1, b'{"stream": "sin", "user": "u1", "slot": 2, ', "malformed_json"),
+        (1, b"\xff\xfe not utf-8", "malformed_json"),
+        (1, b"", "malformed_json"),
+        (2, b'{"stream": "sin", "slot": 3, "value": 1}', "missing_field"),
+        (2, b'{"stream": "sin", "user": "u2", "value": 1}', "missing_field"),
+        (2, b'{"stream": "sin", "user": "u2", "slot": "three", "value": 1}', "invalid_type"),
+        (2, b'{"stream": "sin", "user": "u2", "slot": 3, "value": "one"}', "invalid_type"),
+        (2, b'{"stream": "sin", "user": 5.5, "slot": 3, "value": 1}', "invalid_type"),
+        (2, b"[1, 2, 3]", "invalid_type"),
+        (3, event(3, 4, 1, stream="other"), "unknown_stream"),
+        (3, event(4, 4, 7), "out_of_domain"),
+        (3, event(5, 4, -1), "out_of_domain"),
+        (3, event(6, -4, 1), "negative_slot"),
+        (3, event(7, 4 + 50_000, 1), "far_future_slot"),
+        (4, event(8, 2, 1), "late_event"),  # slot 2 closed by its marker already
+        (5, b'{"stream": "sin", "user": "u9", "slot": 6, "value": 1, "pad": "'
+         + b"x" * MAX_BYTES + b'"}', "oversized"),
+    ]  # fmt: skip
+
+
+def with_bad(users: int, slots: int) -> tuple[list[bytes], list[tuple[bytes, str]]]:
+    good = good_events(users, slots)
+    per_slot = users + 1
+    lines: list[bytes] = []
+    bad = bad_events(users)
+    expected: list[tuple[bytes, str]] = []
+    for t in range(slots):
+        lines += good[t * per_slot : (t + 1) * per_slot]
+        for after, line, reason in bad:
+            if after == t + 1:
+                lines.append(line)
+                expected.append((line, reason))
+        if t == 4:  # a duplicate report of u10 in slot 6, before slot 6's own events
+            dup = event(10, 6, 1)
+            lines.append(dup)
+            expected.append((event(10, 6, (10 * 6 + 10 // 3) % 2), "duplicate_report"))
+    return lines, expected
+
+
+def test_bad_input_goes_to_the_dead_letter_topic_and_changes_no_release(
+    kafka: KafkaSettings, broker: Any
+) -> None:
+    users, slots = 60, 8
+    clean, dirty = Topics(kafka), Topics(kafka)
+    produce_lines(kafka, clean.events, good_events(users, slots))
+    lines, expected = with_bad(users, slots)
+    produce_lines(kafka, dirty.events, lines)
+    limit = ["--max-event-bytes", str(MAX_BYTES)]
+    run_cli(*run_flags(clean, kafka, users, slots, "LBA,LPD"), *limit)
+    run_cli(*run_flags(dirty, kafka, users, slots, "LBA,LPD"), *limit)
+
+    want = by_id(wait_for_messages(kafka, clean.releases, lambda got: len(got) >= 2 * slots))
+    got = by_id(wait_for_messages(kafka, dirty.releases, lambda got: len(got) >= 2 * slots))
+    assert got == want  # byte-identical releases for the valid events
+
+    letters = read_all(kafka, dirty.dlq)
+    seen = Counter(
+        (m.value() or b"", dict(m.headers())[DEAD_LETTER_REASON_HEADER].decode()) for m in letters
+    )
+    assert all(reason in REASONS for _, reason in seen)
+    assert seen == Counter(expected)
+    assert read_all(kafka, clean.dlq, settle=0.5) == []
+
+
+# -- stopping, crashing, resuming -------------------------------------------------------------
+
+
+def start_run(flags: list[str], recovery: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*PRIVSTREAM, *flags, "--recovery-dir", str(recovery), "--snapshot-interval", "0.3"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
+    )  # fmt: skip
+
+
+def wait_releases(kafka: KafkaSettings, topic: str, count: int, proc: subprocess.Popen[str]) -> int:
+    """Wait until ``count`` releases are on ``topic`` while ``proc`` is still running."""
+    got = wait_for_messages(kafka, topic, lambda got: len(got) >= count, timeout=120)
+    assert proc.poll() is None, "the flow finished before it could be interrupted"
+    return len(got)
+
+
+def check_output(
+    kafka: KafkaSettings, topic: str, users: int, slots: int, mechs: list[str]
+) -> dict[str, bytes]:
+    """Every slot released; duplicates byte-identical; the ledger invariants over every window."""
+    expected = {f"sin/{m}/{t}" for m in mechs for t in range(1, slots + 1)}
+    messages = wait_for_messages(
+        kafka, topic, lambda got: {m.key().decode() for m in got} >= expected, timeout=120
+    )
+    releases = by_id(messages)
+    assert set(releases) == expected
+    for rid, payloads in releases.items():
+        assert len(set(payloads)) == 1, f"{rid} released twice with different payloads"
+    unique = {rid: payloads[0] for rid, payloads in releases.items()}
+    for m in mechs:
+        rows = [json.loads(unique[f"sin/{m}/{t}"]) for t in range(1, slots + 1)]
+        for start in range(slots - WINDOW + 1):
+            window = rows[start : start + WINDOW]
+            if m.startswith("LB"):  # budget division: a user's spend over any w slots
+                assert sum(r["epsilon_m1"] + r["epsilon_m2"] for r in window) <= EPSILON + 1e-9
+            else:  # population division: distinct reporters over any w slots
+                assert sum(r["users_m1"] + r["users_m2"] for r in window) <= users
+    return unique
+
+
+def test_sigterm_stops_cleanly_and_a_restart_continues(
+    kafka: KafkaSettings, topics: Topics, tmp_path: Path
+) -> None:
+    users, slots = 3000, 200
+    run_cli("produce", "--bootstrap", kafka.bootstrap, "--topic", topics.events,
+            "--users", str(users), "--slots", str(slots), "--no-progress")  # fmt: skip
+    flags = run_flags(topics, kafka, users, slots, "LBU,LPA")
+    unbounded = flags[: flags.index("--slots")] + flags[flags.index("--slots") + 2 :]
+    proc = start_run(unbounded, tmp_path / "rec")
+    before = wait_releases(kafka, topics.releases, 40, proc)
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "received SIGTERM" in err and "Traceback" not in err
+    assert before < 2 * slots
+
+    again = start_run(flags, tmp_path / "rec")
+    _out, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err
+    check_output(kafka, topics.releases, users, slots, ["LBU", "LPA"])
+
+
+def test_sigkill_mid_run_then_restart_releases_every_slot_once_in_effect(
+    kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    users, slots, mechs = 5000, 240, ["LBU", "LPA"]
+    crashed, reference = Topics(kafka), Topics(kafka)
+    for t in (crashed, reference):
+        run_cli("produce", "--bootstrap", kafka.bootstrap, "--topic", t.events,
+                "--users", str(users), "--slots", str(slots), "--no-progress")  # fmt: skip
+
+    proc = start_run(run_flags(crashed, kafka, users, slots, ",".join(mechs)), tmp_path / "rec")
+    before = wait_releases(kafka, crashed.releases, 60, proc)
+    proc.kill()  # SIGKILL: no snapshot, no flush, no goodbye
+    proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    assert before < len(mechs) * slots
+
+    again = start_run(run_flags(crashed, kafka, users, slots, ",".join(mechs)), tmp_path / "rec")
+    _out, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err
+    recovered = check_output(kafka, crashed.releases, users, slots, mechs)
+
+    # Replays are byte-identical, so the crashed run equals an uninterrupted one.
+    run_cli(*run_flags(reference, kafka, users, slots, ",".join(mechs)))
+    assert recovered == check_output(kafka, reference.releases, users, slots, mechs)
+
+
+# -- step ids ------------------------------------------------------------------------------------
+
+PERSISTED = ("input", "stateful_batch", "output")
+
+
+def persisted_step_ids(flow: Any) -> list[str]:
+    """Step ids whose state the recovery store keys (inputs, stateful operators, sinks)."""
+    found: list[str] = []
+
+    def walk(step: Any) -> None:
+        for sub in step.substeps:
+            if type(sub).__name__ in PERSISTED:
+                found.append(sub.step_id)
+            walk(sub)
+
+    walk(flow)
+    return found
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [
+        ("synthetic", ["synthetic", "ldp_ids.mechanism.slots", "releases_out.file"]),
+        ("file", ["file", "ldp_ids.mechanism.slots", "releases_out.file", "ledger_out.file",
+                  "dead_letters_out.file"]),
+        ("kafka", ["kafka_in", "ldp_ids.mechanism.slots", "releases_out.kafka",
+                   "ledger_out.kafka", "dead_letters_out.kafka"]),
+    ],
+)  # fmt: skip
+def test_persisted_step_ids_are_stable(kind: str, expected: list[str], tmp_path: Path) -> None:
+    """Renaming one of these orphans its state in existing recovery stores: change them only
+    with a migration."""
+    if kind == "synthetic":
+        flow = build(dataset="sin", users=1000, slots=2, out=str(tmp_path / "r"))
+    elif kind == "file":
+        path = tmp_path / "e.jsonl"
+        path.write_text("")
+        flow = build(dataset=f"file:{path}", users=1000, out=str(tmp_path / "r"),
+                     ledger_out=str(tmp_path / "l"), dead_letter_out=str(tmp_path / "d"))  # fmt: skip
+    else:
+        io = KafkaIO(KafkaSettings(("127.0.0.1:1",)), "e", "r", "d", "l")
+        flow = build(dataset="sin", users=1000, kafka=io)
+    assert persisted_step_ids(flow) == [f"privstream_ldp_ids.{s}" for s in expected]
+
+
+def test_flow_rejects_a_recovery_store_of_another_topic(
+    kafka: KafkaSettings, topics: Topics, tmp_path: Path
+) -> None:
+    produce_lines(kafka, topics.events, good_events(20, 2))
+    run_cli(*run_flags(topics, kafka, 20, 2, "LBU"), "--recovery-dir", str(tmp_path / "rec"))
+    other = Topics(kafka)
+    produce_lines(kafka, other.events, good_events(20, 2))
+    done = subprocess.run(
+        [*PRIVSTREAM, *run_flags(other, kafka, 20, 2, "LBU"), "--recovery-dir", str(tmp_path / "rec")],
+        capture_output=True, text=True, timeout=120, env=cli_env(),
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "use a new recovery directory" in done.stderr
