@@ -27,7 +27,7 @@ lint: $(STAMP) ## ruff and mypy
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy -p privstream
 
-demo: $(STAMP) ## Run the main job: all seven LDP-IDS mechanisms on the Sin stream through the flow
+demo: $(STAMP) ## Run the main job: embedded Kafka broker, synthetic events, all seven LDP-IDS mechanisms over Kafka with metrics
 	$(BIN)/privstream demo --out demo-out
 
 bench: $(STAMP) ## Reproduction and performance benchmarks (writes bench/results/)

