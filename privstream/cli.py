@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -263,6 +264,10 @@ def _run_flow(
     if metrics_port is not None:
         os.environ["BYTEWAX_DATAFLOW_API_ENABLED"] = "true"
         os.environ["BYTEWAX_DATAFLOW_API_PORT"] = str(metrics_port)
+        # Bytewax writes the rendered dataflow (dataflow.json) into this directory, by default
+        # the working directory; keep it out of the user's tree (a read-only cwd would abort).
+        if "BYTEWAX_DATAFLOW_API_CACHE_PATH" not in os.environ:
+            os.environ["BYTEWAX_DATAFLOW_API_CACHE_PATH"] = tempfile.mkdtemp(prefix="privstream-api-")
     interval = timedelta(seconds=snapshot_interval) if snapshot_interval else None
     cli_main(flow, workers_per_process=workers, epoch_interval=interval, recovery_config=recovery)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.integration.conftest import run_cli
+from .conftest import run_cli
 
 
 def test_demo_runs_the_main_job_over_kafka(tmp_path: Path) -> None:

@@ -21,7 +21,8 @@ from privstream.connectors.kafka import (
     wait_for_messages,
 )
 from privstream.flows.ldp_ids import KafkaIO, build
-from tests.integration.conftest import PRIVSTREAM, Topics, cli_env, read_all, read_json, run_cli
+
+from .conftest import PRIVSTREAM, Topics, cli_env, read_all, read_json, run_cli
 
 EPSILON, WINDOW = 1.0, 5
 

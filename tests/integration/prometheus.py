@@ -1,0 +1,388 @@
+"""A real Prometheus server for the integration tests (design §9, §10).
+
+``ensure_prometheus`` finds ``prometheus`` and ``promtool`` on PATH and, on a fresh machine,
+installs Debian's ``prometheus`` package itself (``apt-get``, through ``sudo -n`` when not root).
+When that is impossible the test fails with the reason: a metrics test that silently skips
+checks nothing.
+
+``PrometheusServer`` runs its own ``prometheus`` process on a free loopback port with a
+temporary configuration (validated by ``promtool check config``) and a temporary TSDB, so it
+neither relies on nor conflicts with a packaged service on :9090. ``query`` runs PromQL through
+the HTTP API (``/api/v1/query``).
+
+``FlowProcess`` is the ``privstream run`` process whose ``/metrics`` endpoint is scraped, and
+``read_keyed`` reads its keyed outputs (releases, ledger entries) back from Kafka.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+import pytest
+
+from privstream.connectors.broker import free_port
+from privstream.connectors.kafka import KafkaSettings, wait_for_messages
+
+BINARIES = ("prometheus", "promtool")
+# Serialises the installers of parallel test processes (pytest-xdist workers).
+INSTALL_LOCK = Path(tempfile.gettempdir()) / f"privstream-prometheus-install-{os.getuid()}.lock"
+
+
+def _found() -> dict[str, str] | None:
+    paths = {}
+    for name in BINARIES:
+        path = shutil.which(name) or next(
+            (p for p in (f"/usr/bin/{name}", f"/usr/local/bin/{name}") if os.access(p, os.X_OK)),
+            None,
+        )
+        if path is None:
+            return None
+        paths[name] = path
+    return paths
+
+
+def _install() -> None:
+    """``apt-get install prometheus`` (Debian's package ships both binaries); fails the test
+    with apt's own words when that is not possible."""
+    if shutil.which("apt-get") is None:
+        pytest.fail(
+            "Prometheus is needed by this test and is not installed, and this machine has no "
+            "apt-get to install Debian's `prometheus` package; install prometheus and promtool "
+            "on PATH"
+        )
+    prefix: list[str] = []
+    if os.geteuid() != 0:
+        if shutil.which("sudo") is None:
+            pytest.fail(
+                "Prometheus is not installed and installing Debian's `prometheus` package needs "
+                "root, but sudo is not available; run `apt-get install prometheus` as root"
+            )
+        prefix = ["sudo", "-n"]  # never wait for a password prompt
+    apt = [*prefix, "env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "-q"]
+    wait = ["-o", "DPkg::Lock::Timeout=300"]
+    for step in (
+        [*apt, *wait, "update"],
+        [*apt, *wait, "install", "-y", "--no-install-recommends", "prometheus"],
+    ):
+        try:
+            done = subprocess.run(step, capture_output=True, text=True, timeout=900)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            pytest.fail(f"cannot install Prometheus: `{' '.join(step)}` failed: {exc}")
+        if done.returncode != 0:
+            pytest.fail(
+                f"cannot install Prometheus: `{' '.join(step)}` exited {done.returncode}:\n"
+                f"{(done.stderr or done.stdout)[-2000:]}"
+            )
+
+
+def ensure_prometheus() -> dict[str, str]:
+    """Paths of ``prometheus`` and ``promtool``, installing Debian's package when missing."""
+    paths = _found()
+    if paths is not None:
+        return paths
+    with open(INSTALL_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one installer at a time; the others then find it
+        paths = _found()
+        if paths is None:
+            _install()
+            paths = _found()
+    if paths is None:
+        pytest.fail(
+            "installed Debian's `prometheus` package, but `prometheus`/`promtool` are still not "
+            "found on PATH or in /usr/bin"
+        )
+    return paths
+
+
+def scrape_config(targets: Sequence[str], job: str = "privstream") -> str:
+    """A Prometheus configuration scraping ``targets`` every second (JSON is valid YAML)."""
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [
+            {
+                "job_name": job,
+                "scrape_interval": "1s",
+                "scrape_timeout": "1s",
+                "metrics_path": "/metrics",
+                "static_configs": [{"targets": list(targets)}],
+            }
+        ],
+    }
+    return json.dumps(config, indent=2) + "\n"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One element of an instant vector."""
+
+    labels: dict[str, str]
+    value: float
+
+
+class PrometheusServer:
+    """``prometheus`` scraping ``targets``, on a free loopback port; a context manager.
+
+    Args:
+        targets: ``host:port`` of the endpoints to scrape.
+        workdir: directory for the configuration, the TSDB and the server's log.
+    """
+
+    def __init__(self, targets: Sequence[str], workdir: Path, job: str = "privstream") -> None:
+        self.paths = ensure_prometheus()
+        self.job = job
+        self.workdir = workdir
+        self.config = workdir / "prometheus.yml"
+        self.log_path = workdir / "prometheus.log"
+        self.port: int | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.config.write_text(scrape_config(targets, job))
+        check = subprocess.run(
+            [self.paths["promtool"], "check", "config", str(self.config)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if check.returncode != 0:
+            pytest.fail(
+                f"promtool rejected the scrape configuration:\n{check.stdout}{check.stderr}"
+            )
+
+    @property
+    def url(self) -> str:
+        assert self.port is not None, "Prometheus is not started"
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def start(self, timeout: float = 30.0) -> PrometheusServer:
+        """Start the server and return once ``/-/ready`` answers 200; fail the test otherwise."""
+        for attempt in range(3):  # a free port can be taken before prometheus binds it
+            self.port = free_port()
+            tsdb = self.workdir / f"tsdb-{attempt}"
+            self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+            self._process = subprocess.Popen(
+                [
+                    self.paths["prometheus"],
+                    f"--config.file={self.config}",
+                    f"--storage.tsdb.path={tsdb}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
+            )
+            if self._wait_ready(timeout):
+                return self
+            self.stop()
+        pytest.fail(f"Prometheus did not become ready within {timeout} s:\n{self.log_tail()}")
+
+    def _wait_ready(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self._process is not None
+            if self._process.poll() is not None:
+                return False
+            try:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as response:
+                    if response.status == 200:
+                        return True
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.1)
+        return False
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM (Prometheus shuts down cleanly on it), SIGKILL after ``timeout``."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        elif process is not None:
+            process.wait()  # reap it
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> PrometheusServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        _type: type[BaseException] | None,
+        _value: BaseException | None,
+        _tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def api(self, path: str, **params: str) -> Any:
+        """GET ``/api/v1/<path>``; the ``data`` of a successful answer."""
+        url = f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params)}"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                body = json.load(response)
+        except urllib.error.HTTPError as exc:
+            with exc:
+                raise AssertionError(f"Prometheus refused {params}: {exc.read()[:500]!r}") from exc
+        assert body["status"] == "success", body
+        return body["data"]
+
+    def query(self, promql: str) -> list[Sample]:
+        """Evaluate ``promql`` now; an instant vector (a scalar becomes one unlabelled sample)."""
+        data = self.api("query", query=promql)
+        if data["resultType"] == "scalar":
+            return [Sample({}, float(data["result"][1]))]
+        assert data["resultType"] == "vector", data
+        return [Sample(r["metric"], float(r["value"][1])) for r in data["result"]]
+
+    def by_mechanism(self, promql: str) -> dict[str, float]:
+        """``promql`` as mechanism → value (each mechanism must appear once)."""
+        result: dict[str, float] = {}
+        for sample in self.query(promql):
+            mechanism = sample.labels.get("mechanism", "")
+            assert mechanism not in result, f"{promql}: two series for {mechanism!r}"
+            result[mechanism] = sample.value
+        return result
+
+    def wait_until(self, condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+        """Poll ``condition`` (PromQL checks) until it holds; fail naming ``what`` otherwise."""
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                targets = self.api("targets")["activeTargets"]
+                health = [(t["scrapeUrl"], t["health"], t["lastError"]) for t in targets]
+                pytest.fail(f"Prometheus never showed {what} within {timeout} s; targets: {health}")
+            time.sleep(0.25)
+
+
+class FlowProcess:
+    """``privstream run ...`` as its own process serving ``/metrics`` on ``metrics_port``.
+
+    stdout and stderr go to files in ``workdir`` (read them with ``output()``); leaving the
+    context kills a flow that is still running, so a failing test leaves no process behind.
+    """
+
+    def __init__(
+        self, command: Sequence[str], metrics_port: int, workdir: Path, env: dict[str, str]
+    ) -> None:
+        self.metrics_port = metrics_port
+        self.stdout_path = workdir / "flow.stdout"
+        self.stderr_path = workdir / "flow.stderr"
+        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
+            self.process = subprocess.Popen(
+                [*command, "--metrics-port", str(metrics_port)],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                env=env,
+                cwd=workdir,  # Bytewax's dataflow API writes dataflow.json into the cwd
+            )
+
+    def output(self) -> tuple[str, str]:
+        """What the flow wrote so far to stdout and stderr."""
+        return (
+            self.stdout_path.read_text(errors="replace"),
+            self.stderr_path.read_text(errors="replace"),
+        )
+
+    def check_alive(self) -> None:
+        code = self.process.poll()
+        if code is not None:
+            pytest.fail(f"the flow exited early with code {code}:\n{self.output()[1][-3000:]}")
+
+    def get(self, path: str) -> str:
+        """A page of the flow's Bytewax dataflow API (``/metrics``, ``/dataflow``)."""
+        url = f"http://127.0.0.1:{self.metrics_port}{path}"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return str(response.read().decode("utf-8"))
+
+    def metrics(self) -> str:
+        """The text exposition of the flow's ``/metrics`` endpoint."""
+        return self.get("/metrics")
+
+    def wait_metrics(self, condition: Callable[[str], bool], what: str, timeout: float) -> str:
+        """The first exposition for which ``condition`` holds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.check_alive()
+            try:
+                text = self.metrics()
+                if condition(text):
+                    return text
+            except (urllib.error.URLError, OSError):
+                text = ""
+            if time.monotonic() > deadline:
+                pytest.fail(f"the flow's /metrics never showed {what}; last:\n{text[-3000:]}")
+            time.sleep(0.1)
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        """SIGTERM, then the exit code (fails when the flow does not stop in ``timeout`` s)."""
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            pytest.fail(f"the flow did not stop within {timeout} s of SIGTERM")
+
+    def __enter__(self) -> FlowProcess:
+        return self
+
+    def __exit__(
+        self,
+        _type: type[BaseException] | None,
+        _value: BaseException | None,
+        _tb: TracebackType | None,
+    ) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+
+def read_keyed(
+    settings: KafkaSettings,
+    topic: str,
+    keys: set[str],
+    flow: FlowProcess,
+    timeout: float = 60.0,
+) -> dict[str, dict[str, Any]]:
+    """The JSON messages of ``topic`` by key once every key in ``keys`` arrived (the output is
+    at-least-once: a repeated key must carry the same message). Fails early if the flow dies."""
+    seen: dict[str, bytes] = {}
+
+    def complete(messages: list[Any]) -> bool:
+        flow.check_alive()
+        for message in messages:
+            key = message.key().decode()
+            assert seen.setdefault(key, message.value()) == message.value(), (
+                f"two different messages for {key!r} on {topic!r}"
+            )
+        return keys <= seen.keys()
+
+    wait_for_messages(settings, topic, complete, timeout)
+    return {key: json.loads(value) for key, value in seen.items()}

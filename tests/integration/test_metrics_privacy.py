@@ -1,0 +1,381 @@
+"""The metrics disclose nothing private (design §7): no user identifier, no secret, no true count,
+and only the labels ``{stream, mechanism, reason, le}`` with configured or known values.
+
+``audit`` checks one text exposition against a ``Disclosure`` policy and returns every problem
+it finds. It is unit-tested on deliberately leaking fake metrics, then run on the ``/metrics`` of
+a real Kafka flow (fed good and bad events, its noise secret in ``PRIVSTREAM_SECRET``) and on
+``prometheus_client``'s default registry after an in-process synthetic run. The secret must not
+reach the flow's stdout/stderr, its ``/dataflow`` page, its outputs or its recovery store either.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client import Counter as PromCounter
+from prometheus_client.parser import text_string_to_metric_families
+
+from privstream.connectors.broker import free_port
+from privstream.connectors.events import REASONS
+from privstream.connectors.kafka import (
+    DEAD_LETTER_REASON_HEADER,
+    KafkaSettings,
+    wait_for_messages,
+)
+from privstream.connectors.synthetic import SyntheticStream
+
+from .conftest import PRIVSTREAM, Topics, cli_env, run_cli
+from .prometheus import FlowProcess, read_keyed
+
+PREFIX = "privstream_"
+ALLOWED_LABELS = frozenset({"stream", "mechanism", "reason", "le"})
+# A produced user id ("u0" .. "u{n-1}") as a token of its own.
+USER_ID = re.compile(r"(?<!\w)u\d+(?!\w)")
+SECRET = "PsSecret-7f3a9c1e-do-not-leak"
+
+
+@dataclass(frozen=True)
+class Disclosure:
+    """What a flow's metrics may show.
+
+    ``true_counts`` are the true per-slot counts of every value of the stream; ``public`` the
+    numbers anybody may know anyway (see ``public_numbers``). A metric value equal to a true
+    count that is not also public is a leak.
+    """
+
+    streams: frozenset[str]
+    mechanisms: frozenset[str]
+    secret: str
+    true_counts: frozenset[int]
+    public: frozenset[float]
+
+    @property
+    def forbidden(self) -> frozenset[int]:
+        return frozenset(c for c in self.true_counts if c not in self.public)
+
+
+def true_counts(stream: SyntheticStream) -> frozenset[int]:
+    """``truth(t)·n`` for every slot and every value: how many users held each value."""
+    counts = set()
+    for slot in range(1, stream.slots + 1):
+        for frequency in stream.truth(slot).tolist():
+            count = frequency * stream.users
+            assert abs(count - round(count)) < 1e-6, (slot, count)  # binary streams only
+            counts.add(round(count))
+    return frozenset(counts)
+
+
+def numbers(item: Any) -> Iterator[float]:
+    """Every number inside a JSON value."""
+    if isinstance(item, bool):
+        return
+    if isinstance(item, (int, float)):
+        yield float(item)
+    elif isinstance(item, dict):
+        for value in item.values():
+            yield from numbers(value)
+    elif isinstance(item, (list, tuple)):
+        for value in item:
+            yield from numbers(value)
+
+
+def public_numbers(
+    users: int, slots: int, window: int, epsilon: float, published: Iterable[Any]
+) -> frozenset[float]:
+    """The values a metric may take even when they coincide with a true count.
+
+    The rule: a number is trivially public when it follows from the configuration alone or
+    was already published by the flow as differentially private output —
+
+    * 0 and 1 (flags, untouched counters), ε, w, n and T;
+    * every integer 1..T: slot indices and counts of slots, steps, releases of each kind;
+    * ``n·t`` for t in 0..T: events accepted after t complete slots — every registered user
+      reports at every slot, so the volume of the stream is known; its split by value is not;
+    * every number in the releases and ledger entries the flow published (post-processing of
+      DP output, e.g. ``window_users``/``available_users`` of population division).
+
+    Every other metric value equal to a true per-slot count of some value is a leak.
+    """
+    public = {0.0, 1.0, float(epsilon), float(window), float(users), float(slots)}
+    public.update(float(t) for t in range(1, slots + 1))
+    public.update(float(users * t) for t in range(slots + 1))
+    for item in published:
+        public.update(numbers(item))
+    return frozenset(public)
+
+
+def audit(exposition: str, policy: Disclosure) -> list[str]:
+    """Every way ``exposition`` (Prometheus text format) breaks ``policy``; [] when it is clean."""
+    problems = []
+    if policy.secret in exposition:
+        problems.append("the secret appears in the exposition")
+    for number, line in enumerate(exposition.splitlines(), 1):
+        if PREFIX in line and (found := USER_ID.search(line)):
+            problems.append(f"line {number}: user id {found.group()!r} in {line!r}")
+    forbidden = policy.forbidden
+    allowed = {"stream": policy.streams | {""}, "mechanism": policy.mechanisms, "reason": REASONS}
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            if not sample.name.startswith(PREFIX):
+                continue
+            where = f"{sample.name}{sample.labels}"
+            for label in sorted(set(sample.labels) - ALLOWED_LABELS):
+                problems.append(f"{where}: label {label!r} is not one of {sorted(ALLOWED_LABELS)}")
+            for label, text in sample.labels.items():
+                if label == "le":
+                    try:
+                        float(text)
+                    except ValueError:
+                        problems.append(f"{where}: bucket bound {text!r} is not a number")
+                elif label in allowed and text not in allowed[label]:
+                    problems.append(f"{where}: {label}={text!r} is not configured or known")
+            value = float(sample.value)
+            if not math.isfinite(value):
+                continue
+            nearest = round(value)
+            if nearest in forbidden and abs(value - nearest) <= 1e-9 * max(1.0, abs(value)):
+                problems.append(f"{where} = {value!r} equals a true per-slot count")
+    return problems
+
+
+# -- the checker itself ---------------------------------------------------------------------------
+
+POLICY = Disclosure(
+    streams=frozenset({"sin"}),
+    mechanisms=frozenset({"LBU"}),
+    secret=SECRET,
+    true_counts=frozenset({456, 4544, 5000}),
+    public=public_numbers(5000, 60, 20, 1.0, [{"users_m2": 4544}]),
+)
+
+
+def fake_exposition(leak: str | None = None) -> str:
+    """A small exposition in privstream's shape, optionally with one deliberate leak."""
+    registry = CollectorRegistry()
+    spent = Gauge(
+        PREFIX + "window_budget_spent", "Spend.", ["stream", "mechanism"], registry=registry
+    )
+    spent.labels("sin", "LBU").set(0.5)
+    Gauge(PREFIX + "population", "n.", ["stream", "mechanism"], registry=registry).labels(
+        "sin", "LBU"
+    ).set(5000)
+    used = Gauge(PREFIX + "users_used", "Used.", ["stream", "mechanism"], registry=registry)
+    used.labels("sin", "LBU").set(4544)  # a true count, but published already: allowed
+    rejected = PromCounter(
+        PREFIX + "events_rejected", "Dead letters.", ["stream", "reason"], registry=registry
+    )
+    rejected.labels("", "unknown_stream").inc()
+    if leak == "true count":
+        Gauge(PREFIX + "ones", "Ones.", ["stream"], registry=registry).labels("sin").set(456)
+    elif leak == "true count as a float":
+        Gauge(PREFIX + "ones", "Ones.", ["stream"], registry=registry).labels("sin").set(
+            (1 - 0.9088) * 5000  # 455.9999999999997: a frequency times n
+        )
+    elif leak == "user label":
+        Gauge(PREFIX + "last_report", "Slot.", ["user"], registry=registry).labels("u3").set(7)
+    elif leak == "user as stream":
+        rejected.labels("u3", "unknown_stream").inc()
+    elif leak == "unknown reason":
+        rejected.labels("sin", "made_up_reason").inc()
+    elif leak == "unknown mechanism":
+        spent.labels("sin", "XYZ").set(0.1)
+    elif leak == "secret":
+        Gauge(PREFIX + "seeded", f"Noise from {SECRET}.", registry=registry).set(1)
+    elif leak == "user in help":
+        Gauge(PREFIX + "first_user", "First user was u4999.", registry=registry).set(1)
+    return generate_latest(registry).decode()
+
+
+def test_audit_passes_a_clean_exposition() -> None:
+    assert POLICY.forbidden == {456}  # n and the published 4544 are public
+    assert audit(fake_exposition(), POLICY) == []
+
+
+@pytest.mark.parametrize(
+    ("leak", "expected"),
+    [
+        ("true count", "= 456.0 equals a true per-slot count"),
+        ("true count as a float", "= 455.9999999999997 equals a true per-slot count"),
+        ("user label", "label 'user' is not one of"),
+        ("user as stream", "stream='u3' is not configured"),
+        ("unknown reason", "reason='made_up_reason' is not configured"),
+        ("unknown mechanism", "mechanism='XYZ' is not configured"),
+        ("secret", "the secret appears"),
+        ("user in help", "user id 'u4999'"),
+    ],
+)
+def test_audit_catches_a_deliberate_leak(leak: str, expected: str) -> None:
+    problems = audit(fake_exposition(leak), POLICY)
+    assert any(expected in p for p in problems), problems
+
+
+# -- a running Kafka flow -------------------------------------------------------------------------
+
+USERS, SLOTS, WINDOW, EPSILON, DATA_SEED = 4000, 40, 10, 1.0, 3
+MECHANISMS = ("LBU", "LPA", "LBA")
+# Bad events after the stream, with user ids that must not reach the metrics.
+BAD_EVENTS = {
+    "late_event": (b'{"stream":"sin","user":"u9","slot":5,"value":1}', "sin"),
+    "out_of_domain": (b'{"stream":"sin","user":"u11","slot":41,"value":7}', "sin"),
+    "unknown_stream": (b'{"stream":"u17","user":"u17","slot":3,"value":1}', ""),
+    "missing_field": (b'{"stream":"sin","user":"u23","slot":41}', "sin"),
+    "malformed_json": (b'{"stream":"sin","user":"u29", not json', ""),
+}
+
+
+def produce_raw(settings: KafkaSettings, topic: str, payloads: list[bytes]) -> None:
+    """Write ``payloads`` as they are (the producer is destroyed on return)."""
+    producer = Producer(settings.client_config())
+    for payload in payloads:
+        producer.produce(topic, payload)
+    assert producer.flush(30) == 0
+
+
+def sample_values(exposition: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """Samples called ``name``: sorted label pairs → value."""
+    return {
+        tuple(sorted(s.labels.items())): s.value
+        for family in text_string_to_metric_families(exposition)
+        for s in family.samples
+        if s.name == name
+    }
+
+
+def test_metrics_of_a_kafka_flow_disclose_nothing_private(
+    kafka: KafkaSettings, topics: Topics, tmp_path: Path
+) -> None:
+    run_cli(
+        "produce", "--bootstrap", kafka.bootstrap, "--topic", topics.events, "--dataset", "sin",
+        "--users", str(USERS), "--slots", str(SLOTS), "--seed", str(DATA_SEED), "--no-progress",
+    )  # fmt: skip
+    produce_raw(kafka, topics.events, [payload for payload, _stream in BAD_EVENTS.values()])
+
+    recovery = tmp_path / "recovery"
+    command = [
+        *PRIVSTREAM, "run", "ldp-ids", "--dataset", "sin", "--mechanism", ",".join(MECHANISMS),
+        "--users", str(USERS), "--window", str(WINDOW), "--epsilon", str(EPSILON),
+        "--recovery-dir", str(recovery), "--snapshot-interval", "0.5",
+        *topics.run_flags(kafka),
+    ]  # fmt: skip
+    expected = {f"sin/{m}/{t}" for m in MECHANISMS for t in range(1, SLOTS + 1)}
+    with FlowProcess(command, free_port(), tmp_path, cli_env(PRIVSTREAM_SECRET=SECRET)) as flow:
+        releases = read_keyed(kafka, topics.releases, expected, flow)
+        ledger = read_keyed(kafka, topics.ledger, expected, flow)
+        dead = wait_for_messages(kafka, topics.dlq, lambda got: len(got) >= len(BAD_EVENTS), 60)
+
+        def settled(text: str) -> bool:
+            last = list(sample_values(text, PREFIX + "last_released_slot").values())
+            rejected = sum(sample_values(text, PREFIX + "events_rejected_total").values())
+            return last == [SLOTS] * len(MECHANISMS) and rejected == len(BAD_EVENTS)
+
+        exposition = flow.wait_metrics(settled, "every slot and every dead letter", 30)
+        dataflow = flow.get("/dataflow")  # the API's other page, served on the same port
+        assert flow.terminate() == 0, flow.output()[1][-3000:]
+
+    # The flow did what the metrics are about: the checks below look at real numbers.
+    reasons = sorted(dict(m.headers())[DEAD_LETTER_REASON_HEADER].decode() for m in dead)
+    assert reasons == sorted(BAD_EVENTS)
+    rejected = sample_values(exposition, PREFIX + "events_rejected_total")
+    assert rejected == {
+        (("reason", reason), ("stream", stream)): 1.0
+        for reason, (_payload, stream) in BAD_EVENTS.items()
+    }
+    assert sample_values(exposition, PREFIX + "late_events_total") == {(("stream", "sin"),): 1.0}
+    assert sample_values(exposition, PREFIX + "events_total") == {
+        (("stream", "sin"),): float(USERS * SLOTS)
+    }
+    families = {f.name for f in text_string_to_metric_families(exposition)}
+    assert len({f for f in families if f.startswith(PREFIX)}) >= 18, families
+
+    synthetic = SyntheticStream("sin", USERS, SLOTS, seed=DATA_SEED)
+    policy = Disclosure(
+        streams=frozenset({"sin"}),
+        mechanisms=frozenset(MECHANISMS),
+        secret=SECRET,
+        true_counts=true_counts(synthetic),
+        public=public_numbers(
+            USERS, SLOTS, WINDOW, EPSILON, [*releases.values(), *ledger.values()]
+        ),
+    )
+    assert len(policy.forbidden) >= SLOTS, "the true-count check must have counts to look for"
+    assert audit(exposition, policy) == []
+
+    # The secret is nowhere: not in the process output, the outputs, or the recovery store.
+    stdout, stderr = flow.output()
+    assert "received SIGTERM" in stderr
+    for where, text in [
+        ("stdout", stdout),
+        ("stderr", stderr),
+        ("/dataflow page", dataflow),
+        ("releases", json.dumps(releases)),
+        ("ledger", json.dumps(ledger)),
+    ]:
+        assert SECRET not in text, f"the secret appears in the flow's {where}"
+    store = [p for p in recovery.rglob("*") if p.is_file()]
+    assert store, "the recovery store must hold snapshots"
+    blobs = b"".join(p.read_bytes() for p in store)
+    # Snapshots are plain pickles in SQLite, so a byte search sees what the state holds.
+    assert b"privstream.operators.slotting" in blobs and b"tallies" in blobs
+    for form in (SECRET.encode(), SECRET.encode().hex().encode(), SECRET.encode("utf-16-le")):
+        assert form not in blobs, f"the secret appears in the recovery store as {form!r}"
+
+
+# -- prometheus_client's default registry after an in-process run --------------------------------
+
+IN_PROCESS = """
+import os, sys
+from bytewax.testing import run_main
+from prometheus_client import REGISTRY, generate_latest
+from privstream.flows.ldp_ids import build
+
+dataset, mechanisms, users, slots, seed, out, ledger = sys.argv[1:]
+flow = build(dataset=dataset, mechanisms=mechanisms, users=int(users), slots=int(slots),
+             window=10, seed=int(seed), out=out, ledger_out=ledger,
+             secret=os.environ["PRIVSTREAM_SECRET"].encode())
+run_main(flow)
+sys.stdout.write(generate_latest(REGISTRY).decode())
+"""
+
+
+def test_default_registry_after_an_in_process_run_discloses_nothing_private(
+    tmp_path: Path,
+) -> None:
+    users, slots, seed = 3000, 50, 13
+    out, ledger_out = tmp_path / "releases.jsonl", tmp_path / "ledger.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-c", IN_PROCESS, "lns", ",".join(MECHANISMS), str(users), str(slots),
+         str(seed), str(out), str(ledger_out)],
+        capture_output=True, text=True, timeout=120, env=cli_env(PRIVSTREAM_SECRET=SECRET),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    exposition = done.stdout
+    releases = [json.loads(line) for line in out.read_text().splitlines()]
+    ledger = [json.loads(line) for line in ledger_out.read_text().splitlines()]
+    assert len(releases) == len(ledger) == slots * len(MECHANISMS)
+
+    last = sample_values(exposition, PREFIX + "last_released_slot")
+    assert last == {(("mechanism", m), ("stream", "lns")): float(slots) for m in MECHANISMS}
+    assert sample_values(exposition, PREFIX + "events_total") == {
+        (("stream", "lns"),): float(users * slots)
+    }
+    policy = Disclosure(
+        streams=frozenset({"lns"}),
+        mechanisms=frozenset(MECHANISMS),
+        secret=SECRET,
+        true_counts=true_counts(SyntheticStream("lns", users, slots, seed=seed)),
+        public=public_numbers(users, slots, 10, 1.0, [*releases, *ledger]),
+    )
+    assert len(policy.forbidden) >= slots
+    assert audit(exposition, policy) == []
+    assert SECRET not in done.stderr
