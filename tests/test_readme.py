@@ -20,3 +20,18 @@ def test_readme_python_example_runs() -> None:
 def test_readme_names_the_two_commands() -> None:
     text = README.read_text()
     assert "make demo" in text and "make test" in text
+
+
+def test_readme_documents_every_exported_metric() -> None:
+    from prometheus_client import REGISTRY
+
+    import privstream.operators.metrics  # noqa: F401 - registers the metrics
+
+    # Counters are exposed with a _total suffix that the family name leaves off.
+    exported = {
+        m.name + ("_total" if m.type == "counter" else "")
+        for m in REGISTRY.collect()
+        if m.name.startswith("privstream_")
+    }
+    documented = set(re.findall(r"^\| `(privstream_[a-z_]+)` \|", README.read_text(), re.M))
+    assert len(exported) >= 19 and documented == exported
