@@ -357,3 +357,38 @@ def test_flow_rejects_a_recovery_store_of_another_topic(
     )  # fmt: skip
     assert done.returncode != 0
     assert "use a new recovery directory" in done.stderr
+
+
+def test_broker_command_serves_until_sigterm() -> None:
+    proc = subprocess.Popen(
+        [*PRIVSTREAM, "broker"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=cli_env(),
+    )  # fmt: skip
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    assert line.startswith("PRIVSTREAM_BOOTSTRAP=127.0.0.1:")
+    settings = KafkaSettings.from_options(
+        None, environ={"PRIVSTREAM_BOOTSTRAP": line.split("=")[1]}
+    )
+    assert existing_topics(settings) == {}
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "embedded broker stopped" in err
+
+
+def test_settings_come_from_flags_and_environment_and_hide_secrets() -> None:
+    env = {
+        "PRIVSTREAM_BOOTSTRAP": "a:1,b:2",
+        "PRIVSTREAM_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        "PRIVSTREAM_KAFKA_SASL_PASSWORD": "hunter2",
+    }
+    settings = KafkaSettings.from_options(None, ["sasl.mechanism=PLAIN"], environ=env)
+    assert settings.brokers == ("a:1", "b:2")
+    assert settings.client_config()["security.protocol"] == "SASL_SSL"
+    assert settings.client_config()["sasl.mechanism"] == "PLAIN"
+    assert "hunter2" not in repr(settings)
+    assert KafkaSettings.from_options("c:3", environ=env).brokers == ("c:3",)
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        KafkaSettings.from_options("c:3", ["oops"], environ={})
+    with pytest.raises(ValueError, match="bootstrap"):
+        KafkaSettings.from_options(None, environ={})
