@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,11 @@ TOPICS = {"events": "events", "releases": "releases", "dead_letters": "dead-lett
           "ledger": "ledger"}  # fmt: skip
 
 
-def group_releases(lines: list[bytes | str]) -> dict[str, list[dict[str, Any]]]:
+def say(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
+def group_releases(lines: Sequence[bytes | str]) -> dict[str, list[dict[str, Any]]]:
     """Releases per mechanism, ordered by slot, one per release id (the output is
     at-least-once: a replayed release is byte-identical, so any copy will do)."""
     unique = {}
@@ -105,7 +109,6 @@ def run_demo(
     out_dir.mkdir(parents=True, exist_ok=True)
     names = list(MECHANISMS)
     stream = SyntheticStream("sin", users, slots, seed=seed)
-    say = lambda text: print(text, file=sys.stderr)  # noqa: E731
     say(
         f"privstream demo: {', '.join(names)} on Sin over Kafka, n={users}, T={slots}, "
         f"ε={epsilon}, w={window}"
