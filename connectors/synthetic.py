@@ -34,6 +34,20 @@ def lns_probabilities(
     return p
 
 
+def tlns_probabilities(
+    slots: int, rng: np.random.Generator, p0: float = 0.05, sqrt_q: float = 0.0025
+) -> NDArray[np.float64]:
+    """TLNS of spec personalized-w-event §6.2: ``p_t = clip_[0,1](p_{t−1} + N(0, Q))`` with the
+    paper's ``p_0 = 0.05`` (A24) and ``√Q = 0.0025``; clipped, where LNS above reflects at 0."""
+    p = np.empty(slots)
+    prev = p0
+    steps = rng.normal(0.0, sqrt_q, size=slots)
+    for t in range(slots):
+        prev = min(1.0, max(0.0, prev + steps[t]))
+        p[t] = prev
+    return p
+
+
 def sin_probabilities(
     slots: int, a: float = 0.05, b: float = 0.01, h: float = 0.075
 ) -> NDArray[np.float64]:

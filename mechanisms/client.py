@@ -1,4 +1,6 @@
-"""The privacy boundary: server logic asks a ``ClientPort`` for reports, never for raw values.
+"""The privacy boundary of each trust mode (design §4): what server logic may ask about users.
+
+``ClientPort`` (``ldp-simulated``): server logic asks for reports, never for raw values.
 
 ``SimulatedClientPort`` is the ``ldp-simulated`` trust mode (design §4, spec §6.2): it holds the
 population's current raw values and runs the user side of the protocol on behalf of each
@@ -8,15 +10,23 @@ selected user. Two paths produce the same distribution of support counts:
 * ``"aggregate"`` draws the support counts directly from their exact distribution given the
   selected users' true value counts (multinomial/binomial draws). Oracles without an exact fast
   path (OLH, HM) fall back to the per-user path.
+
+``CuratorPort`` (``cdp``, spec personalized-w-event §1.1, §9.2): the server is a trusted curator
+that sees raw values, so the port hands the mechanism the true histogram of each privacy class.
+``SimulatedCurator`` builds it from the same dense per-user value array as
+``SimulatedClientPort`` plus the stream's ``Requirements`` (every user's ``(ε_i, w_i)``, fixed for
+the stream's life, spec §1.1). Only what a mechanism releases is public; nothing here is.
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import EstimationTask
@@ -115,3 +125,220 @@ class SimulatedClientPort:
             support = oracle.support(reports, eps)
         estimate = self._task.decode(oracle.estimate(support, eps, m))
         return Aggregate(estimate, m, m * oracle.report_bits(eps), oracle.name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Trusted curator (cdp)
+# ---------------------------------------------------------------------------------------------
+
+NO_WINDOW = 0  # marker of a user without a window preference in a ``Requirements`` array
+
+
+@dataclass(frozen=True)
+class PrivacyClasses:
+    """The distinct requirements of a registered population (spec §9.3).
+
+    Class ``c`` holds the ``sizes[c]`` users whose resolved requirement is
+    ``(windows[c], epsilons[c])``; classes are sorted by window, then budget. ``members[i]`` is
+    user ``i``'s class. ``digest`` fingerprints the assignment (no ids, no values) so a mechanism
+    can refuse a stream whose requirements change under it.
+    """
+
+    windows: NDArray[np.int64]
+    epsilons: NDArray[np.float64]
+    sizes: NDArray[np.int64]
+    members: NDArray[np.intp]
+    digest: str
+
+    @property
+    def count(self) -> int:
+        """``m``, the number of classes."""
+        return int(self.windows.shape[0])
+
+
+class Requirements:
+    """Every registered user's privacy requirement ``(ε_i, w_i)`` for one stream (spec §1.1).
+
+    ``epsilons[i]`` is user ``i``'s budget (NaN: no preference) and ``windows[i]`` their window
+    (``0``: no preference); either array may be None when nobody states that preference, and
+    then ``population`` gives the user count. Users without a preference get the mechanism's
+    stream default (its ``Config.epsilon``/``Config.window``), resolved in ``classes``.
+
+    Build it once per stream from the user registry and hand it to every slot's
+    ``SimulatedCurator``: the class table is computed once per default and memoised here.
+    Requirements are public metadata (spec §1.1, A2) but user ids are not: this object holds
+    dense indices only.
+    """
+
+    def __init__(
+        self,
+        epsilons: ArrayLike | None = None,
+        windows: ArrayLike | None = None,
+        *,
+        population: int | None = None,
+    ) -> None:
+        eps = None if epsilons is None else np.array(epsilons, dtype=np.float64).reshape(-1)
+        win = None if windows is None else np.array(windows, dtype=np.float64).reshape(-1)
+        sizes = {a.shape[0] for a in (eps, win) if a is not None}
+        if population is not None:
+            sizes.add(population)
+        if len(sizes) != 1:
+            raise ValueError(
+                f"epsilons, windows and population must describe one population, got sizes {sorted(sizes)}"
+            )
+        n = sizes.pop()
+        if n < 1:
+            raise ValueError(f"population must be >= 1 users, got {n}")
+        if eps is not None and not np.all(np.isnan(eps) | (np.isfinite(eps) & (eps > 0))):
+            raise ValueError("epsilons must be positive finite budgets (NaN: no preference)")
+        if win is not None and not np.all(
+            np.isfinite(win) & (win == np.floor(win)) & ((win >= 1) | (win == NO_WINDOW))
+        ):
+            raise ValueError("windows must be integers >= 1 (0: no preference)")
+        self.population = int(n)
+        self._epsilons = eps
+        self._windows = None if win is None else win.astype(np.int64)
+        for a in (self._epsilons, self._windows):
+            if a is not None:
+                a.flags.writeable = False
+        self._memo: dict[tuple[float, int], PrivacyClasses] = {}
+
+    def classes(self, default_epsilon: float, default_window: int) -> PrivacyClasses:
+        """The class table with every missing preference replaced by the stream default."""
+        if not (math.isfinite(default_epsilon) and default_epsilon > 0) or default_window < 1:
+            raise ValueError(
+                f"default requirement must be ε > 0 and w >= 1, got ({default_epsilon!r}, {default_window!r})"
+            )
+        key = (float(default_epsilon), int(default_window))
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = self._resolve(*key)
+        return found
+
+    def _resolve(self, default_epsilon: float, default_window: int) -> PrivacyClasses:
+        n = self.population
+        eps = (
+            np.full(n, default_epsilon)
+            if self._epsilons is None
+            else np.where(np.isnan(self._epsilons), default_epsilon, self._epsilons)
+        )
+        win = (
+            np.full(n, default_window, dtype=np.int64)
+            if self._windows is None
+            else np.where(self._windows == NO_WINDOW, default_window, self._windows)
+        )
+        if self._epsilons is None and self._windows is None:
+            members = np.zeros(n, dtype=np.intp)
+            table = np.array([[default_window, default_epsilon]])
+        else:
+            pairs = np.stack([win.astype(np.float64), eps], axis=1)
+            table, inverse = np.unique(pairs, axis=0, return_inverse=True)
+            members = np.asarray(inverse, dtype=np.intp).reshape(-1)
+        windows = table[:, 0].astype(np.int64)
+        epsilons = np.ascontiguousarray(table[:, 1])
+        sizes = np.bincount(members, minlength=windows.shape[0]).astype(np.int64)
+        h = hashlib.blake2b(digest_size=16)
+        for part in (windows, epsilons, members.astype(np.int64)):
+            h.update(np.ascontiguousarray(part).tobytes())
+        for a in (windows, epsilons, sizes, members):
+            a.flags.writeable = False
+        return PrivacyClasses(windows, epsilons, sizes, members, h.hexdigest())
+
+    def __repr__(self) -> str:  # never print per-user requirements
+        return f"Requirements(population={self.population})"
+
+
+@dataclass(frozen=True)
+class ClassHistogram:
+    """The true per-class histograms of one slot: ``counts[c, j]`` users of class ``c`` whose
+    value is bin ``j`` (spec §9.2 ``SlotInput``). ``sizes[c]`` is the class's registered size
+    ``n_c`` (public, used by OBS); ``counts`` only covers users with a current value.
+
+    Behind the privacy boundary: a mechanism may add noise to it, never release it.
+    """
+
+    windows: NDArray[np.int64]
+    epsilons: NDArray[np.float64]
+    sizes: NDArray[np.int64]
+    counts: NDArray[np.int64]
+    digest: str
+
+    @property
+    def total(self) -> NDArray[np.int64]:
+        """The true histogram ``c_t`` of the whole population."""
+        out: NDArray[np.int64] = self.counts.sum(axis=0)
+        return out
+
+    def __repr__(self) -> str:  # never print true counts
+        return f"ClassHistogram(classes={self.windows.shape[0]}, d={self.counts.shape[1]})"
+
+
+@runtime_checkable
+class CuratorPort(Protocol):
+    """Server-side view of one stream at one slot in the trusted-curator (``cdp``) mode."""
+
+    @property
+    def population(self) -> int:
+        """Registered population size ``n``."""
+        ...
+
+    def class_histogram(self, default_epsilon: float, default_window: int) -> ClassHistogram:
+        """The slot's true histogram per privacy class, users without a preference resolved to
+        ``(default_epsilon, default_window)``."""
+        ...
+
+
+class SimulatedCurator:
+    """The trusted curator over a dense per-user value array (``-1``/NaN: no current value).
+
+    Built per slot exactly like ``SimulatedClientPort``, with the stream's ``Requirements`` in
+    place of the randomness: the curator draws nothing, the mechanism samples and adds noise.
+    """
+
+    def __init__(
+        self,
+        values: NDArray[np.float64] | NDArray[np.int64],
+        task: EstimationTask,
+        requirements: Requirements,
+    ) -> None:
+        if task.kind != "frequency":
+            raise ValueError(
+                f"the curator releases histograms; task must be a FrequencyTask, got {task!r}"
+            )
+        if values.shape[0] != requirements.population:
+            raise ValueError(
+                f"values hold {values.shape[0]} users but the requirements describe {requirements.population}"
+            )
+        self._values = values
+        self._task = task
+        self._requirements = requirements
+        self._eligible = ~absent_mask(values)
+        self._memo: dict[tuple[float, int], ClassHistogram] = {}
+
+    @property
+    def population(self) -> int:
+        return int(self._values.shape[0])
+
+    def eligible(self) -> NDArray[np.bool_]:
+        return self._eligible
+
+    def class_histogram(self, default_epsilon: float, default_window: int) -> ClassHistogram:
+        key = (float(default_epsilon), int(default_window))
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = self._histogram(*key)
+        return found
+
+    def _histogram(self, default_epsilon: float, default_window: int) -> ClassHistogram:
+        classes = self._requirements.classes(default_epsilon, default_window)
+        d, m = self._task.d, classes.count
+        everyone = bool(self._eligible.all())
+        raw = self._values if everyone else self._values[self._eligible]
+        members = classes.members if everyone else classes.members[self._eligible]
+        bins = np.asarray(self._task.encode(raw), dtype=np.int64)
+        if bins.size and (bins.min() < 0 or bins.max() >= d):
+            raise ValueError(f"a current value lies outside the domain 0..{d - 1}")
+        counts = np.bincount(members * d + bins, minlength=m * d).reshape(m, d)
+        return ClassHistogram(
+            classes.windows, classes.epsilons, classes.sizes, counts, classes.digest
+        )

@@ -12,9 +12,9 @@ import copy
 import math
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar, cast
 
-from privstream.mechanisms.client import ClientPort
+from privstream.mechanisms.client import ClientPort, CuratorPort
 from privstream.mechanisms.errors import IncompatibleState
 from privstream.mechanisms.seeding import SlotRandomness
 
@@ -25,12 +25,43 @@ Division = Literal["budget", "population"]
 @dataclass(frozen=True)
 class Slot:
     """One timestamp of one stream: its index, its users (behind the privacy boundary) and the
-    seeded randomness for it."""
+    seeded randomness for it.
+
+    ``port`` is the trust mode's view of the users (design §4): a ``ClientPort`` for the LDP
+    modes, a ``CuratorPort`` for ``cdp``. Mechanisms read it through ``client`` or ``curator``,
+    which refuse the other mode's port.
+    """
 
     stream: str
     index: int
-    client: ClientPort
+    port: ClientPort | CuratorPort
     randomness: SlotRandomness
+
+    @property
+    def client(self) -> ClientPort:
+        """The LDP clients of this slot; a trusted curator's port is refused."""
+        if _is_curator(self.port):
+            raise TypeError(
+                f"slot {self.index} of stream {self.stream!r} carries a trusted curator (cdp); "
+                "this mechanism needs LDP clients (a ClientPort)"
+            )
+        return cast(ClientPort, self.port)
+
+    @property
+    def curator(self) -> CuratorPort:
+        """The trusted curator of this slot (``cdp``); an LDP client port is refused."""
+        if not _is_curator(self.port):
+            raise TypeError(
+                f"slot {self.index} of stream {self.stream!r} carries LDP clients; "
+                "this mechanism needs a trusted curator (a CuratorPort, trust mode cdp)"
+            )
+        return cast(CuratorPort, self.port)
+
+
+def _is_curator(port: object) -> bool:
+    """The ports differ in their request method; checking it is much cheaper than
+    ``isinstance`` against a runtime-checkable protocol, and this runs every slot."""
+    return callable(getattr(port, "class_histogram", None))
 
 
 @dataclass(frozen=True)
@@ -69,6 +100,29 @@ class Release:
 
 
 @dataclass(frozen=True)
+class ClassSpend:
+    """One privacy class's budget after one slot (spec personalized-w-event §9.4).
+
+    Every member of the class (``users`` registered users sharing ``(window, epsilon)``) was
+    charged ``epsilon_dc + epsilon_pub`` at this slot and ``window_spent`` over the class's own
+    window ending here, never above ``epsilon`` (invariant C1). Class sizes are public metadata
+    (spec §1.1, A2); no user is named.
+    """
+
+    window: int
+    epsilon: float
+    users: int
+    epsilon_dc: float
+    epsilon_pub: float
+    window_spent: float
+
+    @property
+    def spent_ratio(self) -> float:
+        """``window_spent / ε``, at most 1 (the ``dp_class_window_spent_ratio`` gauge)."""
+        return self.window_spent / self.epsilon
+
+
+@dataclass(frozen=True)
 class LedgerEntry:
     """The ledger after one slot: spend in the window ending at this slot and what is left.
 
@@ -76,6 +130,11 @@ class LedgerEntry:
     the window, never above ``epsilon``); population division fills the ``users_*`` fields
     (``window_users`` reported in the window, ``available_users`` = ``|U_A|`` for the next
     slot). ``remaining`` is ``ε_rm``/absorbable budget or ``n_rm``/absorbable users.
+
+    Personalized mechanisms (spec personalized-w-event) charge each privacy class differently:
+    ``classes`` holds every class's ``ClassSpend``, and the scalar fields describe the class
+    closest to its limit at this slot (largest ``window_spent/ε``). It is None for the
+    families whose users all share one requirement.
     """
 
     stream: str
@@ -92,6 +151,7 @@ class LedgerEntry:
     window_users: int
     available_users: int
     remaining: float
+    classes: tuple[ClassSpend, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -6,14 +6,18 @@
 * ``PopulationLedger`` — population division (Thm 5.2): per-user last report slot in a dense
   array keyed by the stable user index. Invariant: a user reports at most once in any ``w``
   consecutive slots, i.e. two report slots ``s < s'`` satisfy ``s' − s ≥ w``.
+* ``PersonalizedLedger`` — personalized w-event privacy (spec personalized-w-event §1.4, §9.3):
+  one sliding sum per privacy class ``(w_c, ε_c)``, never per user. Invariant (C1): for every
+  class and slot, ``Σ_{k=max(1,t−w_c+1)}^{t} ε_{c,k} ≤ ε_c``.
 
-Both raise ``PrivacyBudgetExceeded`` before the charge takes effect, so nothing derived from an
-over-budget report can be released. Slots here are the mechanism's step counter ``t ≥ 1``.
+All three raise ``PrivacyBudgetExceeded`` before the charge takes effect, so nothing derived from
+an over-budget report can be released. Slots here are the mechanism's step counter ``t ≥ 1``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -21,6 +25,7 @@ from numpy.typing import NDArray
 from privstream.mechanisms.errors import PrivacyBudgetExceeded
 
 TOLERANCE = 1e-12  # float slack on budget sums (spec §1.6 invariant 1)
+RELATIVE_TOLERANCE = 1e-9  # float slack of a personalized class's window sum (spec §9.3 M9)
 NEVER = np.iinfo(np.int64).min // 2  # "last report slot" of a user who never reported
 
 
@@ -167,3 +172,118 @@ class PopulationLedger:
     def window_users(self, t: int) -> int:
         """``Σ_{i=t−w+1}^{t} (|U_{i,1}| + |U_{i,2}|)``."""
         return self.used(t - self.window + 1, t)
+
+
+LedgerPart = Literal["dc", "pub"]
+
+
+@dataclass
+class PersonalizedLedger:
+    """Per-class sliding budget of one stream under personalized w-event privacy.
+
+    A class ``c`` is the set of users sharing one requirement ``(w_c, ε_c)``; every budget of
+    PBD/PBA and the baselines is the same for all its members (spec §9.3), so the ledger keeps
+    ``m`` sliding sums however many users there are. ``dc`` and ``pub`` hold, per class, what
+    the dissimilarity part (PartDC) and the publication part (PartNOP) charged at the slot in
+    ring position ``t mod W`` (``W = max_c w_c``); ``slots`` says which slot wrote a position, so
+    stale positions read as zero. Charges must come in slot order.
+    """
+
+    windows: NDArray[np.int64]
+    epsilons: NDArray[np.float64]
+    last: int = 0
+    slots: NDArray[np.int64] = field(init=False)
+    dc: NDArray[np.float64] = field(init=False)
+    pub: NDArray[np.float64] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.windows = np.array(self.windows, dtype=np.int64).reshape(-1)
+        self.epsilons = np.array(self.epsilons, dtype=np.float64).reshape(-1)
+        if self.windows.size == 0 or self.windows.shape != self.epsilons.shape:
+            raise ValueError("a personalized ledger needs one (w, ε) per class, at least one class")
+        if np.any(self.windows < 1):
+            raise ValueError(f"class windows must be >= 1, got {self.windows.tolist()}")
+        if not np.all(np.isfinite(self.epsilons) & (self.epsilons > 0)):
+            raise ValueError(
+                f"class budgets must be positive and finite, got {self.epsilons.tolist()}"
+            )
+        ring = int(self.windows.max())
+        self.slots = np.full(ring, NEVER, dtype=np.int64)
+        self.dc = np.zeros((self.classes, ring))
+        self.pub = np.zeros((self.classes, ring))
+
+    @property
+    def classes(self) -> int:
+        return int(self.windows.shape[0])
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> PersonalizedLedger:
+        # Mechanism.step copies the state every slot; the ledger is arrays and ints only.
+        new = object.__new__(type(self))
+        new.__dict__.update(
+            {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in self.__dict__.items()}
+        )
+        return new
+
+    def spent(
+        self, lo: NDArray[np.int64] | int, hi: int, part: str = "both"
+    ) -> NDArray[np.float64]:
+        """Per class, the budget charged at slots ``lo_c..hi`` (inclusive) by PartDC, PartNOP or
+        both; ``lo`` is one slot or one slot per class."""
+        lo_c = np.asarray(lo, dtype=np.int64).reshape(-1, 1)
+        live = (self.slots >= lo_c) & (self.slots <= hi)
+        if part == "dc":
+            charged = self.dc
+        elif part == "pub":
+            charged = self.pub
+        else:
+            charged = self.dc + self.pub
+        out: NDArray[np.float64] = np.where(live, charged, 0.0).sum(axis=1)
+        return out
+
+    def window_spent(self, t: int) -> NDArray[np.float64]:
+        """``Σ_{k=t−w_c+1}^{t} ε_{c,k}`` for every class: the left side of (C1) at slot ``t``."""
+        return self.spent(t - self.windows + 1, t)
+
+    def lookback(self, t: int, part: str) -> NDArray[np.float64]:
+        """What ``part`` charged each class at the ``w_c − 1`` slots before ``t`` (spec §4.2 B6)."""
+        return self.spent(t - self.windows + 1, t - 1, part)
+
+    def remaining(self, t: int) -> NDArray[np.float64]:
+        return np.maximum(0.0, self.epsilons - self.window_spent(t))
+
+    def limits(self) -> NDArray[np.float64]:
+        """Each class's ``ε_c`` plus the float slack the invariant allows."""
+        return self.epsilons * (1.0 + RELATIVE_TOLERANCE)
+
+    def charge(self, t: int, amounts: NDArray[np.float64], part: LedgerPart) -> None:
+        """Charge every member of class ``c`` ``amounts[c]`` at slot ``t`` for ``part``.
+
+        Refuses (``PrivacyBudgetExceeded``) before recording anything if some class's window
+        ending at ``t`` would exceed its ``ε_c``; the windows ending later hold no charge yet.
+        """
+        _check_t(t)
+        if part not in ("dc", "pub"):
+            raise ValueError(f"invalid part {part!r}; use 'dc' or 'pub'")
+        spend = np.asarray(amounts, dtype=np.float64)
+        if spend.shape != self.windows.shape or not np.all(np.isfinite(spend) & (spend >= 0)):
+            raise ValueError(
+                f"charge needs {self.classes} finite non-negative amounts, got {spend.tolist()}"
+            )
+        if t < self.last:
+            raise ValueError(f"personalized ledger charged at t={t} after t={self.last}")
+        total = self.window_spent(t) + spend
+        over = np.flatnonzero(total > self.limits())
+        if over.size:
+            c = int(over[0])
+            raise PrivacyBudgetExceeded(
+                f"charging {part} at slot {t} would spend {total[c]:.6g} > ε={self.epsilons[c]:g} "
+                f"in the window of w={int(self.windows[c])} of privacy class {c} "
+                f"({over.size} of {self.classes} classes over budget)"
+            )
+        pos = t % self.slots.shape[0]
+        if self.slots[pos] != t:
+            self.slots[pos] = t
+            self.dc[:, pos] = 0.0
+            self.pub[:, pos] = 0.0
+        (self.dc if part == "dc" else self.pub)[:, pos] += spend
+        self.last = t

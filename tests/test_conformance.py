@@ -4,6 +4,10 @@ Each mechanism must: restore from a pickled snapshot and continue identically; g
 releases for the same seed; release identically when a slot is replayed; charge no more than
 its declared privacy cost; reject bad configuration with a ValueError naming the field; refuse
 an incompatible state version; keep ``step`` pure; and document its guarantee and spec section.
+
+Slots carry the port of the mechanism's trust mode: simulated LDP clients, or a trusted curator
+(``cdp``) over the same values with personalized requirements (spec personalized-w-event §1.1)
+where a third of the users keep the stream default.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from privstream.mechanisms.client import SimulatedClientPort
+from privstream.mechanisms.client import Requirements, SimulatedClientPort, SimulatedCurator
 from privstream.mechanisms.contract import LedgerEntry, Mechanism, Release, Slot
 from privstream.mechanisms.errors import IncompatibleState
 from privstream.mechanisms.registry import REGISTRY, Registered
@@ -23,6 +27,9 @@ from privstream.mechanisms.seeding import SlotRandomness
 
 N, T, SEED = 400, 24, 11
 IDS = [f"{r.family}:{r.name}" for r in REGISTRY]
+TRUST = {r.name: r.trust for r in REGISTRY}
+# Personalized requirements for the cdp examples (stream default ε = 1, w = 5): NaN/0 = default.
+REQUIREMENTS = Requirements(np.resize([np.nan, 1.0, 2.0, 1.5], N), np.resize([0, 3, 5, 2, 5], N))
 
 
 def population_values(t: int) -> np.ndarray:
@@ -34,12 +41,10 @@ def population_values(t: int) -> np.ndarray:
 
 def make_slot(mech: Mechanism[Any, Any], t: int, seed: int = SEED) -> Slot:
     randomness = SlotRandomness(seed, "conf", t)
-    return Slot(
-        "conf",
-        t,
-        SimulatedClientPort(population_values(t), mech.config.task, randomness),
-        randomness,
-    )
+    values, task = population_values(t), mech.config.task
+    if TRUST[mech.name] == "cdp":
+        return Slot("conf", t, SimulatedCurator(values, task, REQUIREMENTS), randomness)
+    return Slot("conf", t, SimulatedClientPort(values, task, randomness), randomness)
 
 
 def run(
@@ -71,6 +76,17 @@ def test_every_family_member_is_registered() -> None:
         "LPD",
         "LPA",
     }
+    assert {r.name for r in REGISTRY if r.family == "personalized"} == {
+        "BD",
+        "BA",
+        "Uniform",
+        "Sample",
+        "PLBU",
+        "PU",
+        "PBD",
+        "PBA",
+    }
+    assert all(r.trust == "cdp" for r in REGISTRY if r.family == "personalized")
 
 
 def test_one_release_and_one_ledger_entry_per_slot(registered: Registered) -> None:
@@ -119,7 +135,9 @@ def test_charges_stay_within_declared_cost(registered: Registered) -> None:
     state, events = run(mech, mech.initial_state(), range(1, 3 * T + 1))
     entries = [e for e in events if isinstance(e, LedgerEntry)]
     assert {e.division for e in entries} == {cost.division}
-    if cost.division == "budget":
+    if registered.family == "personalized":
+        check_personalized_charges(mech, entries)
+    elif cost.division == "budget":
         per_slot = np.array([e.epsilon_m1 + e.epsilon_m2 for e in entries])
         window_sums = np.convolve(per_slot, np.ones(w))[: len(per_slot)]
         assert window_sums.max() <= eps + 1e-12
@@ -132,11 +150,45 @@ def test_charges_stay_within_declared_cost(registered: Registered) -> None:
         assert all(e.window_users <= N for e in entries)
 
 
+def check_personalized_charges(mech: Mechanism[Any, Any], entries: list[LedgerEntry]) -> None:
+    """(C1) per privacy class over its own window; a uniform baseline also within its (ε, w)."""
+    cost = mech.privacy_cost
+    assert all(e.classes is not None for e in entries)
+    classes = [e.classes for e in entries if e.classes is not None]
+    first = classes[0]
+    assert len(first) == 9  # {2, 3, 5} × {1, 1.5, 2} once the default (5, 1.0) is resolved
+    assert sum(c.users for c in first) == N
+    for k, cls in enumerate(first):
+        per_slot = np.array([row[k].epsilon_dc + row[k].epsilon_pub for row in classes])
+        sums = np.convolve(per_slot, np.ones(cls.window))[: len(per_slot)]
+        assert sums.max() <= cls.epsilon * (1 + 1e-9)
+        assert np.allclose([row[k].window_spent for row in classes], sums, rtol=0, atol=1e-12)
+        if cost.model == "w-event ε-DP":  # one (ε, w) for everybody
+            uniform = np.convolve(per_slot, np.ones(cost.window))[: len(per_slot)]
+            assert uniform.max() <= cost.epsilon + 1e-12
+    if mech.name in ("Uniform", "PU", "PLBU"):  # the whole window budget, every window
+        for k, cls in enumerate(first):
+            w = cost.window if mech.name == "Uniform" else cls.window
+            e = cost.epsilon if mech.name == "Uniform" else cls.epsilon
+            assert all(row[k].epsilon_pub == pytest.approx(e / w, rel=1e-15) for row in classes)
+
+
+INVALID: dict[str, list[tuple[str, Any]]] = {
+    "ldp-ids": [("epsilon", 0.0), ("epsilon", -1.0), ("epsilon", float("inf")), ("window", 0),
+                ("population", 0), ("beta", 0.0), ("beta", 1.0), ("u_min", 0),
+                ("absorption_init", "sometimes")],
+    "personalized": [("epsilon", 0.0), ("epsilon", -1.0), ("epsilon", float("nan")),
+                     ("window", 0), ("window", 2.5), ("population", 0), ("task", None),
+                     ("threshold_mode", "sometimes")],
+}  # fmt: skip
+INVALID_CASES = [(r, f, v) for r in REGISTRY for f, v in INVALID[r.family]]
+
+
 @pytest.mark.parametrize(
-    ("field", "value"),
-    [("epsilon", 0.0), ("epsilon", -1.0), ("epsilon", float("inf")), ("window", 0), ("population", 0),
-     ("beta", 0.0), ("beta", 1.0), ("u_min", 0), ("absorption_init", "sometimes")],
-)  # fmt: skip
+    ("registered", "field", "value"),
+    INVALID_CASES,
+    ids=[f"{r.family}:{r.name}-{f}={v!r}" for r, f, v in INVALID_CASES],
+)
 def test_config_validation_names_the_field(registered: Registered, field: str, value: Any) -> None:
     config = registered.example(N).config
     with pytest.raises(ValueError, match=field):
@@ -162,6 +214,7 @@ def test_documents_guarantee_and_spec(registered: Registered) -> None:
     doc = type(registered.example(N)).__doc__ or ""
     assert "spec §" in doc, "docstring must cite the spec section it implements"
     module_doc = __import__(type(registered.example(N)).__module__, fromlist=["_"]).__doc__ or ""
-    assert "ε" in module_doc and "LDP" in module_doc, (
+    guarantee = {"ldp-ids": "LDP", "personalized": "EPDP"}[registered.family]
+    assert "ε" in module_doc and guarantee in module_doc, (
         "module docstring must state the privacy guarantee"
     )

@@ -1,0 +1,812 @@
+"""Personalized w-event privacy over infinite streams (spec ``personalized-w-event.md``).
+
+Trust mode ``cdp`` (design §4): a trusted curator sees every user's value; only the releases are
+public. Every user ``i`` states a requirement ``(w_i, ε_i)`` (users without one get the stream
+default ``(Config.window, Config.epsilon)``); users sharing a requirement form a privacy class.
+
+**Guarantee — (𝐰, 𝛆)-EPDP (w-event ε-personalized DP, spec §1.3).** For every user ``i`` and
+every slot ``t`` the budget charged to ``i`` over the user's own window satisfies (C1, §1.4)
+``Σ_{k=max(1,t−w_i+1)}^{t} ε_{i,k} ≤ ε_i``; by sequential composition within a window, the
+releases on any two ``w_i``-neighbouring stream prefixes that differ only in user ``i``'s rows
+have probabilities within a factor ``e^{ε_i}``. ``PersonalizedLedger`` checks (C1) per class on
+every charge and raises ``PrivacyBudgetExceeded`` before anything of the slot is released. The
+charge is the *allocated* budget, never the possibly smaller loss after sampling (A5).
+
+Mechanisms (all release one ``d``-bin count histogram ``r_t`` per slot, ``Δ = 1``):
+
+* ``PBD``, ``PBA`` — the paper's PWSM instances (§4.2, §4.3), each user budgeted by class;
+* ``BD``, ``BA`` (Kellaris et al., §3.3, §3.4), ``Uniform`` (§3.1), ``Sample`` (§3.2) — one
+  ``(ε, w)`` for everybody; they refuse a population holding a requirement stricter than it;
+* ``PU`` (§3.6) — personalized uniform through SM; ``PLBU`` (§3.5, A13) — personalized LDP
+  budget uniform with OUE, simulated from the class histograms (exact in distribution).
+
+Building blocks: ``obs`` (Optimal Budget Selection, Alg. 1), ``sampling_error`` (Eq. 1),
+``sm_sample``/``sm`` (the Sampling Mechanism SM_s/SM_d of Jorgensen et al., §2.2, drawn per class
+and bin with binomials), ``dissimilarity_calculation`` (DC, Alg. 3).
+
+Time ``t`` is the mechanism's own 1-based step counter; releases carry the stream's slot index.
+Randomness: one generator per purpose (``dc/sample``, ``dc/noise``, ``pub/sample``,
+``pub/noise``, ``pub/client``) from the slot's ``SlotRandomness``, so a replayed slot releases
+identical output and sampling never shifts the noise draws.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Final, Literal
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from privstream.mechanisms.client import ClassHistogram
+from privstream.mechanisms.contract import (
+    ClassSpend,
+    LedgerEntry,
+    Mechanism,
+    PrivacyCost,
+    Release,
+    Slot,
+    Strategy,
+    finite_or_none,
+)
+from privstream.mechanisms.errors import PrivacyBudgetExceeded
+from privstream.mechanisms.ledger import PersonalizedLedger
+from privstream.mechanisms.noise import laplace, laplace_variance
+from privstream.mechanisms.oracles import OUE
+from privstream.mechanisms.tasks import FrequencyTask
+
+STATE_VERSION: Final = 1
+SENSITIVITY: Final = 1.0
+"""``Δ``: L1 sensitivity of the histogram under add/remove-one-row neighbours (spec §1.5, A6).
+A replace-one-row mode (Δ = 2) would break SM's amplification lemma and is not offered."""
+
+ThresholdMode = Literal["sqrt_err", "laplace_scale"]
+MODEL_UNIFORM: Final = "w-event ε-DP"
+MODEL_PERSONALIZED: Final = "w-event ε-DP (personalized, (w, ε)-EPDP)"
+MODEL_PERSONALIZED_LOCAL: Final = "w-event ε-LDP (personalized, (w, ε)-EPDP)"
+
+# ---------------------------------------------------------------------------------------------
+# Building blocks: SM, the error model, OBS and DC (spec §2)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BudgetChoice:
+    """OBS's answer: the threshold ``ε_opt = θ`` and its estimated error ``err(θ)`` (Eqs. 1–2)."""
+
+    theta: float
+    error: float
+
+
+def inclusion_probabilities(budgets: ArrayLike, theta: float) -> NDArray[np.float64]:
+    """SM_s's sampling probabilities (spec §2.2, S4–S5): ``p = 1`` when ``ε ≥ θ``, else
+    ``(e^ε − 1)/(e^θ − 1)``; a budget ``≤ 0`` is never sampled. Computed with ``expm1`` so tiny
+    per-slot budgets keep their precision."""
+    b = np.asarray(budgets, dtype=np.float64)
+    if not (math.isfinite(theta) and theta > 0):
+        raise ValueError(f"SM threshold θ must be a positive finite number, got {theta!r}")
+    return np.where(b >= theta, 1.0, _expm1_ratio(b, np.float64(theta)))
+
+
+def _expm1_ratio(
+    b: NDArray[np.float64], theta: NDArray[np.float64] | np.float64
+) -> NDArray[np.float64]:
+    """``(e^b − 1)/(e^θ − 1)`` for ``0 < b ≤ θ`` as ``e^{b−θ}·(1 − e^{−b})/(1 − e^{−θ})``: exact
+    for tiny budgets (``expm1``) and free of overflow for huge ones; ``0`` where ``b ≤ 0``."""
+    pos = np.maximum(b, np.finfo(np.float64).tiny)
+    ratio = np.exp(np.minimum(pos - theta, 0.0)) * np.expm1(-pos) / np.expm1(-theta)
+    return np.where(b > 0, np.minimum(ratio, 1.0), 0.0)
+
+
+def sampling_error(theta: float, budgets: ArrayLike, sizes: ArrayLike) -> float:
+    """``err_s(θ)`` of Eq. 1: variance plus squared bias of one all-user count sampled by SM_s
+    (spec §2.3). Classes at or above ``θ`` are always sampled and add nothing. Used unchanged
+    for a ``d``-bin histogram (A8)."""
+    b = np.asarray(budgets, dtype=np.float64)
+    n = np.asarray(sizes, dtype=np.float64)
+    below = b < theta
+    p = inclusion_probabilities(b[below], theta)
+    return float(np.sum(n[below] * p * (1 - p)) + np.sum(n[below] * (1 - p)) ** 2)
+
+
+def laplace_error(theta: float) -> float:
+    """``err_dp(θ) = 2Δ²/θ²``: the variance of one ``Lap(Δ/θ)`` draw (Eq. 2)."""
+    return laplace_variance(SENSITIVITY / theta)
+
+
+def obs(budgets: ArrayLike, sizes: ArrayLike | None = None) -> BudgetChoice | None:
+    """Optimal Budget Selection (spec §2.4, Alg. 1).
+
+    ``budgets`` are per-user budgets, or per-class budgets with ``sizes`` their multiplicities
+    ``n_k``. Equal budgets are merged; the candidates are the distinct budgets ``> 0`` (A9) and
+    the winner minimises ``err(θ) = err_s(θ) + err_dp(θ)``, ties going to the smaller budget.
+    Returns None when no budget is positive (the caller must then not publish). Cost O(m²) in
+    the number ``m`` of distinct budgets (A10). Data-independent: it reads budgets and class
+    sizes only, which are public metadata (A2).
+    """
+    b = np.asarray(budgets, dtype=np.float64).reshape(-1)
+    n = np.ones_like(b) if sizes is None else np.asarray(sizes, dtype=np.float64).reshape(-1)
+    if b.shape != n.shape or not np.all(np.isfinite(b)) or np.any(n < 0):
+        raise ValueError("OBS needs finite budgets and non-negative sizes of one shape")
+    return _obs(tuple(b.tolist()), tuple(n.tolist()))
+
+
+@functools.lru_cache(maxsize=4096)
+def _obs(budgets: tuple[float, ...], sizes: tuple[float, ...]) -> BudgetChoice | None:
+    """OBS on validated input; memoised because a stream asks the same question every slot
+    (PartDC budgets never change, PBA's take a few share counts)."""
+    if not budgets:
+        return None
+    b, n = np.array(budgets), np.array(sizes)
+    order = np.argsort(b, kind="stable")
+    sorted_b = b[order]
+    starts = np.flatnonzero(np.concatenate(([True], sorted_b[1:] != sorted_b[:-1])))
+    values = sorted_b[starts]
+    counts = np.add.reduceat(n[order], starts)
+    theta = values[values > 0]
+    if theta.size == 0:
+        return None
+    # P[k, j]: class j's sampling probability when candidate k is the threshold.
+    below = values[None, :] < theta[:, None]
+    p = np.where(below, _expm1_ratio(values[None, :], theta[:, None]), 1.0)
+    weight = np.where(below, counts[None, :], 0.0)
+    err_s = np.sum(weight * p * (1 - p), axis=1) + np.sum(weight * (1 - p), axis=1) ** 2
+    err = err_s + 2.0 * (SENSITIVITY / theta) ** 2  # err_dp, as laplace_variance
+    k = int(np.argmin(err))  # first minimum: the smaller budget wins ties
+    return BudgetChoice(float(theta[k]), float(err[k]))
+
+
+def sm_sample(
+    counts: NDArray[np.int64], budgets: ArrayLike, theta: float, rng: np.random.Generator
+) -> NDArray[np.int64]:
+    """SM_s in class form (spec §2.2): ``Σ_c Binomial(counts[c, j], p_c)`` per bin ``j``.
+
+    Exactly the distribution of ``Q`` over the per-user Bernoulli sample of Alg. S1, at cost
+    O(m·d). No re-weighting (A7): the sampled counts are a biased, low estimate of ``c_t``.
+    """
+    p = inclusion_probabilities(budgets, theta)
+    sampled: NDArray[np.int64] = rng.binomial(counts, p[:, None]).sum(axis=0)
+    return sampled
+
+
+def sm(
+    counts: NDArray[np.int64],
+    budgets: ArrayLike,
+    theta: float,
+    sample_rng: np.random.Generator,
+    noise_rng: np.random.Generator,
+) -> NDArray[np.float64]:
+    """SM = SM_d ∘ SM_s (spec §2.2): ``Q(SM_s(D_t, 𝛆, θ)) + Lap(Δ/θ)^d``. By amplification
+    (add/remove) each member of class ``c`` gets ``min(ε_c, θ)``-DP, at most its budget."""
+    sampled = sm_sample(counts, budgets, theta, sample_rng)
+    return sampled + laplace(noise_rng, SENSITIVITY / theta, sampled.shape[0])
+
+
+def noisy_dissimilarity(
+    counts: NDArray[np.int64] | NDArray[np.float64],
+    r_last: NDArray[np.float64],
+    epsilon: float,
+    rng: np.random.Generator,
+) -> float:
+    """``dis = (1/d)·Σ_j |c[j] − r_l[j]| + Lap(Δ/(d·ε))``: ε-DP, the mean has sensitivity ``Δ/d``
+    (spec §2.5 D5–D6, §3.3 BD4)."""
+    d = r_last.shape[0]
+    dis_star = float(np.mean(np.abs(counts - r_last)))
+    return dis_star + float(laplace(rng, SENSITIVITY / (d * epsilon), 1)[0])
+
+
+def dissimilarity_calculation(
+    counts: NDArray[np.int64],
+    budgets: NDArray[np.float64],
+    sizes: NDArray[np.int64],
+    r_last: NDArray[np.float64],
+    sample_rng: np.random.Generator,
+    noise_rng: np.random.Generator,
+) -> tuple[float, float]:
+    """DC (spec §2.5, Alg. 3): ``θ1 = OBS(𝛆^{(1)})``, sample with SM_s, compare the raw sampled
+    counts with the last non-null release ``r_l`` (zero before the first, A12) and add
+    ``Lap(Δ/(d·θ1))``. Returns ``(dis, θ1)``."""
+    choice = obs(budgets, sizes)
+    if choice is None:
+        raise ValueError("DC needs at least one positive PartDC budget")
+    sampled = sm_sample(counts, budgets, choice.theta, sample_rng)
+    return noisy_dissimilarity(sampled, r_last, choice.theta, noise_rng), choice.theta
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration and state
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class PersonalizedConfig:
+    """Configuration of the personalized w-event mechanisms; defaults are the paper's (§6.3).
+
+    Attributes:
+        population: registered population size n (≥ 1 users).
+        epsilon: the stream's budget ε (> 0, finite): the requirement of every user without a
+            preference, and the uniform budget of BD, BA, Uniform and Sample. Default 0.6.
+        window: the stream's window w (≥ 1 slots), likewise. Default 120.
+        task: the histogram released each slot (``FrequencyTask(d)``, d ≥ 2; default d = 2).
+        threshold_mode: publication rule; None is each mechanism's own (``sqrt_err`` for
+            PBD/PBA, ``laplace_scale`` for BD/BA, A14). Set only for differential tests (§10.4).
+    """
+
+    population: int
+    epsilon: float = 0.6
+    window: int = 120
+    task: FrequencyTask = field(default_factory=lambda: FrequencyTask(2))
+    threshold_mode: ThresholdMode | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.population, int) or self.population < 1:
+            raise ValueError(f"population must be an integer >= 1, got {self.population!r}")
+        if not (
+            isinstance(self.epsilon, (int, float))
+            and math.isfinite(self.epsilon)
+            and self.epsilon > 0
+        ):
+            raise ValueError(f"epsilon must be a positive finite number, got {self.epsilon!r}")
+        if not isinstance(self.window, int) or self.window < 1:
+            raise ValueError(f"window must be an integer >= 1, got {self.window!r}")
+        if not isinstance(self.task, FrequencyTask):
+            raise ValueError(f"task must be a FrequencyTask (a histogram), got {self.task!r}")
+        if self.threshold_mode not in (None, "sqrt_err", "laplace_scale"):
+            raise ValueError(
+                f"threshold_mode must be None, 'sqrt_err' or 'laplace_scale', got {self.threshold_mode!r}"
+            )
+
+
+@dataclass
+class PersonalizedState:
+    """Everything needed to continue a stream after a restart (spec §9.3).
+
+    ``t`` counts processed slots and ``last_slot`` is the stream slot of the last step.
+    ``r_last`` is the last non-null release (``0^d`` before the first; every null slot repeats
+    it, so it is also ``r_{t−1}``), published at step ``l`` (stream slot ``source_slot``).
+    ``requirements`` fingerprints the class assignment met at the first slot; ``ledger`` holds
+    the per-class spend. ``absorbed``: PBA's first unspent-share slot ``a_c`` per class (§4.3
+    A'1–A'4), BA's shares ``s_l`` used by the last publication (§3.4).
+    """
+
+    mechanism: str
+    d: int
+    version: int = STATE_VERSION
+    t: int = 0
+    last_slot: int | None = None
+    r_last: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    l: int = 0
+    source_slot: int | None = None
+    requirements: str | None = None
+    ledger: PersonalizedLedger | None = None
+    absorbed: NDArray[np.int64] | None = None
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> PersonalizedState:
+        # Mechanism.step copies the state every slot: copy the arrays and the ledger directly
+        # instead of walking them with the generic deepcopy.
+        new = object.__new__(type(self))
+        new.__dict__.update(
+            {
+                k: v.copy() if isinstance(v, np.ndarray) else copy.deepcopy(v, memo)
+                for k, v in self.__dict__.items()
+            }
+        )
+        return new
+
+
+@dataclass
+class _Outcome:
+    """What one slot did, gathered for its Release and LedgerEntry."""
+
+    strategy: Strategy
+    dc: NDArray[np.float64]
+    pub: NDArray[np.float64]
+    eps1: float = 0.0
+    eps2: float = 0.0
+    dis: float = math.nan
+    err: float = math.nan
+    bits: int = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared skeleton
+# ---------------------------------------------------------------------------------------------
+
+
+class PersonalizedMechanism(Mechanism[PersonalizedConfig, PersonalizedState]):
+    """Shared skeleton: the curator's class histogram, the per-class ledger and the events."""
+
+    state_version: ClassVar[int] = STATE_VERSION
+    uniform: ClassVar[bool] = False
+    """True when one ``(Config.epsilon, Config.window)`` protects everybody (BD, BA, …)."""
+    default_threshold: ClassVar[ThresholdMode] = "sqrt_err"
+
+    @property
+    def privacy_cost(self) -> PrivacyCost:
+        model = MODEL_UNIFORM if self.uniform else MODEL_PERSONALIZED
+        return PrivacyCost(self.config.epsilon, self.config.window, "budget", model)
+
+    @property
+    def threshold_mode(self) -> ThresholdMode:
+        return self.config.threshold_mode or self.default_threshold
+
+    def initial_state(self) -> PersonalizedState:
+        d = self.config.task.d
+        return PersonalizedState(mechanism=self.name, d=d, r_last=np.zeros(d))
+
+    def wants_publication(self, t: int, dis: float, threshold: float) -> bool:
+        """The publish/skip rule ``dis > threshold`` (spec §4.1 W6, §3.3 BD7). A test may
+        replace it to force decisions (spec §10 item 2); privacy never depends on it."""
+        return dis > threshold
+
+    def threshold(self, theta: float, err: float) -> float:
+        """``sqrt(err)`` (PWSM, A14) or the Laplace scale ``Δ/θ`` (Kellaris)."""
+        return math.sqrt(err) if self.threshold_mode == "sqrt_err" else SENSITIVITY / theta
+
+    # -- the step ------------------------------------------------------------------------------
+
+    def _advance(self, state: PersonalizedState, slot: Slot) -> list[Release | LedgerEntry]:
+        cfg = self.config
+        if state.last_slot is not None and slot.index != state.last_slot + 1:
+            raise ValueError(
+                f"{self.name} on stream {slot.stream!r} expected slot {state.last_slot + 1}, got {slot.index}"
+            )
+        curator = slot.curator
+        if curator.population != cfg.population:
+            raise ValueError(
+                f"slot has {curator.population} users, mechanism expects n={cfg.population}"
+            )
+        hist = curator.class_histogram(cfg.epsilon, cfg.window)
+        if hist.counts.shape[1] != cfg.task.d:
+            raise ValueError(
+                f"slot histogram has {hist.counts.shape[1]} bins, expected d={cfg.task.d}"
+            )
+        self._attach(state, hist)
+        state.t += 1
+        state.last_slot = slot.index
+        outcome = self.decide(state, slot, hist)
+        return [self._release(state, slot, hist, outcome), self._entry(state, slot, hist, outcome)]
+
+    def _attach(self, state: PersonalizedState, hist: ClassHistogram) -> None:
+        """Bind the stream's classes at its first slot; refuse a changed assignment later.
+
+        Requirements are fixed for the stream's life (spec §1.1): a user moving between classes
+        would leave their spend behind in the old class's ledger (§9.5).
+        """
+        if state.ledger is None:
+            if self.uniform:
+                self._check_uniform_protects(hist)
+            state.ledger = PersonalizedLedger(hist.windows, hist.epsilons)
+            state.requirements = hist.digest
+            self.start(state, hist)
+        elif hist.digest != state.requirements:
+            raise PrivacyBudgetExceeded(
+                f"{self.name}: the users' privacy requirements changed mid-stream; a user's spend "
+                "would not follow them to a new class (spec §1.1, §9.5)"
+            )
+
+    def _check_uniform_protects(self, hist: ClassHistogram) -> None:
+        """One ``(ε, w)`` satisfies user ``i`` when ``ε ≤ ε_i`` and ``w ≥ w_i`` (spec §3)."""
+        cfg = self.config
+        weak = (hist.epsilons < cfg.epsilon) | (hist.windows > cfg.window)
+        if weak.any():
+            c = int(np.flatnonzero(weak)[0])
+            raise PrivacyBudgetExceeded(
+                f"{self.name} with (ε={cfg.epsilon:g}, w={cfg.window}) cannot protect the "
+                f"{int(hist.sizes[c])} users requiring (ε={hist.epsilons[c]:g}, "
+                f"w={int(hist.windows[c])}); a uniform baseline needs ε ≤ min ε_i and w ≥ max w_i"
+            )
+
+    def start(self, state: PersonalizedState, hist: ClassHistogram) -> None:
+        """Mechanism-specific state at the first slot."""
+
+    def decide(self, state: PersonalizedState, slot: Slot, hist: ClassHistogram) -> _Outcome:
+        """Run the mechanism's pseudocode for step ``state.t``; charge, publish."""
+        raise NotImplementedError
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def ledger(self, state: PersonalizedState) -> PersonalizedLedger:
+        assert state.ledger is not None
+        return state.ledger
+
+    def everyone(self, hist: ClassHistogram, eps: float) -> NDArray[np.float64]:
+        """The same budget for every class (the uniform baselines)."""
+        return np.full(hist.windows.shape[0], eps)
+
+    def publish(self, state: PersonalizedState, slot: Slot, release: NDArray[np.float64]) -> None:
+        state.r_last = np.asarray(release, dtype=np.float64)
+        state.l = state.t
+        state.source_slot = slot.index
+
+    def laplace_release(
+        self, state: PersonalizedState, slot: Slot, hist: ClassHistogram, eps: float
+    ) -> None:
+        """``c_t + Lap(Δ/ε)^d`` of the whole population (the Kellaris baselines)."""
+        noise = laplace(slot.randomness("pub/noise"), SENSITIVITY / eps, self.config.task.d)
+        self.publish(state, slot, hist.total + noise)
+
+    def _release(
+        self, state: PersonalizedState, slot: Slot, hist: ClassHistogram, o: _Outcome
+    ) -> Release:
+        return Release(
+            stream=slot.stream,
+            mechanism=self.name,
+            slot=slot.index,
+            strategy=o.strategy,
+            estimate=tuple(float(x) for x in state.r_last),
+            epsilon=self.config.epsilon,
+            window=self.config.window,
+            epsilon_m1=o.eps1,
+            epsilon_m2=o.eps2,
+            users_m1=int(hist.sizes[o.dc > 0].sum()),
+            users_m2=int(hist.sizes[o.pub > 0].sum()),
+            source_slot=state.source_slot,
+            dissimilarity=finite_or_none(o.dis),
+            error=finite_or_none(o.err),
+            bits=o.bits,
+        )
+
+    def _entry(
+        self, state: PersonalizedState, slot: Slot, hist: ClassHistogram, o: _Outcome
+    ) -> LedgerEntry:
+        ledger = self.ledger(state)
+        spent = ledger.window_spent(state.t)
+        classes = tuple(
+            ClassSpend(*row)
+            for row in zip(
+                hist.windows.tolist(),
+                hist.epsilons.tolist(),
+                hist.sizes.tolist(),
+                o.dc.tolist(),
+                o.pub.tolist(),
+                spent.tolist(),
+                strict=True,
+            )
+        )
+        b = int(np.argmax(spent / hist.epsilons))
+        n = self.config.population
+        return LedgerEntry(
+            stream=slot.stream,
+            mechanism=self.name,
+            slot=slot.index,
+            division="budget",
+            epsilon=float(hist.epsilons[b]),
+            window=int(hist.windows[b]),
+            epsilon_m1=float(o.dc[b]),
+            epsilon_m2=float(o.pub[b]),
+            window_spent=float(spent[b]),
+            users_m1=int(hist.sizes[o.dc > 0].sum()),
+            users_m2=int(hist.sizes[o.pub > 0].sum()),
+            window_users=n,
+            available_users=n,
+            remaining=float(max(0.0, hist.epsilons[b] - spent[b])),
+            classes=classes,
+        )
+
+    def _nothing(self, hist: ClassHistogram) -> NDArray[np.float64]:
+        return np.zeros(hist.windows.shape[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Baselines (spec §3)
+# ---------------------------------------------------------------------------------------------
+
+
+class Uniform(PersonalizedMechanism):
+    """Uniform (Kellaris et al., spec §3.1): ``r_t = c_t + Lap(w·Δ/ε)^d`` every slot.
+
+    w-event ε-DP for the stream's ``(ε, w)``: ``ε/w`` per slot sums to ε over any w slots;
+    refuses users requiring ``ε_i < ε`` or ``w_i > w``.
+    """
+
+    name = "Uniform"
+    uniform = True
+
+    def decide(self, state: PersonalizedState, slot: Slot, hist: ClassHistogram) -> _Outcome:
+        eps = self.config.epsilon / self.config.window
+        spend = self.everyone(hist, eps)
+        self.ledger(state).charge(state.t, spend, "pub")
+        self.laplace_release(state, slot, hist, eps)
+        return _Outcome("publish", self._nothing(hist), spend, eps2=eps, err=laplace_error(eps))
+
+
+class Sample(PersonalizedMechanism):
+    """Sample (Kellaris et al., spec §3.2): the whole ε at slots ``t ≡ 1 (mod w)``, nullified
+    slots in between. w-event ε-DP: each window holds exactly one publication."""
+
+    name = "Sample"
+    uniform = True
+
+    def decide(self, state: PersonalizedState, slot: Slot, hist: ClassHistogram) -> _Outcome:
+        cfg = self.config
+        if (state.t - 1) % cfg.window != 0:
+            return _Outcome("nullified", self._nothing(hist), self._nothing(hist))
+        spend = self.everyone(hist, cfg.epsilon)
+        self.ledger(state).charge(state.t, spend, "pub")
+        self.laplace_release(state, slot, hist, cfg.epsilon)
+        return _Outcome(
+            "publish", self._nothing(hist), spend, eps2=cfg.epsilon, err=laplace_error(cfg.epsilon)
+        )
+
+
+class BD(PersonalizedMechanism):
+    """Budget Distribution (Kellaris et al., spec §3.3).
+
+    w-event ε-DP for the stream's ``(ε, w)``: ``ε/(2w)`` per slot for the dissimilarity and, at
+    a publication, half of the publication budget ``ε/2`` left in the window (so the window's
+    publications stay below ``ε/2``). Publishes when ``dis > Δ/ε2``.
+    """
+
+    name = "BD"
+    uniform = True
+    default_threshold = "laplace_scale"
+
+    def decide(self, state: PersonalizedState, slot: Slot, hist: ClassHistogram) -> _Outcome:
+        cfg, t, ledger = self.config, state.t, self.ledger(state)
+        eps1 = cfg.epsilon / (2 * cfg.window)
+        dc = self.everyone(hist, eps1)
+        ledger.charge(t, dc, "dc")
+        dis = noisy_dissimilarity(hist.total, state.r_last, eps1, slot.randomness("dc/noise"))
+        remaining = cfg.epsilon / 2 - ledger.spent(t - cfg.window + 1, t - 1, "pub")[0]
+        eps2 = max(remaining, 0.0) / 2
+        out = _Outcome("skip", dc, self._nothing(hist), eps1=eps1, dis=dis)
+        if eps2 <= 0:
+            return out
+        out.err = laplace_error(eps2)
+        if self.wants_publication(t, dis, self.threshold(eps2, out.err)):
+            out.pub = self.everyone(hist, eps2)
+            ledger.charge(t, out.pub, "pub")
+            self.laplace_release(state, slot, hist, eps2)
+            out.strategy, out.eps2 = "publish", eps2
+        return out
+
+
+class BA(PersonalizedMechanism):
+    """Budget Absorption (Kellaris et al., spec §3.4).
+
+    w-event ε-DP for the stream's ``(ε, w)``: ``ε/(2w)`` per slot for the dissimilarity; a
+    publication absorbs the unused shares ``ε/(2w)`` of the skipped slots before it (at most
+    ``w`` shares) and nullifies as many slots after it, so a window's publications spend at
+    most ``ε/2``. The shares used are kept as an integer ``s_l`` (virtual ``l = 0, s_l = 1``).
+    """
+
+    name = "BA"
+    uniform = True
+    default_threshold = "laplace_scale"
+
+    def start(self, state: PersonalizedState, hist: ClassHistogram) -> None:
+        state.absorbed = np.ones(1, dtype=np.int64)
+
+    def decide(self, state: PersonalizedState, slot: Slot, hist: ClassHistogram) -> _Outcome:
+        cfg, t, ledger = self.config, state.t, self.ledger(state)
+        assert state.absorbed is not None
+        eps1 = cfg.epsilon / (2 * cfg.window)
+        dc = self.everyone(hist, eps1)
+        ledger.charge(t, dc, "dc")  # charged at nullified slots too (§4.4 item 4)
+        dis = noisy_dissimilarity(hist.total, state.r_last, eps1, slot.randomness("dc/noise"))
+        out = _Outcome("nullified", dc, self._nothing(hist), eps1=eps1, dis=dis)
+        t_n = int(state.absorbed[0]) - 1
+        if t - state.l <= t_n:
+            return out
+        shares = min(t - state.l - t_n, cfg.window)
+        eps2 = shares * (cfg.epsilon / (2 * cfg.window))
+        out.strategy, out.err = "skip", laplace_error(eps2)
+        if self.wants_publication(t, dis, self.threshold(eps2, out.err)):
+            out.pub = self.everyone(hist, eps2)
+            ledger.charge(t, out.pub, "pub")
+            self.laplace_release(state, slot, hist, eps2)
+            state.absorbed[0] = shares
+            out.strategy, out.eps2 = "publish", eps2
+        return out
+
+
+class PU(PersonalizedMechanism):
+    """Personalized Uniform (spec §3.6): every slot, SM with each class's ``ε_c/w_c``.
+
+    (𝐰, 𝛆)-EPDP: a member of class ``c`` is charged ``ε_c/w_c`` per slot, ``ε_c`` per window.
+    """
+
+    name = "PU"
+
+    def decide(self, state: PersonalizedState, slot: Slot, hist: ClassHistogram) -> _Outcome:
+        spend = hist.epsilons / hist.windows
+        choice = obs(spend, hist.sizes)
+        assert choice is not None  # every class budget is positive
+        self.ledger(state).charge(state.t, spend, "pub")
+        r = sm(
+            hist.counts,
+            spend,
+            choice.theta,
+            slot.randomness("pub/sample"),
+            slot.randomness("pub/noise"),
+        )
+        self.publish(state, slot, r)
+        return _Outcome("publish", self._nothing(hist), spend, eps2=choice.theta, err=choice.error)
+
+
+class PLBU(PersonalizedMechanism):
+    """Personalized LDP Budget Uniform (spec §3.5, our definition A13).
+
+    Every slot every user reports with ``ε_i/w_i``-LDP OUE (``p = 1/2``, ``q = 1/(e^{ε_i/w_i}+1)``)
+    and the server sums the unbiased per-class count estimates ``(y − m_c·q_c)/(1/2 − q_c)``.
+    w-event ε_i-LDP for every user ``i``: ``ε_i/w_i`` per slot, ``ε_i`` per window. The reports
+    are simulated from the class histograms with OUE's exact aggregate sampler (binomials per
+    class and bin), which has the distribution of the per-user reports.
+    """
+
+    name = "PLBU"
+
+    @property
+    def privacy_cost(self) -> PrivacyCost:
+        cfg = self.config
+        return PrivacyCost(cfg.epsilon, cfg.window, "budget", MODEL_PERSONALIZED_LOCAL)
+
+    def decide(self, state: PersonalizedState, slot: Slot, hist: ClassHistogram) -> _Outcome:
+        d = self.config.task.d
+        spend = hist.epsilons / hist.windows
+        self.ledger(state).charge(state.t, spend, "pub")
+        oue, rng = OUE(d), slot.randomness("pub/client")
+        estimate = np.zeros(d)
+        reports = hist.counts.sum(axis=1)
+        for c in range(hist.windows.shape[0]):  # one aggregate draw per class, not per user
+            eps, m = float(spend[c]), int(reports[c])
+            support = oue.sample_support(hist.counts[c], eps, rng)
+            estimate += oue.estimate(support, eps, m) * m
+        self.publish(state, slot, estimate)
+        bits = int(reports.sum()) * oue.report_bits(float(spend[0]))
+        return _Outcome("publish", self._nothing(hist), spend, eps2=float(spend.max()), bits=bits)
+
+
+# ---------------------------------------------------------------------------------------------
+# PWSM and its instances PBD, PBA (spec §4)
+# ---------------------------------------------------------------------------------------------
+
+
+class PWSM(PersonalizedMechanism):
+    """The Personalized Window Size Mechanism template (spec §4.1, Alg. 2).
+
+    Each slot: PartDC budgets ``ε_c/(2w_c)`` feed DC (Alg. 3); unless the slot is nullified,
+    the instance's PartNOP budgets ``𝛆^{(2)}`` go through OBS and the slot publishes
+    ``SM(D_t, 𝛆^{(2)}, θ2)`` when ``dis > sqrt(err(θ2))``, else repeats ``r_{t−1}``. The ledger is
+    charged PartDC every slot and PartNOP only at publications, before anything is drawn.
+    """
+
+    def publication_budgets(
+        self, state: PersonalizedState, hist: ClassHistogram
+    ) -> NDArray[np.float64]:
+        """``𝛆_t^{(2)}`` per class for step ``state.t`` (a slot that is not nullified)."""
+        raise NotImplementedError
+
+    def nullified(self, state: PersonalizedState) -> bool:
+        """Whether step ``state.t`` is a forced null (borrowed by an earlier publication)."""
+        return False
+
+    def published(
+        self, state: PersonalizedState, hist: ClassHistogram, pub: NDArray[np.float64]
+    ) -> None:
+        """Bookkeeping after a publication at step ``state.t`` with budgets ``pub``."""
+
+    def decide(self, state: PersonalizedState, slot: Slot, hist: ClassHistogram) -> _Outcome:
+        t, ledger = state.t, self.ledger(state)
+        dc = hist.epsilons / (2 * hist.windows)
+        ledger.charge(t, dc, "dc")
+        dis, theta1 = dissimilarity_calculation(
+            hist.counts,
+            dc,
+            hist.sizes,
+            state.r_last,
+            slot.randomness("dc/sample"),
+            slot.randomness("dc/noise"),
+        )
+        out = _Outcome("nullified", dc, self._nothing(hist), eps1=theta1, dis=dis)
+        if self.nullified(state):
+            return out
+        pub = self.publication_budgets(state, hist)
+        out.strategy = "skip"
+        choice = obs(pub, hist.sizes)
+        if choice is None:  # nothing left to publish with (float underflow of ε_rm)
+            return out
+        out.err = choice.error
+        if self.wants_publication(t, dis, self.threshold(choice.theta, choice.error)):
+            ledger.charge(t, pub, "pub")
+            r = sm(
+                hist.counts,
+                pub,
+                choice.theta,
+                slot.randomness("pub/sample"),
+                slot.randomness("pub/noise"),
+            )
+            self.publish(state, slot, r)
+            self.published(state, hist, pub)
+            out.strategy, out.pub, out.eps2 = "publish", pub, choice.theta
+        return out
+
+
+class PBD(PWSM):
+    """Personalized Budget Distribution (spec §4.2, Alg. 4).
+
+    (𝐰, 𝛆)-EPDP (Thm 4.6): PartDC charges ``ε_c/(2w_c)`` every slot (exactly ``ε_c/2`` per
+    window); a publication spends half of what remains of the class's publication half-budget
+    over its own window, ``ε^{(2)}_{c,t} = (ε_c/2 − Σ_{k=t−w_c+1}^{t−1} E2_c[k])/2`` (look-back of
+    ``w_c − 1`` slots, A15), so PartNOP stays below ``ε_c/2`` per window. Allocations at skipped
+    slots are discarded, not charged.
+    """
+
+    name = "PBD"
+
+    def publication_budgets(
+        self, state: PersonalizedState, hist: ClassHistogram
+    ) -> NDArray[np.float64]:
+        remaining = hist.epsilons / 2 - self.ledger(state).lookback(state.t, "pub")
+        out: NDArray[np.float64] = np.maximum(remaining, 0.0) / 2
+        return out
+
+
+class PBA(PWSM):
+    """Personalized Budget Absorption (spec §4.3, Alg. 5, integer form A'1–A'4).
+
+    (𝐰, 𝛆)-EPDP (Thm 4.6): PartDC charges ``ε_c/(2w_c)`` every slot, nullified ones included;
+    each class earns one share ``ε_c/(2w_c)`` of publication budget per slot. ``a_c`` is the
+    first slot whose share is unspent (virtual start ``a_c = 1``, A16). A slot is nullified
+    while ``t < max_c a_c`` (the max bound); otherwise a publication uses
+    ``min(t − a_c + 1, w_c)`` shares and sets ``a_c ← t + shares_c``, borrowing the next slots.
+    """
+
+    name = "PBA"
+
+    def start(self, state: PersonalizedState, hist: ClassHistogram) -> None:
+        state.absorbed = np.ones(hist.windows.shape[0], dtype=np.int64)
+
+    def shares(self, state: PersonalizedState, hist: ClassHistogram) -> NDArray[np.int64]:
+        assert state.absorbed is not None
+        out: NDArray[np.int64] = np.minimum(state.t - state.absorbed + 1, hist.windows)
+        return out
+
+    def nullified(self, state: PersonalizedState) -> bool:
+        assert state.absorbed is not None
+        return state.t < int(state.absorbed.max())
+
+    def publication_budgets(
+        self, state: PersonalizedState, hist: ClassHistogram
+    ) -> NDArray[np.float64]:
+        out: NDArray[np.float64] = self.shares(state, hist) * (hist.epsilons / (2 * hist.windows))
+        return out
+
+    def published(
+        self, state: PersonalizedState, hist: ClassHistogram, pub: NDArray[np.float64]
+    ) -> None:
+        state.absorbed = state.t + self.shares(state, hist)
+
+
+MECHANISMS: Final[dict[str, type[PersonalizedMechanism]]] = {
+    m.name: m for m in (BD, BA, Uniform, Sample, PLBU, PU, PBD, PBA)
+}
+_BY_KEY: Final = {name.upper(): name for name in MECHANISMS}
+
+
+def mechanism_names(names: str | Sequence[str]) -> list[str]:
+    """Validated canonical mechanism names from a list or a comma-separated string
+    (case-insensitive)."""
+    raw = [n.strip() for n in (names.split(",") if isinstance(names, str) else names)]
+    unknown = [n for n in raw if n.upper() not in _BY_KEY]
+    if unknown or not raw:
+        raise ValueError(f"unknown mechanism(s) {unknown}; choose from {', '.join(MECHANISMS)}")
+    out = [_BY_KEY[n.upper()] for n in raw]
+    if len(set(out)) != len(out):
+        raise ValueError(f"mechanisms listed twice: {out}")
+    return out
+
+
+def build(name: str, config: PersonalizedConfig) -> PersonalizedMechanism:
+    """The mechanism called ``name`` (case-insensitive) with ``config``."""
+    try:
+        return MECHANISMS[_BY_KEY[name.strip().upper()]](config)
+    except KeyError:
+        raise ValueError(
+            f"unknown personalized mechanism {name!r}; choose from {', '.join(MECHANISMS)}"
+        ) from None
