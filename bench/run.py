@@ -7,6 +7,9 @@
 2. Performance (design §8), ratios measured in this run: the aggregate fast path against the
    per-user path of the simulated clients (LBU and LPA on Sin, n = 200,000), and warm LPA
    slots on a 1,000,000-user, d = 100 categorical population.
+3. Kafka read throughput (design §8): the LDP-IDS flow on one worker against a plain
+   confluent-kafka consumer, same embedded broker, topic and messages (``privstream bench
+   kafka``), 2,000,100 messages, five runs of each.
 
 Writes everything to bench/results/latest.json (override with --out) and prints a summary.
 """
@@ -28,6 +31,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from privstream import experiments as ex
+from privstream.bench_kafka import bench_kafka, format_result
+from privstream.cli import _run_flow
 from privstream.mechanisms.client import ClientPath
 from privstream.mechanisms.tasks import FrequencyTask
 
@@ -223,13 +228,18 @@ def main(argv: list[str] | None = None) -> int:
         "--quick", action="store_true", help="smoke run: small populations and few slots"
     )
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument(
+        "--no-kafka", action="store_true", help="skip the Kafka read-throughput benchmark"
+    )
     args = parser.parse_args(argv)
     progress = not args.no_progress
     if args.quick:
         users, slots, seeds, big_users, warm, timed, path_slots = 20_000, 100, 2, 50_000, 20, 5, 20
+        kafka_slots, kafka_repeats = 20, 2
     else:
         users, slots, seeds = 200_000, 800, args.seeds
         big_users, warm, timed, path_slots = 1_000_000, 40, 20, 100
+        kafka_slots, kafka_repeats = 100, 5
 
     started = time.perf_counter()
     log("1a. default reproduction: seven mechanisms on Sin, one seed")
@@ -248,6 +258,21 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(format_perf(perf))
 
+    kafka = None
+    if not args.no_kafka:
+        log(f"3. Kafka read throughput: flow vs raw consumer, {kafka_repeats} runs each")
+        kafka = bench_kafka(
+            settings=None,
+            dataset="sin",
+            users=20_000,
+            slots=kafka_slots,
+            mechanisms="LBU",
+            repeats=kafka_repeats,
+            run_flow=_run_flow,
+            progress=progress,
+        )
+        print("\n" + format_result(kafka))
+
     total = time.perf_counter() - started
     record = {
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -261,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         "default": default,
         "table2": t2,
         "performance": perf,
+        "kafka": kafka,
         "total_seconds": total,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ has been written before it (``privstream produce`` writes one after each slot).
 
 The parser turns a batch of raw lines into columnar ``EventBatch``es per stream plus a
 ``DeadLetter`` for every line it cannot accept, each with a machine-readable reason. A batch of
-well-formed events takes a fast path (one ``orjson`` call for the whole batch and column-wise
+well-formed events takes a fast path (one ``msgspec`` call for the whole batch and column-wise
 checks); a batch with anything unusual in it falls back to the line-by-line checks, which give
 the same result for the good lines and a precise reason for each bad one.
 
@@ -22,6 +22,7 @@ input topic) and are never part of the public output.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 from collections.abc import Callable, Iterable, Sequence
@@ -29,8 +30,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Final
 
+import msgspec
 import numpy as np
-import orjson
 from numpy.typing import NDArray
 
 MAX_EVENT_BYTES: Final = 64 * 1024  # larger lines are "oversized"
@@ -303,44 +304,89 @@ def _parse(
 _INT_LIMIT: Final = 2**62
 
 
+class _Row(msgspec.Struct, gc=False):
+    """One line of the fast path: an event, or (``user`` None) an end-of-slot marker."""
+
+    stream: str
+    user: str | None = None
+    slot: int | None = None
+    value: float | None = None
+    end_of_slot: int | None = None
+
+
+_ROWS: Final = msgspec.json.Decoder(list[_Row])
+
+
 def _fast_json(
     lines: Sequence[bytes], allowed: frozenset[str] | None, max_bytes: int
 ) -> list[EventBatch | DeadLetter] | None:
-    """The whole batch in one ``orjson`` call and column-wise checks, or None when any line
-    needs the line-by-line path (a bad or unusual line, a marker, a ``ts``, user indices)."""
+    """The whole batch in one ``msgspec`` call (which checks the field types in C) and
+    column-wise checks, or None when any line
+    needs the line-by-line path (a bad or unusual line, a ``ts``, user indices, markers of a
+    batch holding several streams).
+
+    End-of-slot markers of a single-stream batch stay on this path: they cut the rows into
+    batches exactly as the line-by-line ``_Builder`` does (every marker carries the rows since
+    the previous one, even none; rows after the last marker form a batch of their own).
+    """
     if not lines or max(map(len, lines)) > max_bytes:
         return None
+    joined = b"[" + b",".join(lines) + b"]"
     try:
-        recs = orjson.loads(b"[" + b",".join(lines) + b"]")
-        if len(recs) != len(lines):
-            return None  # a line held several JSON values, or none
-        streams = [r["stream"] for r in recs]
-        users = [r["user"] for r in recs]
-        slots = [r["slot"] for r in recs]
-        values = [r["value"] for r in recs]
-    except (orjson.JSONDecodeError, KeyError, TypeError):
+        recs = _ROWS.decode(joined)  # types checked in C: str stream/user, int slot, number value
+    except msgspec.ValidationError:
+        return None  # a missing or mistyped field somewhere (or a ts): line by line
+    except msgspec.DecodeError:
+        return None  # a malformed line, or a line holding several JSON values
+    if len(recs) != len(lines):
         return None
-    if (
-        set(map(type, streams)) != {str}
-        or set(map(type, users)) != {str}
-        or set(map(type, slots)) != {int}
-        or not set(map(type, values)) <= {int, float}
-        or not all(users)
-    ):
-        return None
-    names = set(streams)
+    if b"end_of_slot" in joined:
+        marks = [i for i, r in enumerate(recs) if r.user is None]
+        marked = [(recs[i].stream, recs[i].end_of_slot) for i in marks]
+        bounds = [-1, *marks, len(recs)]
+        events = list(
+            itertools.chain.from_iterable(recs[a + 1 : b] for a, b in itertools.pairwise(bounds))
+        )
+    else:
+        marks, marked, events = [], [], recs
+    users = [r.user for r in events]
+    if not all(users):
+        return None  # an event without a user, or with an empty one
+    names = {r.stream for r in events}
+    for _stream, through in marked:
+        if through is None or through < 0:
+            return None
+    names.update(stream for stream, _ in marked)
     if "" in names or (allowed is not None and not names <= allowed):
         return None
-    try:
-        slot_arr = np.asarray(slots, dtype=np.int64)
-        value_arr = np.asarray(values, dtype=np.float64)
-    except OverflowError:
+    if marked and len(names) > 1:
+        return None
+    try:  # a missing slot or value (None) raises TypeError, a huge slot OverflowError
+        slot_arr = np.fromiter((r.slot for r in events), dtype=np.int64, count=len(events))
+        value_arr = np.fromiter((r.value for r in events), dtype=np.float64, count=len(events))
+    except (OverflowError, TypeError):
         return None
     if (slot_arr < 0).any() or (slot_arr >= _INT_LIMIT).any() or not np.isfinite(value_arr).all():
         return None
     user_arr = np.asarray(users, dtype=object)
+    if marked:
+        (name,) = names
+        batches: list[EventBatch | DeadLetter] = []
+        row, prev = 0, -1  # first event row and line after the previous marker
+        for k, (i, (_, through)) in enumerate(zip(marks, marked, strict=True)):
+            seg = slice(row, i - k)  # the events between the previous marker and this one
+            batches.append(EventBatch(name, slot_arr[seg], user_arr[seg], value_arr[seg],
+                                      tuple(lines[prev + 1 : i]), through))  # fmt: skip
+            row, prev = i - k, i
+        if row < len(events):
+            seg = slice(row, None)
+            batches.append(EventBatch(name, slot_arr[seg], user_arr[seg], value_arr[seg],
+                                      tuple(lines[prev + 1 :])))  # fmt: skip
+        return batches
     if len(names) == 1:
-        return [EventBatch(streams[0], slot_arr, user_arr, value_arr, lines)]
+        (name,) = names
+        return [EventBatch(name, slot_arr, user_arr, value_arr, lines)]
+    streams = [r.stream for r in events]
     stream_arr = np.asarray(streams, dtype=object)
     out: list[EventBatch | DeadLetter] = []
     for name in dict.fromkeys(streams):  # first-seen order
@@ -348,6 +394,19 @@ def _fast_json(
         raws = tuple(lines[i] for i in rows.tolist())
         out.append(EventBatch(name, slot_arr[rows], user_arr[rows], value_arr[rows], raws))
     return out
+
+
+def parse_json_batch(
+    lines: Sequence[bytes],
+    *,
+    streams: Iterable[str] | None = None,
+    max_bytes: int = MAX_EVENT_BYTES,
+) -> list[EventBatch | DeadLetter] | None:
+    """The batch fast path of ``parse_json_lines`` alone: its result when every line is an
+    acceptable event or marker (so there are no dead letters), None otherwise. An empty or
+    blank line always gives None (it makes the joined batch invalid JSON)."""
+    allowed = frozenset(streams) if streams is not None else None
+    return _fast_json(lines, allowed, max_bytes)
 
 
 def parse_json_lines(
@@ -361,9 +420,8 @@ def parse_json_lines(
     """Parse JSON-lines events: the ``EventBatch``es per stream (cut at markers), then the
     dead letters. Lines may be ``bytes`` (Kafka message values) or ``str`` (file lines)."""
     batch = lines if isinstance(lines, Sequence) else list(lines)
-    if batch and all(type(line) is bytes for line in batch):
-        allowed = frozenset(streams) if streams is not None else None
-        fast = _fast_json(batch, allowed, max_bytes)  # type: ignore[arg-type]
+    if batch and set(map(type, batch)) == {bytes}:
+        fast = parse_json_batch(batch, streams=streams, max_bytes=max_bytes)  # type: ignore[arg-type]
         if fast is not None:
             return fast
 

@@ -39,6 +39,7 @@ from privstream.connectors.events import (
     MAX_EVENT_BYTES,
     DeadLetter,
     EventBatch,
+    parse_json_batch,
     parse_json_lines,
 )
 from privstream.connectors.jsonl import to_json
@@ -212,6 +213,7 @@ class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int]]):
     """One Kafka partition, read from the offset of the last snapshot."""
 
     _IDLE: Final = timedelta(milliseconds=50)
+    _CHUNK: Final = 500  # below the collector's young-generation threshold (700 objects)
 
     def __init__(
         self,
@@ -233,14 +235,40 @@ class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int]]):
         self._awake: datetime | None = None
 
     def next_batch(self) -> list[RawBatch]:
+        """Up to ``batch_size`` messages that arrive within 10 ms, as one ``RawBatch``.
+
+        They are taken from librdkafka in chunks of ``_CHUNK``, each dropped before the next is
+        taken: every message is a GC-tracked object, and a whole poll of them alive at once
+        outlives the collector's young generations, which then runs full collections every
+        other poll (a fifth of a flow's CPU time in ``privstream bench kafka``).
+        """
         if self._eof or (self._stop is not None and self._stop.is_set()):
             raise StopIteration
-        messages = self._consumer.consume(self._batch_size, 0.01)
         values: list[bytes] = []
-        first = None
-        for message in messages:
+        first: int | None = None
+        deadline = time.monotonic() + 0.01
+        while len(values) < self._batch_size and not self._eof:
+            want = min(self._CHUNK, self._batch_size - len(values))
+            got = len(values)
+            timeout = max(deadline - time.monotonic(), 0.0)
+            first = self._take(self._consumer.consume(want, timeout), values, first)
+            if len(values) - got < want:  # the wait is over or the partition ended
+                break
+        self._awake = None if values else datetime.now(timezone.utc) + self._IDLE
+        if first is None:
+            return []
+        return [RawBatch(self._topic, self._partition, first, values)]
+
+    def _take(self, messages: list[Any], values: list[bytes], first: int | None) -> int | None:
+        """Append the values of ``messages`` to ``values``; the first offset of the poll.
+
+        Per message only ``error()`` and ``value()`` are read; offsets are read at the ends of
+        the run of good messages (they are consecutive within a partition's fetch)."""
+        good = len(messages)
+        for k, message in enumerate(messages):
             error = message.error()
             if error is not None:
+                good = k
                 if error.code() == KafkaError._PARTITION_EOF:
                     self._eof = True
                     break
@@ -248,16 +276,14 @@ class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int]]):
                     f"error consuming Kafka topic {self._topic!r} partition {self._partition}: "
                     f"{error}"
                 )
-            offset = message.offset()
-            assert offset is not None
-            if first is None:
-                first = offset
             values.append(message.value() or b"")
-            self._offset = offset + 1
-        self._awake = None if values else datetime.now(timezone.utc) + self._IDLE
-        if first is None:
-            return []
-        return [RawBatch(self._topic, self._partition, first, values)]
+        if good:
+            start, end = messages[0].offset(), messages[good - 1].offset()
+            assert start is not None and end is not None
+            if first is None:
+                first = start
+            self._offset = end + 1
+        return first
 
     def next_awake(self) -> datetime | None:
         return self._awake
@@ -335,6 +361,9 @@ def parse_raw_batch(
     """Parse a poll's messages; an empty message (or tombstone) is a ``malformed_json`` dead
     letter rather than silently skipped."""
     values = batch.values
+    fast = parse_json_batch(values, streams=streams, max_bytes=max_bytes)
+    if fast is not None:  # the usual poll: no blank message (those fail the fast path)
+        return fast
     empty = [i for i, v in enumerate(values) if not v.strip()]
     if not empty:
         return parse_json_lines(

@@ -13,6 +13,7 @@ Users keep their last value between slots (``carry_forward``, spec §6.2) unless
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 import time
 from collections.abc import Iterable, Sequence
@@ -219,16 +220,21 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
         if batch.users.dtype.kind in "iu":
             idx = batch.users.astype(np.int64)
             return np.where((idx >= 0) & (idx < self.n), idx, -1), "dense"
-        idx = np.full(len(batch), -1, dtype=np.int64)
         directory = state.directory
+        every = bool(ok.all())
         rows = np.flatnonzero(ok)
-        users = batch.users[rows].tolist()
-        known = [directory.get(user, -1) for user in users]
-        for k in [k for k, j in enumerate(known) if j < 0]:  # new users, first come first served
+        users = batch.users.tolist() if every else batch.users[rows].tolist()
+        known = np.fromiter(
+            map(directory.get, users, itertools.repeat(-1)), dtype=np.int64, count=len(users)
+        )
+        for k in np.flatnonzero(known < 0).tolist():  # new users, first come first served
             j = directory.get(users[k], -1)
             if j < 0 and len(directory) < self.n:
                 j = directory[users[k]] = len(directory)
             known[k] = j
+        if every:
+            return known, "named"
+        idx = np.full(len(batch), -1, dtype=np.int64)
         idx[rows] = known
         return idx, "named"
 

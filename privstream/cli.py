@@ -267,7 +267,9 @@ def _run_flow(
         # Bytewax writes the rendered dataflow (dataflow.json) into this directory, by default
         # the working directory; keep it out of the user's tree (a read-only cwd would abort).
         if "BYTEWAX_DATAFLOW_API_CACHE_PATH" not in os.environ:
-            os.environ["BYTEWAX_DATAFLOW_API_CACHE_PATH"] = tempfile.mkdtemp(prefix="privstream-api-")
+            os.environ["BYTEWAX_DATAFLOW_API_CACHE_PATH"] = tempfile.mkdtemp(
+                prefix="privstream-api-"
+            )
     interval = timedelta(seconds=snapshot_interval) if snapshot_interval else None
     cli_main(flow, workers_per_process=workers, epoch_interval=interval, recovery_config=recovery)
 

@@ -7,12 +7,15 @@ from datetime import datetime, timedelta, timezone
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from privstream.connectors.events import (
     REASONS,
     DeadLetter,
     EventBatch,
     SlotClock,
+    _fast_json,
     parse_csv_lines,
     parse_json_lines,
 )
@@ -98,3 +101,81 @@ def test_dead_letters_serialise_without_loss() -> None:
         "detail": "not valid JSON",
         "payload": "{oops",
     }
+
+
+def _normal(items: list[EventBatch | DeadLetter]) -> list[tuple[object, ...]]:
+    """Everything a parse result says, with raw lines as text (str and bytes input agree)."""
+    out: list[tuple[object, ...]] = []
+    for item in items:
+        if isinstance(item, DeadLetter):
+            out.append(("dead", item.reason, item.stream, item.payload, item.detail))
+        else:
+            raw = (
+                None
+                if item.raw is None
+                else [r if isinstance(r, str) else r.decode() for r in item.raw]
+            )
+            out.append(
+                ("batch", item.stream, item.slots.dtype.str, item.slots.tolist(), item.users.dtype.str,
+                 item.users.tolist(), item.values.dtype.str, item.values.tolist(), raw, item.complete_through)
+            )  # fmt: skip
+    return out
+
+
+def _event(stream: str, user: str, slot: int) -> str:
+    return json.dumps({"stream": stream, "user": user, "slot": slot, "value": slot % 3})
+
+
+def _marker(stream: str, slot: object) -> str:
+    return json.dumps({"stream": stream, "end_of_slot": slot})
+
+
+MARKER_BATCHES = [
+    [_event("a", "u1", 1), _event("a", "u2", 1), _marker("a", 1), _event("a", "u1", 2)],
+    [_marker("a", 1), _marker("a", 2), _event("a", "u1", 3), _marker("a", 3)],
+    [_marker("a", 5)],
+    [_marker("a", 1), _marker("a", 1)],
+    [_event("a", "u1", 1), _marker("a", 1)],
+    [_event("a", "u1", 1), _marker("b", 1), _event("b", "u1", 1), _event("a", "u2", 1)],
+    [_event("a", "u1", 1), _marker("a", -1)],
+    [_event("a", "u1", 1), _marker("a", True)],
+    [_event("a", "u1", 1), _marker("a", 1.0)],
+    [_event("a", "u1", 1), _marker("", 1)],
+    [_event("a", "u1", 1), _marker("zzz", 1)],
+    [_event("a", "u1", 1), json.dumps({"end_of_slot": 1})],
+    [_event("a", "u1", 1), json.dumps({"stream": "a"})],
+    [json.dumps({"stream": "a", "user": "u1", "slot": 1, "value": 1, "end_of_slot": 9})],
+    ['{"stream": "a", "end\\u005fof_slot": 1}', _event("a", "u1", 1)],
+    [_event("a", "u1", 1), '"end_of_slot"'],
+    [_event("a", "end_of_slot", 1), _marker("a", 1)],
+]
+
+
+@pytest.mark.parametrize("lines", MARKER_BATCHES)
+@pytest.mark.parametrize("streams", [None, ["a", "b"]])
+def test_the_batch_fast_path_parses_markers_like_the_line_by_line_path(
+    lines: list[str], streams: list[str] | None
+) -> None:
+    # str lines always take the line-by-line path; bytes lines try the batch fast path first.
+    by_line = parse_json_lines(lines, streams=streams)
+    batched = parse_json_lines([line.encode() for line in lines], streams=streams)
+    assert _normal(batched) == _normal(by_line)
+
+
+def test_markers_of_a_single_stream_batch_stay_on_the_fast_path() -> None:
+    lines = [line.encode() for line in MARKER_BATCHES[1]]
+    fast = _fast_json(lines, frozenset({"a"}), 1000)
+    assert fast is not None
+    assert [(len(b), b.complete_through) for b in fast if isinstance(b, EventBatch)] == [
+        (0, 1), (0, 2), (1, 3)
+    ]  # fmt: skip
+
+
+LINE_POOL = sorted({line for batch in MARKER_BATCHES for line in batch} | {"{oops", "[1]"})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(LINE_POOL), min_size=1, max_size=12))
+def test_any_mix_of_events_and_markers_parses_the_same_on_both_paths(lines: list[str]) -> None:
+    batched = parse_json_lines([line.encode() for line in lines], streams=["a", "b"])
+    assert _normal(batched) == _normal(parse_json_lines(lines, streams=["a", "b"]))

