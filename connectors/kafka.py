@@ -62,6 +62,22 @@ RELEASE_TOPIC_CONFIG: Final[Mapping[str, str]] = {"cleanup.policy": "compact"}
 """Releases and ledger entries are keyed by release id: compaction keeps one copy of each."""
 
 
+def consumer_config(settings: KafkaSettings, *, tail: bool = True) -> dict[str, Any]:
+    """What every partition of a ``KafkaEventSource`` consumes with (and what a benchmark's
+    raw consumer must use to compare like with like): no consumer group commits — offsets live
+    in the snapshots — and the large fetches of ``CONSUMER_DEFAULTS`` unless overridden."""
+    config = settings.client_config(
+        **{
+            "group.id": "privstream",  # required by the client; offsets live in snapshots
+            "enable.auto.commit": "false",
+            "enable.partition.eof": str(not tail).lower(),
+        }
+    )
+    for key, value in CONSUMER_DEFAULTS.items():
+        config.setdefault(key, value)
+    return config
+
+
 class TopicMissing(RuntimeError):
     """A topic the flow needs does not exist (privstream never auto-creates topics)."""
 
@@ -338,15 +354,7 @@ class KafkaEventSource(FixedPartitionedSource[RawBatch, tuple[str, int]]):
                 "that other input, so use a new recovery directory"
             )
         index = int(for_part.removeprefix("partition-"))
-        config = self.settings.client_config(
-            **{
-                "group.id": "privstream",  # required by the client; offsets live in snapshots
-                "enable.auto.commit": "false",
-                "enable.partition.eof": str(not self.tail).lower(),
-            }
-        )
-        for key, value in CONSUMER_DEFAULTS.items():
-            config.setdefault(key, value)
+        config = consumer_config(self.settings, tail=self.tail)
         offset = OFFSET_BEGINNING if resume_state is None else resume_state[1]
         return _EventPartition(config, self.topic, index, offset, self.batch_size, self.stop)
 

@@ -5,7 +5,7 @@ topic, then two readers take turns, ``repeats`` times each:
 
 * **raw** — a plain ``confluent-kafka`` ``Consumer`` with exactly the configuration
   ``KafkaEventSource.build_part`` gives the flow's consumer (``CONSUMER_DEFAULTS`` and all; see
-  ``source_consumer_config``), assigned at the beginning of the partition, consuming batches of the flow's batch size and touching
+  ``connectors.kafka.consumer_config``), assigned at the beginning of the partition, consuming batches of the flow's batch size and touching
   every message value, until it has read every produced message;
 * **flow** — the LDP-IDS flow (``flows.ldp_ids.build`` with ``KafkaIO(until_slot=slots)``) on one
   worker, timed from the runner's start until it returns. It stops once it has released slot
@@ -39,11 +39,11 @@ from prometheus_client import REGISTRY
 from privstream.connectors.broker import EmbeddedBroker
 from privstream.connectors.events import EventBatch
 from privstream.connectors.kafka import (
-    CONSUMER_DEFAULTS,
     RELEASE_TOPIC_CONFIG,
     KafkaSettings,
     RawBatch,
     TopicSpec,
+    consumer_config,
     create_topics,
     parse_raw_batch,
 )
@@ -83,17 +83,6 @@ def _progress(total: int, unit: str, enabled: bool) -> Any:
 
 
 # --- the two readers --------------------------------------------------------------------------
-
-
-def source_consumer_config(settings: KafkaSettings) -> dict[str, Any]:
-    """The consumer configuration ``KafkaEventSource.build_part`` gives every partition of a
-    tailing source (``tests/test_bench_kafka.py`` checks the two stay the same)."""
-    config = settings.client_config(
-        **{"group.id": "privstream", "enable.auto.commit": "false", "enable.partition.eof": "false"}
-    )
-    for key, value in CONSUMER_DEFAULTS.items():
-        config.setdefault(key, value)
-    return config
 
 
 def read_raw(config: dict[str, Any], topic: str, expected: int, batch_size: int) -> dict[str, Any]:
@@ -317,7 +306,7 @@ def _bench(
     if written + slots != expected:
         raise RuntimeError(f"produced {written} events, expected {users * slots}")
 
-    config = source_consumer_config(settings)
+    config = consumer_config(settings)
     raw_runs: list[dict[str, Any]] = []
     flow_runs: list[dict[str, Any]] = []
     for i in range(1, repeats + 1):

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from privstream import cli
-from privstream.bench_kafka import format_result, source_consumer_config
+from privstream.bench_kafka import format_result
 from privstream.connectors import kafka
-from privstream.connectors.kafka import KafkaEventSource, KafkaSettings
+from privstream.connectors.kafka import KafkaEventSource, KafkaSettings, consumer_config
 
 USERS, SLOTS = 2000, 10
 
@@ -72,4 +72,5 @@ def test_the_raw_reader_uses_the_flow_sources_consumer_configuration(
     monkeypatch.setattr(kafka, "Consumer", Recorder)
     settings = KafkaSettings(("localhost:9092",), {"fetch.wait.max.ms": "5", "client.id": "x"})
     KafkaEventSource(settings, "events").build_part("kafka_in", "partition-0", None)
-    assert seen == [source_consumer_config(settings)]
+    assert seen == [consumer_config(settings)]
+    assert seen[0]["fetch.wait.max.ms"] == "5"  # client properties win over the defaults
