@@ -26,7 +26,7 @@ import itertools
 import json
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Final
 
@@ -50,11 +50,12 @@ LATE: Final = "late_event"
 FAR_FUTURE: Final = "far_future_slot"
 POPULATION_FULL: Final = "population_full"
 USER_ID_KIND: Final = "user_id_kind_mismatch"
+REQUIREMENT_CHANGED: Final = "requirement_changed"
 STREAM_HALTED: Final = "stream_halted"
 REASONS: Final = (
     MALFORMED,
     MALFORMED_CSV, MISSING_FIELD, INVALID_TYPE, NEGATIVE_SLOT, OVERSIZED, UNKNOWN_STREAM, OUT_OF_DOMAIN,
-    DUPLICATE, LATE, FAR_FUTURE, POPULATION_FULL, USER_ID_KIND, STREAM_HALTED,
+    DUPLICATE, LATE, FAR_FUTURE, POPULATION_FULL, USER_ID_KIND, REQUIREMENT_CHANGED, STREAM_HALTED,
 )  # fmt: skip
 
 
@@ -68,6 +69,8 @@ class EventBatch:
     ``complete_through`` is an end-of-slot marker travelling with the batch: once these rows are
     in, every slot ``<= complete_through`` of the stream is complete and can be released. Keeping
     the marker inside the batch makes it impossible for it to overtake its own events.
+    ``epsilons``/``windows`` are the privacy requirements ``(ε_i, w_i)`` rows state (personalized
+    mechanisms; NaN / 0 where a row states none), or None when no row states one.
     """
 
     stream: str
@@ -76,9 +79,29 @@ class EventBatch:
     values: NDArray[np.float64]
     raw: Sequence[str | bytes] | None = None
     complete_through: int | None = None
+    epsilons: NDArray[np.float64] | None = None
+    windows: NDArray[np.int64] | None = None
 
     def __len__(self) -> int:
         return int(self.slots.shape[0])
+
+    def select(
+        self,
+        rows: slice | NDArray[np.int64],
+        raw: Sequence[str | bytes] | None,
+        complete_through: int | None = None,
+    ) -> EventBatch:
+        """The batch of ``rows`` (all columns), with its lines and marker."""
+        return EventBatch(
+            self.stream,
+            self.slots[rows],
+            self.users[rows],
+            self.values[rows],
+            raw,
+            complete_through,
+            None if self.epsilons is None else self.epsilons[rows],
+            None if self.windows is None else self.windows[rows],
+        )
 
     def row_original(self, i: int) -> bytes | None:
         """The exact bytes of row ``i`` when ``row_text`` does not reproduce them."""
@@ -150,6 +173,16 @@ def _text(line: str | bytes) -> str:
     return line.decode("utf-8", errors="replace") if isinstance(line, bytes) else line
 
 
+@dataclass
+class _Columns:
+    slots: list[int] = field(default_factory=list)
+    users: list[str] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+    raws: list[str | bytes] = field(default_factory=list)
+    epsilons: list[float] = field(default_factory=list)
+    windows: list[int] = field(default_factory=list)
+
+
 class _Builder:
     """Collects accepted rows per stream and dead letters, in input order.
 
@@ -158,7 +191,7 @@ class _Builder:
     """
 
     def __init__(self) -> None:
-        self.rows: dict[str, tuple[list[int], list[str], list[float], list[str | bytes]]] = {}
+        self.rows: dict[str, _Columns] = {}
         self.batches: list[EventBatch] = []
         self.dead: list[DeadLetter] = []
 
@@ -168,25 +201,40 @@ class _Builder:
         original = raw if isinstance(raw, bytes) and raw != line.encode("utf-8") else None
         self.dead.append(DeadLetter(reason, stream, line, detail, original))
 
-    def accept(self, stream: str, slot: int, user: str, value: float, raw: str | bytes) -> None:
-        slots, users, values, raws = self.rows.setdefault(stream, ([], [], [], []))
-        slots.append(slot)
-        users.append(user)
-        values.append(value)
-        raws.append(raw)
+    def accept(
+        self,
+        stream: str,
+        slot: int,
+        user: str,
+        value: float,
+        raw: str | bytes,
+        requirement: tuple[float, int] = (math.nan, 0),
+    ) -> None:
+        cols = self.rows.get(stream)
+        if cols is None:
+            cols = self.rows[stream] = _Columns()
+        cols.slots.append(slot)
+        cols.users.append(user)
+        cols.values.append(value)
+        cols.raws.append(raw)
+        cols.epsilons.append(requirement[0])
+        cols.windows.append(requirement[1])
 
     def mark(self, stream: str, through: int) -> None:
         self.batches.append(self._cut(stream, through))
 
     def _cut(self, stream: str, through: int | None = None) -> EventBatch:
-        slots, users, values, raws = self.rows.pop(stream, ([], [], [], []))
+        cols = self.rows.pop(stream, None) or _Columns()
+        stated = any(w > 0 for w in cols.windows) or not all(map(math.isnan, cols.epsilons))
         return EventBatch(
             stream,
-            np.asarray(slots, dtype=np.int64),
-            np.asarray(users, dtype=object),
-            np.asarray(values, dtype=np.float64),
-            tuple(raws),
+            np.asarray(cols.slots, dtype=np.int64),
+            np.asarray(cols.users, dtype=object),
+            np.asarray(cols.values, dtype=np.float64),
+            tuple(cols.raws),
             through,
+            np.asarray(cols.epsilons, dtype=np.float64) if stated else None,
+            np.asarray(cols.windows, dtype=np.int64) if stated else None,
         )
 
     def result(self) -> list[EventBatch | DeadLetter]:
@@ -267,7 +315,20 @@ def _check_record(
     if value is None or not math.isfinite(value):
         out.reject(INVALID_TYPE, line, "value must be a finite number", stream, raw)
         return
-    out.accept(stream, slot, user, value, raw)
+    epsilon, window = rec.get("epsilon"), rec.get("window")
+    if epsilon is not None:
+        epsilon = _number(epsilon)
+        if epsilon is None or not (math.isfinite(epsilon) and epsilon > 0):
+            out.reject(INVALID_TYPE, line, "epsilon must be a positive number", stream, raw)
+            return
+    if window is not None:
+        if isinstance(window, float) and window.is_integer():
+            window = int(window)
+        if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window < _INT_LIMIT:
+            out.reject(INVALID_TYPE, line, "window must be an integer >= 1", stream, raw)
+            return
+    requirement = (math.nan if epsilon is None else epsilon, 0 if window is None else window)
+    out.accept(stream, slot, user, value, raw, requirement)
 
 
 _SKIP: Final = object()  # a line that is no event (blank, a CSV header) or already rejected
@@ -312,6 +373,8 @@ class _Row(msgspec.Struct, gc=False):
     slot: int | None = None
     value: float | None = None
     end_of_slot: int | None = None
+    epsilon: float | None = None
+    window: int | None = None
 
 
 _ROWS: Final = msgspec.json.Decoder(list[_Row])
@@ -368,32 +431,69 @@ def _fast_json(
         return None
     if (slot_arr < 0).any() or (slot_arr >= _INT_LIMIT).any() or not np.isfinite(value_arr).all():
         return None
-    user_arr = np.asarray(users, dtype=object)
+    whole = EventBatch(
+        "", slot_arr, np.asarray(users, dtype=object), value_arr, lines, None,
+        *_requirements(events, joined),
+    )  # fmt: skip
+    if whole.epsilons is not None and whole.epsilons.shape[0] == 0:
+        return None  # a stated requirement out of range: line by line, for its reason
     if marked:
         (name,) = names
         batches: list[EventBatch | DeadLetter] = []
         row, prev = 0, -1  # first event row and line after the previous marker
         for k, (i, (_, through)) in enumerate(zip(marks, marked, strict=True)):
             seg = slice(row, i - k)  # the events between the previous marker and this one
-            batches.append(EventBatch(name, slot_arr[seg], user_arr[seg], value_arr[seg],
-                                      tuple(lines[prev + 1 : i]), through))  # fmt: skip
+            batches.append(
+                replace(whole.select(seg, tuple(lines[prev + 1 : i]), through), stream=name)
+            )
             row, prev = i - k, i
         if row < len(events):
-            seg = slice(row, None)
-            batches.append(EventBatch(name, slot_arr[seg], user_arr[seg], value_arr[seg],
-                                      tuple(lines[prev + 1 :])))  # fmt: skip
+            batches.append(
+                replace(whole.select(slice(row, None), tuple(lines[prev + 1 :])), stream=name)
+            )
         return batches
     if len(names) == 1:
         (name,) = names
-        return [EventBatch(name, slot_arr, user_arr, value_arr, lines)]
+        return [replace(whole, stream=name)]
     streams = [r.stream for r in events]
     stream_arr = np.asarray(streams, dtype=object)
     out: list[EventBatch | DeadLetter] = []
     for name in dict.fromkeys(streams):  # first-seen order
         rows = np.flatnonzero(stream_arr == name)
         raws = tuple(lines[i] for i in rows.tolist())
-        out.append(EventBatch(name, slot_arr[rows], user_arr[rows], value_arr[rows], raws))
+        out.append(replace(whole.select(rows, raws), stream=name))
     return out
+
+
+_EMPTY_F: Final = np.zeros(0)
+_EMPTY_I: Final = np.zeros(0, dtype=np.int64)
+
+
+def _requirements(
+    events: Sequence[_Row], joined: bytes
+) -> tuple[NDArray[np.float64] | None, NDArray[np.int64] | None]:
+    """The stated ``(ε_i, w_i)`` columns of the fast path (None, None when no line states one;
+    empty arrays when a stated value is out of range)."""
+    if b'"epsilon"' not in joined and b'"window"' not in joined:
+        return None, None
+    nan = math.nan
+    try:
+        eps = np.fromiter(
+            (nan if r.epsilon is None else r.epsilon for r in events), np.float64, len(events)
+        )
+        win = np.fromiter(
+            (0 if r.window is None else r.window for r in events), np.int64, len(events)
+        )
+    except OverflowError:
+        return _EMPTY_F, _EMPTY_I
+    said = np.fromiter((r.window is not None for r in events), bool, len(events))
+    if (
+        not (eps[~np.isnan(eps)] > 0).all()
+        or not (win[said] >= 1).all()
+        or (win >= _INT_LIMIT).any()
+    ):
+        return _EMPTY_F, _EMPTY_I
+    return eps, win
 
 
 def parse_json_batch(

@@ -1,4 +1,5 @@
-"""Load a user's own CSV/JSON-lines file of ``(user, slot, value)`` records into memory.
+"""Load a user's own CSV/JSON-lines file of ``(user, slot, value)`` records into memory, and
+preferences tables of users' privacy requirements.
 
 The flow reads such files incrementally (``sources.file_source``); benchmarks need the whole
 stream at once, with ground truth. ``RecordedStream`` offers the same interface as
@@ -10,6 +11,9 @@ user's first report in a slot wins. Users keep their last value between slots
 
 from __future__ import annotations
 
+import csv
+import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -124,3 +128,38 @@ def load_records(
         numeric,
         tuple(rejected),
     )
+
+
+def load_preferences(path: str | Path) -> dict[str, tuple[float, int]]:
+    """Users' privacy requirements from a preferences table (spec personalized-w-event §9.1):
+    CSV ``user,epsilon,window`` (a header line naming them is skipped) or JSON lines
+    ``{"user": ..., "epsilon": ..., "window": ...}``. ``ValueError`` names the bad line."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"preferences file {p} does not exist")
+    table: dict[str, tuple[float, int]] = {}
+    csv_file = p.suffix.lower() == ".csv"
+    with p.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            text = line.strip()
+            if not text:
+                continue
+            try:
+                if csv_file:
+                    fields = [x.strip() for x in next(csv.reader([text]))]
+                    if fields == ["user", "epsilon", "window"]:
+                        continue
+                    user, eps_text, win_text = fields
+                    epsilon, window = float(eps_text), int(win_text)
+                else:
+                    rec = json.loads(text)
+                    user, epsilon, window = str(rec["user"]), float(rec["epsilon"]), rec["window"]
+                    if isinstance(window, bool) or not isinstance(window, int):
+                        raise ValueError("window must be an integer")
+            except (ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
+                raise ValueError(f"{p}:{number}: expected user, epsilon, window ({exc})") from None
+            if not user or not (math.isfinite(epsilon) and epsilon > 0) or window < 1:
+                raise ValueError(f"{p}:{number}: need a user, epsilon > 0 and window >= 1")
+            if table.setdefault(user, (epsilon, window)) != (epsilon, window):
+                raise ValueError(f"{p}:{number}: user listed twice with different requirements")
+    return table

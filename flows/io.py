@@ -10,13 +10,15 @@ format.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from bytewax import operators as op
 from bytewax.dataflow import Dataflow, Stream
+from bytewax.operators import KeyedStream
 
+from privstream.connectors import control
 from privstream.connectors.control import StopSignal
 from privstream.connectors.events import (
     MAX_EVENT_BYTES,
@@ -41,7 +43,7 @@ from privstream.connectors.synthetic import DATASETS, SyntheticStream
 from privstream.mechanisms.contract import Release
 from privstream.mechanisms.tasks import EstimationTask, FrequencyTask, MeanTask
 from privstream.operators.metrics import BOARD, count_dead_letter
-from privstream.operators.slotting import MechanismOut
+from privstream.operators.slotting import MechanismOut, SlottingConfig
 
 log = logging.getLogger(__name__)
 
@@ -213,3 +215,50 @@ def outputs(
         pairs = [(s, m) for s in known for m in mechanisms]
         last = kafka.until_slot
         stop.when(lambda: BOARD.released_through(pairs, last), f"slot {last} released")
+
+
+def assemble(
+    flow_id: str,
+    source: Source,
+    mechanisms: Sequence[str],
+    operator: Callable[[KeyedStream[EventBatch]], MechanismOut],
+    *,
+    kafka: KafkaIO | None = None,
+    out: str | None = None,
+    ledger_out: str | None = None,
+    dead_letter_out: str | None = None,
+    progress: Callable[[Release], None] | None = None,
+) -> Dataflow:
+    """A ready flow: ``source`` → parse → key by stream → ``operator`` → outputs.
+
+    With Kafka, a fresh ``StopSignal`` ends the input on SIGTERM or at ``kafka.until_slot``.
+    The metrics board is cleared so the endpoint shows this flow's ledgers.
+    """
+    stop = control.fresh() if kafka is not None else None
+    BOARD.clear()
+    flow = Dataflow(flow_id)
+    batches, parse_errors = events(flow, source, kafka, stop)
+    keyed = op.key_on("by_stream", batches, lambda b: b.stream)
+    outputs(
+        operator(keyed),
+        parse_errors,
+        streams=[source.stream],
+        mechanisms=mechanisms,
+        kafka=kafka,
+        stop=stop,
+        out=out,
+        ledger_out=ledger_out,
+        dead_letter_out=dead_letter_out,
+        progress=progress,
+    )
+    return flow
+
+
+def slotting_for(kafka: KafkaIO | None, lateness: int, client_path: str) -> SlottingConfig:
+    """Slotting of a ready flow: bounded inputs release their open slots at the end; a Kafka
+    stream keeps them open for the next run."""
+    return SlottingConfig(
+        lateness=lateness,
+        client_path=client_path,  # type: ignore[arg-type]
+        close_on_eof=kafka is None,
+    )

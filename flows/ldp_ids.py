@@ -13,16 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from bytewax import operators as op
 from bytewax.dataflow import Dataflow
+from bytewax.operators import KeyedStream
 
-from privstream.connectors import control
-from privstream.flows.io import KafkaIO, Source, events, outputs, resolve_source
+from privstream.connectors.events import EventBatch
+from privstream.flows.io import KafkaIO, Source, assemble, resolve_source, slotting_for
 from privstream.mechanisms.contract import Release
 from privstream.mechanisms.ldp_ids import LdpIdsConfig, mechanism_names
 from privstream.operators.ldp_ids import ldp_ids
-from privstream.operators.metrics import BOARD
-from privstream.operators.slotting import SlottingConfig
+from privstream.operators.slotting import MechanismOut
 
 __all__ = ["KafkaIO", "Source", "build", "resolve_source"]
 
@@ -76,35 +75,26 @@ def build(
     config = LdpIdsConfig(
         epsilon=epsilon, window=window, population=users, task=source.task, beta=beta
     )
-    slotting = SlottingConfig(
-        lateness=lateness,
-        client_path=client_path,  # type: ignore[arg-type]
-        close_on_eof=kafka is None,
-    )
-    stop = control.fresh() if kafka is not None else None
-    BOARD.clear()  # the metrics show this flow's ledgers
+    slotting = slotting_for(kafka, lateness, client_path)
 
-    flow = Dataflow("privstream_ldp_ids")
-    batches, parse_errors = events(flow, source, kafka, stop)
-    keyed = op.key_on("by_stream", batches, lambda b: b.stream)
-    mech = ldp_ids(
-        "ldp_ids",
-        keyed,
-        mechanism=names,
-        config=config,
-        secret=seed if secret is None else secret,
-        slotting=slotting,
-    )
-    outputs(
-        mech,
-        parse_errors,
-        streams=[source.stream],
-        mechanisms=names,
+    def operator(keyed: KeyedStream[EventBatch]) -> MechanismOut:
+        return ldp_ids(
+            "ldp_ids",
+            keyed,
+            mechanism=names,
+            config=config,
+            secret=seed if secret is None else secret,
+            slotting=slotting,
+        )
+
+    return assemble(
+        "privstream_ldp_ids",
+        source,
+        names,
+        operator,
         kafka=kafka,
-        stop=stop,
         out=out,
         ledger_out=ledger_out,
         dead_letter_out=dead_letter_out,
         progress=progress,
     )
-    return flow

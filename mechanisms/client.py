@@ -14,8 +14,9 @@ selected user. Two paths produce the same distribution of support counts:
 ``CuratorPort`` (``cdp``, spec personalized-w-event §1.1, §9.2): the server is a trusted curator
 that sees raw values, so the port hands the mechanism the true histogram of each privacy class.
 ``SimulatedCurator`` builds it from the same dense per-user value array as
-``SimulatedClientPort`` plus the stream's ``Requirements`` (every user's ``(ε_i, w_i)``, fixed for
-the stream's life, spec §1.1). Only what a mechanism releases is public; nothing here is.
+``SimulatedClientPort`` plus the stream's ``Requirements`` (every registered user's
+``(ε_i, w_i)``; users register over time but never change requirement, spec §1.1, §9.5). Only
+what a mechanism releases is public; nothing here is.
 """
 
 from __future__ import annotations
@@ -132,16 +133,18 @@ class SimulatedClientPort:
 # ---------------------------------------------------------------------------------------------
 
 NO_WINDOW = 0  # marker of a user without a window preference in a ``Requirements`` array
+NO_CLASS = -1  # ``PrivacyClasses.members`` entry of a user who is not registered
 
 
 @dataclass(frozen=True)
 class PrivacyClasses:
     """The distinct requirements of a registered population (spec §9.3).
 
-    Class ``c`` holds the ``sizes[c]`` users whose resolved requirement is
-    ``(windows[c], epsilons[c])``; classes are sorted by window, then budget. ``members[i]`` is
-    user ``i``'s class. ``digest`` fingerprints the assignment (no ids, no values) so a mechanism
-    can refuse a stream whose requirements change under it.
+    Class ``c`` holds the ``sizes[c]`` registered users whose resolved requirement is
+    ``(windows[c], epsilons[c])``; classes are sorted by window, then budget, and every class
+    has at least one member. ``members[i]`` is user ``i``'s class, ``NO_CLASS`` (−1) for a
+    user who is not registered. ``digest`` fingerprints the assignment (no ids, no values).
+    A population nobody has registered in yet has no classes (``count == 0``).
     """
 
     windows: NDArray[np.int64]
@@ -155,6 +158,17 @@ class PrivacyClasses:
         """``m``, the number of classes."""
         return int(self.windows.shape[0])
 
+    @property
+    def registered(self) -> int:
+        """How many users are registered (``Σ_c n_c``)."""
+        return int(self.sizes.sum())
+
+
+def _factorize(a: NDArray[Any]) -> tuple[NDArray[Any], NDArray[np.intp]]:
+    """Sorted distinct values of ``a`` and each element's index among them."""
+    values = np.unique(a)
+    return values, np.asarray(np.searchsorted(values, a), dtype=np.intp)
+
 
 class Requirements:
     """Every registered user's privacy requirement ``(ε_i, w_i)`` for one stream (spec §1.1).
@@ -164,8 +178,15 @@ class Requirements:
     then ``population`` gives the user count. Users without a preference get the mechanism's
     stream default (its ``Config.epsilon``/``Config.window``), resolved in ``classes``.
 
-    Build it once per stream from the user registry and hand it to every slot's
-    ``SimulatedCurator``: the class table is computed once per default and memoised here.
+    ``registered`` (a boolean mask, default everyone) says which users are registered: only
+    they belong to a class and count in the class sizes ``n_c``; the curator ignores the values
+    of everybody else, whatever they hold, and their preference entries are never read (NaN/0
+    placeholders are fine). Users register over time (spec §9.5): rebuild the object in the
+    slots where somebody new registered, and keep handing the same object to every slot's
+    ``SimulatedCurator`` otherwise, since the class table is computed once per default and
+    memoised here (O(n) NumPy work per default). A registered user must never leave their
+    class or change requirement: the mechanisms refuse a class that shrinks.
+
     Requirements are public metadata (spec §1.1, A2) but user ids are not: this object holds
     dense indices only.
     """
@@ -176,15 +197,18 @@ class Requirements:
         windows: ArrayLike | None = None,
         *,
         population: int | None = None,
+        registered: ArrayLike | None = None,
     ) -> None:
         eps = None if epsilons is None else np.array(epsilons, dtype=np.float64).reshape(-1)
         win = None if windows is None else np.array(windows, dtype=np.float64).reshape(-1)
-        sizes = {a.shape[0] for a in (eps, win) if a is not None}
+        mask = None if registered is None else np.array(registered).reshape(-1)
+        sizes = {a.shape[0] for a in (eps, win, mask) if a is not None}
         if population is not None:
             sizes.add(population)
         if len(sizes) != 1:
             raise ValueError(
-                f"epsilons, windows and population must describe one population, got sizes {sorted(sizes)}"
+                "epsilons, windows, registered and population must describe one population, "
+                f"got sizes {sorted(sizes)}"
             )
         n = sizes.pop()
         if n < 1:
@@ -195,13 +219,24 @@ class Requirements:
             np.isfinite(win) & (win == np.floor(win)) & ((win >= 1) | (win == NO_WINDOW))
         ):
             raise ValueError("windows must be integers >= 1 (0: no preference)")
+        if mask is not None and mask.dtype != np.bool_:
+            raise ValueError(f"registered must be a boolean mask, got dtype {mask.dtype}")
         self.population = int(n)
         self._epsilons = eps
         self._windows = None if win is None else win.astype(np.int64)
-        for a in (self._epsilons, self._windows):
+        self._registered = None if mask is None or bool(mask.all()) else mask
+        self.registered_count = (
+            self.population if self._registered is None else int(self._registered.sum())
+        )
+        for a in (self._epsilons, self._windows, self._registered):
             if a is not None:
                 a.flags.writeable = False
         self._memo: dict[tuple[float, int], PrivacyClasses] = {}
+
+    @property
+    def registered(self) -> NDArray[np.bool_] | None:
+        """The (read-only) registered mask; None when every user is registered."""
+        return self._registered
 
     def classes(self, default_epsilon: float, default_window: int) -> PrivacyClasses:
         """The class table with every missing preference replaced by the stream default."""
@@ -216,27 +251,51 @@ class Requirements:
         return found
 
     def _resolve(self, default_epsilon: float, default_window: int) -> PrivacyClasses:
-        n = self.population
-        eps = (
-            np.full(n, default_epsilon)
-            if self._epsilons is None
-            else np.where(np.isnan(self._epsilons), default_epsilon, self._epsilons)
-        )
-        win = (
-            np.full(n, default_window, dtype=np.int64)
-            if self._windows is None
-            else np.where(self._windows == NO_WINDOW, default_window, self._windows)
-        )
-        if self._epsilons is None and self._windows is None:
-            members = np.zeros(n, dtype=np.intp)
-            table = np.array([[default_window, default_epsilon]])
+        n, mask = self.population, self._registered
+        members = np.full(n, NO_CLASS, dtype=np.intp)
+        if self.registered_count == 0:
+            windows, epsilons = np.zeros(0, dtype=np.int64), np.zeros(0)
+        elif self._epsilons is None and self._windows is None:
+            if mask is None:
+                members[:] = 0
+            else:
+                members[mask] = 0
+            windows = np.array([default_window], dtype=np.int64)
+            epsilons = np.array([default_epsilon])
         else:
-            pairs = np.stack([win.astype(np.float64), eps], axis=1)
-            table, inverse = np.unique(pairs, axis=0, return_inverse=True)
-            members = np.asarray(inverse, dtype=np.intp).reshape(-1)
-        windows = table[:, 0].astype(np.int64)
-        epsilons = np.ascontiguousarray(table[:, 1])
-        sizes = np.bincount(members, minlength=windows.shape[0]).astype(np.int64)
+            eps = self._epsilons if mask is None or self._epsilons is None else self._epsilons[mask]
+            win = self._windows if mask is None or self._windows is None else self._windows[mask]
+            m = self.registered_count
+            eps = (
+                np.full(m, default_epsilon)
+                if eps is None
+                else np.where(np.isnan(eps), default_epsilon, eps)
+            )
+            win = (
+                np.full(m, default_window, dtype=np.int64)
+                if win is None
+                else np.where(win == NO_WINDOW, default_window, win)
+            )
+            # Classes sorted by (w, ε): rank each coordinate, then combine the ranks. Linear
+            # after the two small sorts of distinct values, unlike a row-wise np.unique.
+            wins, w_rank = _factorize(win)
+            epss, e_rank = _factorize(eps)
+            key = w_rank.astype(np.int64) * epss.shape[0] + e_rank
+            grid = wins.shape[0] * epss.shape[0]
+            if grid <= 4 * m:
+                present = np.bincount(key, minlength=grid) > 0
+                used = np.flatnonzero(present)
+                inverse = (np.cumsum(present) - 1)[key]
+            else:  # many distinct budgets: a sort of the combined keys
+                used, inverse = _factorize(key)
+            windows = wins[used // epss.shape[0]].astype(np.int64)
+            epsilons = np.ascontiguousarray(epss[used % epss.shape[0]], dtype=np.float64)
+            if mask is None:
+                members[:] = inverse
+            else:
+                members[mask] = inverse
+        registered = members if mask is None else members[mask]
+        sizes = np.bincount(registered, minlength=windows.shape[0]).astype(np.int64)
         h = hashlib.blake2b(digest_size=16)
         for part in (windows, epsilons, members.astype(np.int64)):
             h.update(np.ascontiguousarray(part).tobytes())
@@ -245,14 +304,15 @@ class Requirements:
         return PrivacyClasses(windows, epsilons, sizes, members, h.hexdigest())
 
     def __repr__(self) -> str:  # never print per-user requirements
-        return f"Requirements(population={self.population})"
+        return f"Requirements(population={self.population}, registered={self.registered_count})"
 
 
 @dataclass(frozen=True)
 class ClassHistogram:
-    """The true per-class histograms of one slot: ``counts[c, j]`` users of class ``c`` whose
-    value is bin ``j`` (spec §9.2 ``SlotInput``). ``sizes[c]`` is the class's registered size
-    ``n_c`` (public, used by OBS); ``counts`` only covers users with a current value.
+    """The true per-class histograms of one slot: ``counts[c, j]`` registered users of class
+    ``c`` whose value is bin ``j`` (spec §9.2 ``SlotInput``). ``sizes[c]`` is the class's
+    registered size ``n_c`` (public, used by OBS); ``counts`` only covers registered users with
+    a current value. No registered user yet: no classes, ``counts`` of shape ``(0, d)``.
 
     Behind the privacy boundary: a mechanism may add noise to it, never release it.
     """
@@ -265,7 +325,7 @@ class ClassHistogram:
 
     @property
     def total(self) -> NDArray[np.int64]:
-        """The true histogram ``c_t`` of the whole population."""
+        """The true histogram ``c_t`` of the registered population."""
         out: NDArray[np.int64] = self.counts.sum(axis=0)
         return out
 
@@ -279,12 +339,12 @@ class CuratorPort(Protocol):
 
     @property
     def population(self) -> int:
-        """Registered population size ``n``."""
+        """Size ``n`` of the dense user index (registered or not)."""
         ...
 
     def class_histogram(self, default_epsilon: float, default_window: int) -> ClassHistogram:
-        """The slot's true histogram per privacy class, users without a preference resolved to
-        ``(default_epsilon, default_window)``."""
+        """The slot's true histogram per privacy class of the registered users, users without a
+        preference resolved to ``(default_epsilon, default_window)``."""
         ...
 
 
@@ -293,6 +353,7 @@ class SimulatedCurator:
 
     Built per slot exactly like ``SimulatedClientPort``, with the stream's ``Requirements`` in
     place of the randomness: the curator draws nothing, the mechanism samples and adds noise.
+    Values of users who are not registered are never read, not even checked.
     """
 
     def __init__(
@@ -320,7 +381,9 @@ class SimulatedCurator:
         return int(self._values.shape[0])
 
     def eligible(self) -> NDArray[np.bool_]:
-        return self._eligible
+        """Registered users holding a current value."""
+        registered = self._requirements.registered
+        return self._eligible if registered is None else self._eligible & registered
 
     def class_histogram(self, default_epsilon: float, default_window: int) -> ClassHistogram:
         key = (float(default_epsilon), int(default_window))
@@ -332,9 +395,10 @@ class SimulatedCurator:
     def _histogram(self, default_epsilon: float, default_window: int) -> ClassHistogram:
         classes = self._requirements.classes(default_epsilon, default_window)
         d, m = self._task.d, classes.count
-        everyone = bool(self._eligible.all())
-        raw = self._values if everyone else self._values[self._eligible]
-        members = classes.members if everyone else classes.members[self._eligible]
+        keep = self.eligible()
+        everyone = bool(keep.all())
+        raw = self._values if everyone else self._values[keep]
+        members = classes.members if everyone else classes.members[keep]
         bins = np.asarray(self._task.encode(raw), dtype=np.int64)
         if bins.size and (bins.min() < 0 or bins.max() >= d):
             raise ValueError(f"a current value lies outside the domain 0..{d - 1}")

@@ -7,8 +7,9 @@
   array keyed by the stable user index. Invariant: a user reports at most once in any ``w``
   consecutive slots, i.e. two report slots ``s < s'`` satisfy ``s' − s ≥ w``.
 * ``PersonalizedLedger`` — personalized w-event privacy (spec personalized-w-event §1.4, §9.3):
-  one sliding sum per privacy class ``(w_c, ε_c)``, never per user. Invariant (C1): for every
-  class and slot, ``Σ_{k=max(1,t−w_c+1)}^{t} ε_{c,k} ≤ ε_c``.
+  one sliding sum per privacy class ``(w_c, ε_c)``, never per user; classes may join at any
+  slot ``t_c`` with zero history (§9.5). Invariant (C1): for every class and slot ``t ≥ t_c``,
+  ``Σ_{k=max(t_c,t−w_c+1)}^{t} ε_{c,k} ≤ ε_c``.
 
 All three raise ``PrivacyBudgetExceeded`` before the charge takes effect, so nothing derived from
 an over-budget report can be released. Slots here are the mechanism's step counter ``t ≥ 1``.
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
 from privstream.mechanisms.errors import PrivacyBudgetExceeded
 
@@ -185,32 +186,80 @@ class PersonalizedLedger:
     PBD/PBA and the baselines is the same for all its members (spec §9.3), so the ledger keeps
     ``m`` sliding sums however many users there are. ``dc`` and ``pub`` hold, per class, what
     the dissimilarity part (PartDC) and the publication part (PartNOP) charged at the slot in
-    ring position ``t mod W`` (``W = max_c w_c``); ``slots`` says which slot wrote a position, so
-    stale positions read as zero. Charges must come in slot order.
+    ring position ``t mod R`` (``R = max(horizon, max_c w_c)``); ``slots`` says which slot wrote
+    a position, so stale positions read as zero. Charges must come in slot order.
+
+    Classes join over time (spec §9.5): ``add_classes`` appends classes with zero history at
+    their join slot (``joined[c]``), growing the ring when a new window exceeds it; a user who
+    joins an existing class simply shares its history (conservative). A ledger may start with
+    no class at all (nobody registered yet). ``horizon`` keeps at least that many slots
+    readable, for a mechanism that looks back over a window of its own (BD's uniform ``w``).
     """
 
     windows: NDArray[np.int64]
     epsilons: NDArray[np.float64]
     last: int = 0
+    horizon: int = 1
     slots: NDArray[np.int64] = field(init=False)
     dc: NDArray[np.float64] = field(init=False)
     pub: NDArray[np.float64] = field(init=False)
+    joined: NDArray[np.int64] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.windows = np.array(self.windows, dtype=np.int64).reshape(-1)
-        self.epsilons = np.array(self.epsilons, dtype=np.float64).reshape(-1)
-        if self.windows.size == 0 or self.windows.shape != self.epsilons.shape:
-            raise ValueError("a personalized ledger needs one (w, ε) per class, at least one class")
-        if np.any(self.windows < 1):
-            raise ValueError(f"class windows must be >= 1, got {self.windows.tolist()}")
-        if not np.all(np.isfinite(self.epsilons) & (self.epsilons > 0)):
-            raise ValueError(
-                f"class budgets must be positive and finite, got {self.epsilons.tolist()}"
-            )
-        ring = int(self.windows.max())
+        self.windows, self.epsilons = self._classes(self.windows, self.epsilons)
+        if not isinstance(self.horizon, int) or self.horizon < 1:
+            raise ValueError(f"ledger horizon must be an integer >= 1, got {self.horizon!r}")
+        ring = max(self.horizon, int(self.windows.max(initial=1)))
         self.slots = np.full(ring, NEVER, dtype=np.int64)
         self.dc = np.zeros((self.classes, ring))
         self.pub = np.zeros((self.classes, ring))
+        self.joined = np.full(self.classes, self.last + 1, dtype=np.int64)
+
+    @staticmethod
+    def _classes(
+        windows: ArrayLike, epsilons: ArrayLike
+    ) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+        w = np.array(windows, dtype=np.int64).reshape(-1)
+        e = np.array(epsilons, dtype=np.float64).reshape(-1)
+        if w.shape != e.shape:
+            raise ValueError("a personalized ledger needs one (w, ε) per class")
+        if np.any(w < 1):
+            raise ValueError(f"class windows must be >= 1, got {w.tolist()}")
+        if not np.all(np.isfinite(e) & (e > 0)):
+            raise ValueError(f"class budgets must be positive and finite, got {e.tolist()}")
+        return w, e
+
+    def add_classes(self, t: int, windows: ArrayLike, epsilons: ArrayLike) -> None:
+        """Append classes ``(windows[k], epsilons[k])`` joining at slot ``t`` with zero history.
+
+        Their members were charged nothing before ``t`` (they were not registered), so every
+        window of theirs reads only what is charged from ``t`` on. When a new window exceeds
+        the ring, the ring grows; the slots the old classes can still read (the last ``R``)
+        keep their charges. Memory stays ``O(m·R)``, nothing per user.
+        """
+        _check_t(t)
+        if t < self.last:
+            raise ValueError(f"personalized ledger got classes at t={t} after t={self.last}")
+        w, e = self._classes(windows, epsilons)
+        ring = self.slots.shape[0]
+        grown = max(ring, int(w.max(initial=1)))
+        if grown > ring:
+            # Windows ending at t ≥ last read slots > last − R only; those R consecutive slots
+            # land on distinct positions of the larger ring.
+            live = np.flatnonzero(self.slots > self.last - ring)
+            pos = self.slots[live] % grown
+            slots = np.full(grown, NEVER, dtype=np.int64)
+            slots[pos] = self.slots[live]
+            dc, pub = np.zeros((self.classes, grown)), np.zeros((self.classes, grown))
+            dc[:, pos], pub[:, pos] = self.dc[:, live], self.pub[:, live]
+            self.slots, self.dc, self.pub = slots, dc, pub
+        fresh = np.zeros((w.shape[0], grown))
+        self.dc = np.concatenate([self.dc, fresh])
+        self.pub = np.concatenate([self.pub, fresh])
+        self.windows = np.concatenate([self.windows, w])
+        self.epsilons = np.concatenate([self.epsilons, e])
+        self.joined = np.concatenate([self.joined, np.full(w.shape[0], t, dtype=np.int64)])
+        self.last = t
 
     @property
     def classes(self) -> int:

@@ -24,6 +24,17 @@ Building blocks: ``obs`` (Optimal Budget Selection, Alg. 1), ``sampling_error`` 
 ``sm_sample``/``sm`` (the Sampling Mechanism SM_s/SM_d of Jorgensen et al., §2.2, drawn per class
 and bin with binomials), ``dissimilarity_calculation`` (DC, Alg. 3).
 
+**Population growth (spec §9.5).** Users register over time (``Requirements.registered``); an
+unregistered user belongs to no class and their data is never used. A user registering in an
+existing class joins its ledger, which already holds spend they never incurred (conservative);
+a new class ``(w_c, ε_c)`` joins at step ``t_c`` with zero history (PBD: empty look-back; PBA:
+``a_c = t_c``), so (C1) holds for it over every window since ``t_c``. The uniform baselines keep
+one stream-wide schedule and charge a class from its join on (a subset of a schedule that is
+``(w, ε)``-bounded), refusing at once a class stricter than ``(w, ε)``. A class that shrinks or
+disappears (a user left it or changed requirement) halts the stream with
+``PrivacyBudgetExceeded`` before anything of the slot is charged or released. While nobody is
+registered the mechanisms skip (repeat ``r_{t−1}``, ``0^d`` at first) and charge nobody.
+
 Time ``t`` is the mechanism's own 1-based step counter; releases carry the stream's slot index.
 Randomness: one generator per purpose (``dc/sample``, ``dc/noise``, ``pub/sample``,
 ``pub/noise``, ``pub/client``) from the slot's ``SlotRandomness``, so a replayed slot releases
@@ -59,7 +70,10 @@ from privstream.mechanisms.noise import laplace, laplace_variance
 from privstream.mechanisms.oracles import OUE
 from privstream.mechanisms.tasks import FrequencyTask
 
-STATE_VERSION: Final = 1
+STATE_VERSION: Final = 2
+"""Layout of ``PersonalizedState``. 2: classes join over time (spec §9.5): ``sizes`` holds each
+class's registered size, the ledger appends classes (``joined``, ``horizon``) and may start
+empty, PBA's ``absorbed`` grows with the classes; ``requirements`` is the last digest seen."""
 SENSITIVITY: Final = 1.0
 """``Δ``: L1 sensitivity of the histogram under add/remove-one-row neighbours (spec §1.5, A6).
 A replace-one-row mode (Δ = 2) would break SM's amplification lemma and is not offered."""
@@ -227,7 +241,8 @@ class PersonalizedConfig:
     """Configuration of the personalized w-event mechanisms; defaults are the paper's (§6.3).
 
     Attributes:
-        population: registered population size n (≥ 1 users).
+        population: size n (≥ 1) of the stream's dense user index; users in it register
+            over time (``Requirements.registered``), and only registered users are counted.
         epsilon: the stream's budget ε (> 0, finite): the requirement of every user without a
             preference, and the uniform budget of BD, BA, Uniform and Sample. Default 0.6.
         window: the stream's window w (≥ 1 slots), likewise. Default 120.
@@ -268,9 +283,13 @@ class PersonalizedState:
     ``t`` counts processed slots and ``last_slot`` is the stream slot of the last step.
     ``r_last`` is the last non-null release (``0^d`` before the first; every null slot repeats
     it, so it is also ``r_{t−1}``), published at step ``l`` (stream slot ``source_slot``).
-    ``requirements`` fingerprints the class assignment met at the first slot; ``ledger`` holds
-    the per-class spend. ``absorbed``: PBA's first unspent-share slot ``a_c`` per class (§4.3
-    A'1–A'4), BA's shares ``s_l`` used by the last publication (§3.4).
+    The stream's privacy classes are the ``ledger``'s, in the order they joined (class ``c``
+    keeps its index for the stream's life; the ledger's ``joined[c]`` is its first step);
+    ``sizes[c]`` is the class's registered size ``n_c`` at the last step, which may only grow
+    (spec §9.5), and ``requirements`` the digest of that step's class assignment. ``ledger``
+    holds the per-class spend. ``absorbed``: PBA's first unspent-share step ``a_c`` per class
+    (§4.3 A'1–A'4; a class joining at step ``t_c`` starts at ``a_c = t_c``), BA's shares
+    ``s_l`` used by the last publication (§3.4).
     """
 
     mechanism: str
@@ -282,6 +301,7 @@ class PersonalizedState:
     l: int = 0
     source_slot: int | None = None
     requirements: str | None = None
+    sizes: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     ledger: PersonalizedLedger | None = None
     absorbed: NDArray[np.int64] | None = None
 
@@ -336,7 +356,16 @@ class PersonalizedMechanism(Mechanism[PersonalizedConfig, PersonalizedState]):
 
     def initial_state(self) -> PersonalizedState:
         d = self.config.task.d
-        return PersonalizedState(mechanism=self.name, d=d, r_last=np.zeros(d))
+        state = PersonalizedState(mechanism=self.name, d=d, r_last=np.zeros(d))
+        state.ledger = self.new_ledger()
+        self.start(state)
+        return state
+
+    def new_ledger(self) -> PersonalizedLedger:
+        """The stream's ledger before anybody registered: no class yet. A uniform baseline
+        keeps its own window ``w`` readable (BD looks back over it whatever the classes)."""
+        horizon = self.config.window if self.uniform else 1
+        return PersonalizedLedger(np.zeros(0, dtype=np.int64), np.zeros(0), horizon=horizon)
 
     def wants_publication(self, t: int, dis: float, threshold: float) -> bool:
         """The publish/skip rule ``dis > threshold`` (spec §4.1 W6, §3.3 BD7). A test may
@@ -365,44 +394,101 @@ class PersonalizedMechanism(Mechanism[PersonalizedConfig, PersonalizedState]):
             raise ValueError(
                 f"slot histogram has {hist.counts.shape[1]} bins, expected d={cfg.task.d}"
             )
-        self._attach(state, hist)
         state.t += 1
         state.last_slot = slot.index
-        outcome = self.decide(state, slot, hist)
+        hist = self._attach(state, hist)
+        if hist.windows.shape[0] == 0:  # nobody registered: nothing to use, nobody to charge
+            outcome = _Outcome("skip", self._nothing(hist), self._nothing(hist))
+        else:
+            outcome = self.decide(state, slot, hist)
         return [self._release(state, slot, hist, outcome), self._entry(state, slot, hist, outcome)]
 
-    def _attach(self, state: PersonalizedState, hist: ClassHistogram) -> None:
-        """Bind the stream's classes at its first slot; refuse a changed assignment later.
+    def _attach(self, state: PersonalizedState, hist: ClassHistogram) -> ClassHistogram:
+        """Match the slot's classes with the stream's and return the slot's histogram in the
+        stream's class order (spec §9.5).
 
-        Requirements are fixed for the stream's life (spec §1.1): a user moving between classes
-        would leave their spend behind in the old class's ledger (§9.5).
+        A user registering in an existing class joins its ledger, which already holds spend
+        they never incurred (conservative). A new class ``(w, ε)`` joins the ledger at this
+        step with zero history (PBA: ``a_c = t``). A class that shrank or disappeared means a
+        user left it or changed requirement, and their spend would not follow them: the step
+        is refused before anything is charged or released. (A move hidden by a simultaneous
+        registration in the old class cannot be seen without per-user state; the operator
+        refuses requirement changes upstream.) A uniform baseline refuses, at the step it
+        appears, a class it cannot protect.
         """
-        if state.ledger is None:
-            if self.uniform:
-                self._check_uniform_protects(hist)
-            state.ledger = PersonalizedLedger(hist.windows, hist.epsilons)
-            state.requirements = hist.digest
-            self.start(state, hist)
-        elif hist.digest != state.requirements:
+        ledger = self.ledger(state)
+        m_old = ledger.classes
+        order: NDArray[np.intp] | None
+        if hist.windows.shape == ledger.windows.shape and (
+            np.array_equal(hist.windows, ledger.windows)
+            and np.array_equal(hist.epsilons, ledger.epsilons)
+        ):
+            order = None  # the usual case: the same classes in the same order
+            present = np.arange(m_old)
+        else:
+            index = {
+                key: k
+                for k, key in enumerate(
+                    zip(hist.windows.tolist(), hist.epsilons.tolist(), strict=True)
+                )
+            }
+            found = [
+                index.get(key, -1)
+                for key in zip(ledger.windows.tolist(), ledger.epsilons.tolist(), strict=True)
+            ]
+            present = order = np.array(found, dtype=np.intp)
+        sizes = np.zeros(m_old, dtype=np.int64)
+        sizes[present >= 0] = hist.sizes[present[present >= 0]]
+        shrunk = np.flatnonzero(sizes < state.sizes)
+        if shrunk.size:
+            c = int(shrunk[0])
             raise PrivacyBudgetExceeded(
-                f"{self.name}: the users' privacy requirements changed mid-stream; a user's spend "
-                "would not follow them to a new class (spec §1.1, §9.5)"
+                f"{self.name}: privacy class {c} (w={int(ledger.windows[c])}, "
+                f"ε={ledger.epsilons[c]:g}) shrank from {int(state.sizes[c])} to {int(sizes[c])} "
+                f"registered users at step {state.t} ({shrunk.size} classes shrank): a user left "
+                "or changed requirement mid-stream and their spend would not follow them "
+                "(spec §1.1, §9.5); refusing the slot"
             )
+        if m_old < hist.windows.shape[0]:
+            taken = np.zeros(hist.windows.shape[0], dtype=bool)
+            taken[present] = True
+            new = np.flatnonzero(~taken)
+            if self.uniform:
+                self._check_uniform_protects(hist, new)
+            ledger.add_classes(state.t, hist.windows[new], hist.epsilons[new])
+            self.join(state, new.shape[0])
+            order = np.concatenate([present, new])
+        state.requirements = hist.digest
+        if order is None:
+            state.sizes = hist.sizes
+            return hist
+        state.sizes = hist.sizes[order]
+        return ClassHistogram(
+            hist.windows[order],
+            hist.epsilons[order],
+            state.sizes,
+            hist.counts[order],
+            hist.digest,
+        )
 
-    def _check_uniform_protects(self, hist: ClassHistogram) -> None:
+    def _check_uniform_protects(self, hist: ClassHistogram, classes: NDArray[np.intp]) -> None:
         """One ``(ε, w)`` satisfies user ``i`` when ``ε ≤ ε_i`` and ``w ≥ w_i`` (spec §3)."""
         cfg = self.config
-        weak = (hist.epsilons < cfg.epsilon) | (hist.windows > cfg.window)
+        weak = (hist.epsilons[classes] < cfg.epsilon) | (hist.windows[classes] > cfg.window)
         if weak.any():
-            c = int(np.flatnonzero(weak)[0])
+            c = int(classes[np.flatnonzero(weak)[0]])
             raise PrivacyBudgetExceeded(
                 f"{self.name} with (ε={cfg.epsilon:g}, w={cfg.window}) cannot protect the "
                 f"{int(hist.sizes[c])} users requiring (ε={hist.epsilons[c]:g}, "
                 f"w={int(hist.windows[c])}); a uniform baseline needs ε ≤ min ε_i and w ≥ max w_i"
             )
 
-    def start(self, state: PersonalizedState, hist: ClassHistogram) -> None:
-        """Mechanism-specific state at the first slot."""
+    def start(self, state: PersonalizedState) -> None:
+        """Mechanism-specific state before the first slot."""
+
+    def join(self, state: PersonalizedState, added: int) -> None:
+        """Mechanism-specific state of ``added`` classes joining at step ``state.t`` (they are
+        the ledger's last ``added`` classes)."""
 
     def decide(self, state: PersonalizedState, slot: Slot, hist: ClassHistogram) -> _Outcome:
         """Run the mechanism's pseudocode for step ``state.t``; charge, publish."""
@@ -468,23 +554,28 @@ class PersonalizedMechanism(Mechanism[PersonalizedConfig, PersonalizedState]):
                 strict=True,
             )
         )
-        b = int(np.argmax(spent / hist.epsilons))
-        n = self.config.population
+        n = int(hist.sizes.sum())  # registered users
+        if not classes:  # nobody registered: the stream default, nothing spent
+            eps, win, dc, pub, window_spent = self.config.epsilon, self.config.window, 0.0, 0.0, 0.0
+        else:
+            b = int(np.argmax(spent / hist.epsilons))
+            eps, win = float(hist.epsilons[b]), int(hist.windows[b])
+            dc, pub, window_spent = float(o.dc[b]), float(o.pub[b]), float(spent[b])
         return LedgerEntry(
             stream=slot.stream,
             mechanism=self.name,
             slot=slot.index,
             division="budget",
-            epsilon=float(hist.epsilons[b]),
-            window=int(hist.windows[b]),
-            epsilon_m1=float(o.dc[b]),
-            epsilon_m2=float(o.pub[b]),
-            window_spent=float(spent[b]),
+            epsilon=eps,
+            window=win,
+            epsilon_m1=dc,
+            epsilon_m2=pub,
+            window_spent=window_spent,
             users_m1=int(hist.sizes[o.dc > 0].sum()),
             users_m2=int(hist.sizes[o.pub > 0].sum()),
             window_users=n,
             available_users=n,
-            remaining=float(max(0.0, hist.epsilons[b] - spent[b])),
+            remaining=max(0.0, eps - window_spent),
             classes=classes,
         )
 
@@ -552,7 +643,9 @@ class BD(PersonalizedMechanism):
         dc = self.everyone(hist, eps1)
         ledger.charge(t, dc, "dc")
         dis = noisy_dissimilarity(hist.total, state.r_last, eps1, slot.randomness("dc/noise"))
-        remaining = cfg.epsilon / 2 - ledger.spent(t - cfg.window + 1, t - 1, "pub")[0]
+        # Every class is charged the stream's budgets from its join on, so the longest-standing
+        # class carries the stream's publication history (the ledger keeps w slots readable).
+        remaining = cfg.epsilon / 2 - ledger.spent(t - cfg.window + 1, t - 1, "pub").max()
         eps2 = max(remaining, 0.0) / 2
         out = _Outcome("skip", dc, self._nothing(hist), eps1=eps1, dis=dis)
         if eps2 <= 0:
@@ -579,7 +672,7 @@ class BA(PersonalizedMechanism):
     uniform = True
     default_threshold = "laplace_scale"
 
-    def start(self, state: PersonalizedState, hist: ClassHistogram) -> None:
+    def start(self, state: PersonalizedState) -> None:
         state.absorbed = np.ones(1, dtype=np.int64)
 
     def decide(self, state: PersonalizedState, slot: Slot, hist: ClassHistogram) -> _Outcome:
@@ -752,15 +845,21 @@ class PBA(PWSM):
 
     (𝐰, 𝛆)-EPDP (Thm 4.6): PartDC charges ``ε_c/(2w_c)`` every slot, nullified ones included;
     each class earns one share ``ε_c/(2w_c)`` of publication budget per slot. ``a_c`` is the
-    first slot whose share is unspent (virtual start ``a_c = 1``, A16). A slot is nullified
-    while ``t < max_c a_c`` (the max bound); otherwise a publication uses
-    ``min(t − a_c + 1, w_c)`` shares and sets ``a_c ← t + shares_c``, borrowing the next slots.
+    first slot whose share is unspent (virtual start ``a_c = 1``, A16; a class joining at step
+    ``t_c`` starts at ``a_c = t_c``, spec §9.5). A slot is nullified while ``t < max_c a_c``
+    (the max bound); otherwise a publication uses ``min(t − a_c + 1, w_c)`` shares and sets
+    ``a_c ← t + shares_c``, borrowing the next slots.
     """
 
     name = "PBA"
 
-    def start(self, state: PersonalizedState, hist: ClassHistogram) -> None:
-        state.absorbed = np.ones(hist.windows.shape[0], dtype=np.int64)
+    def start(self, state: PersonalizedState) -> None:
+        state.absorbed = np.zeros(0, dtype=np.int64)
+
+    def join(self, state: PersonalizedState, added: int) -> None:
+        assert state.absorbed is not None
+        joined = np.full(added, state.t, dtype=np.int64)  # a_c = t_c: no share spent yet
+        state.absorbed = np.concatenate([state.absorbed, joined])
 
     def shares(self, state: PersonalizedState, hist: ClassHistogram) -> NDArray[np.int64]:
         assert state.absorbed is not None

@@ -33,10 +33,10 @@ from prometheus_client.registry import Collector
 
 from privstream.connectors.events import LATE, DeadLetter
 from privstream.mechanisms.contract import LedgerEntry, PrivacyCost, Release
-from privstream.mechanisms.ledger import TOLERANCE
+from privstream.mechanisms.ledger import RELATIVE_TOLERANCE, TOLERANCE
 
 PREFIX: Final = "privstream_"
-LABELS: Final = ("stream", "mechanism")
+LABELS: Final = ("stream", "mechanism")  # plus "class" on the personalized class gauges
 
 
 @dataclass
@@ -81,20 +81,32 @@ class _Account:
     halted: bool
 
 
-def window_budget_spent(cost: PrivacyCost, entry: LedgerEntry | None) -> float:
-    """The most any user has spent in the window ending at the last released slot.
+def _clamp(spent: float, limit: float) -> float:
+    # Sums of ε/w shares round; within the ledger's own slack the spend is exactly the limit.
+    return min(spent, limit) if spent <= limit * (1 + RELATIVE_TOLERANCE) + TOLERANCE else spent
 
-    Budget division: the ledger's window spend (every reporting user spends the same).
-    Population division: a user reports at most once per window with the full ε, so the spend
-    is ε as soon as anyone reported in the window.
+
+def window_budget_spent(cost: PrivacyCost, entry: LedgerEntry | None) -> tuple[float, float]:
+    """``(spent, limit)``: the most any user has spent in the window ending at the last
+    released slot, and the budget it is bounded by.
+
+    Budget division: the ledger's window spend (every reporting user spends the same) against
+    ε. Population division: a user reports at most once per window with the full ε, so the
+    spend is ε as soon as anyone reported in the window. Personalized ledgers (``classes``): the
+    class closest to its limit, against that class's ε_c.
     """
     if entry is None:
-        return 0.0
+        return 0.0, cost.epsilon
+    if entry.classes:
+        return _clamp(entry.window_spent, entry.epsilon), entry.epsilon
     if cost.division == "budget":
-        spent = entry.window_spent
-        # Sums of ε/w shares round; within the ledger's own slack the spend is exactly ε.
-        return min(spent, cost.epsilon) if spent <= cost.epsilon + TOLERANCE else spent
-    return cost.epsilon if entry.window_users > 0 else 0.0
+        return _clamp(entry.window_spent, cost.epsilon), cost.epsilon
+    return (cost.epsilon if entry.window_users > 0 else 0.0), cost.epsilon
+
+
+def class_label(window: int, epsilon: float) -> str:
+    """The ``class`` label of a personalized privacy class: ``w<window>_e<ε>``."""
+    return f"w{window}_e{epsilon:g}"
 
 
 class LedgerBoard(Collector):
@@ -147,10 +159,11 @@ class LedgerBoard(Collector):
             "spent": gauge(
                 "window_budget_spent",
                 "Most privacy budget any user has spent in the window ending at the last "
-                "released slot (never above ε).",
+                "released slot (never above ε; personalized: the class closest to its limit).",
             ),
             "remaining": gauge(
-                "window_budget_remaining", "ε minus privstream_window_budget_spent."
+                "window_budget_remaining",
+                "Budget left to that user: ε (or the class's ε_c) minus the spend.",
             ),
             "used": gauge(
                 "window_users_used", "Users who reported in the window (population division)."
@@ -171,17 +184,39 @@ class LedgerBoard(Collector):
                 "privacy_violations", "Charges the ledger refused (must stay 0)."
             ),
         }
+        class_labels = (*LABELS, "class")
+        class_spent = GaugeMetricFamily(
+            PREFIX + "class_window_budget_spent",
+            "Personalized mechanisms: a privacy class's spend over its own window w_c.",
+            labels=class_labels,
+        )
+        class_remaining = GaugeMetricFamily(
+            PREFIX + "class_window_budget_remaining",
+            "Personalized mechanisms: ε_c minus the class's window spend.",
+            labels=class_labels,
+        )
+        class_users = GaugeMetricFamily(
+            PREFIX + "class_users",
+            "Personalized mechanisms: registered users in the class (public metadata).",
+            labels=class_labels,
+        )
         for (stream, mechanism), account in sorted(accounts.items()):
             labels = [stream, mechanism]
             cost, tally = account.cost, account.tally
             entry = tally.last_ledger
-            spent = window_budget_spent(cost, entry)
+            spent, limit = window_budget_spent(cost, entry)
+            for c in (entry.classes or ()) if entry is not None else ():
+                c_labels = [stream, mechanism, class_label(c.window, c.epsilon)]
+                c_spent = _clamp(c.window_spent, c.epsilon)
+                class_spent.add_metric(c_labels, c_spent)
+                class_remaining.add_metric(c_labels, max(c.epsilon - c_spent, 0.0))
+                class_users.add_metric(c_labels, c.users)
             values = {
                 "epsilon": cost.epsilon,
                 "window": cost.window,
                 "population": account.population,
                 "spent": spent,
-                "remaining": max(cost.epsilon - spent, 0.0),
+                "remaining": max(limit - spent, 0.0),
                 "used": entry.window_users if entry is not None else 0,
                 "available": entry.available_users if entry is not None else account.population,
                 "last_slot": tally.last_slot,
@@ -197,6 +232,7 @@ class LedgerBoard(Collector):
                 if value is not None and math.isfinite(value):
                     families[key].add_metric(labels, float(value))
         yield from families.values()
+        yield from (class_spent, class_remaining, class_users)
 
 
 BOARD: Final = LedgerBoard()

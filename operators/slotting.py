@@ -8,6 +8,12 @@ per user per slot (first wins); everything unusable goes to the dead-letter stre
 
 Users keep their last value between slots (``carry_forward``, spec §6.2) unless the policy is
 ``absent``, in which case only users that reported at a slot are eligible at it.
+
+The trust mode (design §4) decides what a mechanism sees of the users at a slot: ``LdpClients``
+(``ldp-simulated``: a ``SimulatedClientPort`` answering report requests) or ``TrustedCurator``
+(``cdp``: a ``SimulatedCurator`` over the registered users and their privacy requirements). A
+user's requirement ``(ε_i, w_i)`` is fixed when the user registers (first accepted event, or the
+preferences table); a later event stating another one is a ``requirement_changed`` dead letter.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, ClassVar, Final, Literal
 
 import numpy as np
 from bytewax import operators as op
@@ -32,12 +38,20 @@ from privstream.connectors.events import (
     LATE,
     OUT_OF_DOMAIN,
     POPULATION_FULL,
+    REQUIREMENT_CHANGED,
     STREAM_HALTED,
     USER_ID_KIND,
     DeadLetter,
     EventBatch,
 )
-from privstream.mechanisms.client import ClientPath, SimulatedClientPort
+from privstream.mechanisms.client import (
+    ClientPath,
+    ClientPort,
+    CuratorPort,
+    Requirements,
+    SimulatedClientPort,
+    SimulatedCurator,
+)
 from privstream.mechanisms.contract import LedgerEntry, Mechanism, Release, Slot
 from privstream.mechanisms.errors import IncompatibleState, PrivacyBudgetExceeded
 from privstream.mechanisms.seeding import SlotRandomness
@@ -46,10 +60,13 @@ from privstream.operators.metrics import BOARD, EVENTS, STEP_SECONDS, Tally
 
 log = logging.getLogger(__name__)
 
-STREAM_STATE_VERSION: Final = 2  # 2: per-mechanism tallies for the metrics
+STREAM_STATE_VERSION: Final = 3  # 2: per-mechanism tallies; 3: users' privacy requirements
 MissingPolicy = Literal["carry_forward", "absent"]
 Output = tuple[str, Any]  # ("release" | "ledger" | "dead_letter", event)
-_REASON: Final = ("", USER_ID_KIND, OUT_OF_DOMAIN, LATE, FAR_FUTURE, POPULATION_FULL, DUPLICATE)
+_REASON: Final = (
+    "", USER_ID_KIND, OUT_OF_DOMAIN, LATE, FAR_FUTURE, POPULATION_FULL, REQUIREMENT_CHANGED,
+    DUPLICATE,
+)  # fmt: skip
 _CODE: Final = {reason: code for code, reason in enumerate(_REASON)}
 
 
@@ -93,7 +110,8 @@ class StreamState:
     ``halted`` maps a mechanism whose ledger refused a charge to the reason; it releases nothing
     more. When every mechanism of the stream is halted, its events become dead letters.
     ``tallies`` are each mechanism's release counts and last ledger entry, the source of the
-    exported gauges (``operators.metrics``).
+    exported gauges (``operators.metrics``). ``epsilons``/``windows`` are the registered users'
+    requirements (NaN / 0: the stream default), kept only by a trusted-curator stream.
     """
 
     stream: str
@@ -107,9 +125,78 @@ class StreamState:
     last_closed: int | None = None
     halted: dict[str, str] = field(default_factory=dict)
     tallies: dict[str, Tally] = field(default_factory=dict)
+    epsilons: NDArray[np.float64] | None = None
+    windows: NDArray[np.int64] | None = None
+
+    def registered(self) -> NDArray[np.bool_] | None:
+        """Mask of registered users (None: all ``n``, as with dense user indices)."""
+        if self.id_kind == "dense":
+            return None
+        return np.arange(self.current.shape[0]) < len(self.directory)
 
     def all_halted(self) -> bool:
         return len(self.halted) == len(self.mechanisms)
+
+
+@dataclass(frozen=True)
+class Preferences:
+    """Users' privacy requirements given at start (a preferences table, spec §9.1), by user id
+    for named users or by dense index (``epsilons``/``windows`` arrays, NaN / 0 = default)."""
+
+    by_user: dict[str, tuple[float, int]] = field(default_factory=dict)
+    epsilons: NDArray[np.float64] | None = None
+    windows: NDArray[np.int64] | None = None
+
+
+class TrustMode:
+    """What a mechanism sees of the users at a slot (design §4)."""
+
+    tracks_requirements: ClassVar[bool] = False
+
+    def port(
+        self, state: StreamState, values: NDArray[np.float64], randomness: SlotRandomness
+    ) -> ClientPort | CuratorPort:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class LdpClients(TrustMode):
+    """``ldp-simulated``: privstream's client code answers on behalf of each asked user."""
+
+    task: EstimationTask
+    path: ClientPath = "aggregate"
+
+    def port(
+        self, state: StreamState, values: NDArray[np.float64], randomness: SlotRandomness
+    ) -> ClientPort:
+        return SimulatedClientPort(values, self.task, randomness, self.path)
+
+
+class TrustedCurator(TrustMode):
+    """``cdp``: the curator sees the registered users' values and requirements; the mechanism
+    samples and adds noise. The ``Requirements`` are rebuilt only when somebody registered."""
+
+    tracks_requirements = True
+
+    def __init__(self, task: EstimationTask, preferences: Preferences | None = None) -> None:
+        self.task = task
+        self.preferences = preferences or Preferences()
+        self._cache: dict[str, tuple[tuple[int, str | None], Requirements]] = {}
+
+    def port(
+        self, state: StreamState, values: NDArray[np.float64], randomness: SlotRandomness
+    ) -> CuratorPort:
+        key = (len(state.directory), state.id_kind)
+        cached = self._cache.get(state.stream)
+        if cached is None or cached[0] != key:
+            requirements = Requirements(
+                state.epsilons,
+                state.windows,
+                population=state.current.shape[0],
+                registered=state.registered(),
+            )
+            cached = self._cache[state.stream] = (key, requirements)
+        return SimulatedCurator(values, self.task, cached[1])
 
 
 class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
@@ -122,8 +209,10 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
         secret: int | bytes,
         config: SlottingConfig,
         resume: StreamState | None,
+        trust: TrustMode | None = None,
     ) -> None:
         self.step_id = step_id
+        self.trust = trust or LdpClients(task, config.client_path)
         self.mechanisms = {m.name: m for m in mechanisms}
         self.task = task
         self.n = population
@@ -189,6 +278,14 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
                 current=np.full(self.n, np.nan),
                 tallies={name: Tally() for name in self.mechanisms},
             )
+            if isinstance(self.trust, TrustedCurator):
+                prefs = self.trust.preferences
+                if prefs.epsilons is not None or prefs.windows is not None:
+                    self._requirement_arrays(self.state)
+                    if prefs.epsilons is not None:
+                        self.state.epsilons[:] = prefs.epsilons  # type: ignore[index]
+                    if prefs.windows is not None:
+                        self.state.windows[:] = prefs.windows  # type: ignore[index]
             for name in self.mechanisms:
                 self._publish(self.state, name)
         return self.state
@@ -258,8 +355,11 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
         if pending.any():
             reference = state.max_seen if state.max_seen is not None else int(slots[pending].min())
             code[pending & (slots > reference + self.cfg.max_slot_gap)] = _CODE[FAR_FUTURE]
+        before = len(state.directory)
         idx, kind = self._user_index(state, batch, code == 0)
         code[(code == 0) & (idx < 0)] = _CODE[POPULATION_FULL if kind == "named" else OUT_OF_DOMAIN]
+        if self.trust.tracks_requirements:
+            self._requirements(state, batch, idx, code, before)
         ok = np.flatnonzero(code == 0)
         ok_slots = slots[ok]
         lo, hi = (int(ok_slots.min()), int(ok_slots.max())) if ok.size else (0, -1)
@@ -294,6 +394,8 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
             FAR_FUTURE: f"slot more than {self.cfg.max_slot_gap} slots ahead of the stream",
             DUPLICATE: "user already reported in this slot (first report wins)",
             POPULATION_FULL: f"registered population of {self.n} users is full",
+            REQUIREMENT_CHANGED: "the user registered with another privacy requirement "
+            "(epsilon, window); it cannot change within a stream",
             USER_ID_KIND: "user ids must be all strings or all dense indices within a stream",
         }
         return [
@@ -306,6 +408,55 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
             )
             for i, c in zip(rejected.tolist(), code[rejected].tolist(), strict=True)
         ]
+
+    def _requirement_arrays(self, state: StreamState) -> None:
+        if state.epsilons is None or state.windows is None:
+            state.epsilons = np.full(self.n, np.nan)
+            state.windows = np.zeros(self.n, dtype=np.int64)
+
+    def _requirements(
+        self,
+        state: StreamState,
+        batch: EventBatch,
+        idx: NDArray[np.int64],
+        code: NDArray[np.int8],
+        before: int,
+    ) -> None:
+        """Register the requirements of users new in this batch (preferences table first, then
+        their first stating row) and refuse rows stating another one than registered."""
+        assert isinstance(self.trust, TrustedCurator)
+        table = self.trust.preferences.by_user
+        fresh = (code == 0) & (idx >= before) if table else None
+        if fresh is not None and fresh.any():
+            rows = np.flatnonzero(fresh)
+            for i in rows.tolist():
+                wanted = table.get(batch.users[i])
+                if wanted is not None:
+                    self._requirement_arrays(state)
+                    assert state.epsilons is not None and state.windows is not None
+                    state.epsilons[idx[i]], state.windows[idx[i]] = wanted
+        if batch.epsilons is None or batch.windows is None:
+            return
+        stating = (code == 0) & (~np.isnan(batch.epsilons) | (batch.windows > 0))
+        if not stating.any():
+            return
+        self._requirement_arrays(state)
+        assert state.epsilons is not None and state.windows is not None
+        newcomers = np.flatnonzero((code == 0) & (idx >= before))
+        if newcomers.size:  # a new user's first row registers its requirement (none: default)
+            _, first = np.unique(idx[newcomers], return_index=True)
+            reg = newcomers[first]
+            unset = np.isnan(state.epsilons[idx[reg]]) & (state.windows[idx[reg]] == 0)
+            reg = reg[unset]  # ... unless the preferences table did
+            state.epsilons[idx[reg]] = batch.epsilons[reg]
+            state.windows[idx[reg]] = batch.windows[reg]
+        rows = np.flatnonzero(stating)
+        users = idx[rows]
+        eps, win = batch.epsilons[rows], batch.windows[rows]
+        changed = (~np.isnan(eps) & (eps != state.epsilons[users])) | (
+            (win > 0) & (win != state.windows[users])
+        )
+        code[rows[changed]] = _CODE[REQUIREMENT_CHANGED]
 
     # -- closing slots -------------------------------------------------------------------------
 
@@ -336,11 +487,11 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
             if name in state.halted:
                 continue
             randomness = SlotRandomness(self._secret, state.stream, slot, scope=name)
-            client = SimulatedClientPort(values, self.task, randomness, self.cfg.client_path)
+            port = self.trust.port(state, values, randomness)
             started = time.perf_counter()
             try:
                 new_state, events = mechanism.step(
-                    state.mechanisms[name], Slot(state.stream, slot, client, randomness)
+                    state.mechanisms[name], Slot(state.stream, slot, port, randomness)
                 )
             except PrivacyBudgetExceeded as exc:
                 state.halted[name] = f"{name}: privacy invariant violated at slot {slot}: {exc}"
@@ -389,6 +540,7 @@ def slotted_mechanism(
     population: int,
     secret: int | bytes,
     slotting: SlottingConfig | None = None,
+    trust: TrustMode | None = None,
 ) -> MechanismOut:
     """Run ``mechanisms`` over every stream of ``up`` (keyed by stream name), slot by slot.
 
@@ -398,7 +550,7 @@ def slotted_mechanism(
     (design §6), so a replayed slot releases byte-identical output. A
     ``PrivacyBudgetExceeded`` halts that mechanism on that stream before anything of the
     offending slot is released; once all are halted, the stream's events become
-    ``stream_halted`` dead letters.
+    ``stream_halted`` dead letters. ``trust`` is the trust mode (default ``LdpClients``).
     """
     cfg = slotting or SlottingConfig()
     names = [m.name for m in mechanisms]
@@ -408,7 +560,7 @@ def slotted_mechanism(
         )
 
     def builder(resume: StreamState | None) -> _SlottedLogic:
-        return _SlottedLogic(step_id, mechanisms, task, population, secret, cfg, resume)
+        return _SlottedLogic(step_id, mechanisms, task, population, secret, cfg, resume, trust)
 
     tagged = op.key_rm("untag", op.stateful_batch("slots", up, builder))
     return MechanismOut(

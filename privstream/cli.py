@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from privstream.mechanisms.ldp_ids import MECHANISMS
+from privstream.mechanisms.personalized import MECHANISMS as PERSONALIZED
 
 ALL_LDP_IDS = ",".join(MECHANISMS)
+ALL_PERSONALIZED = ",".join(PERSONALIZED)
 ENV_SECRET = "PRIVSTREAM_SECRET"
 log = logging.getLogger("privstream")
 
@@ -47,7 +49,13 @@ def _mean_range(text: str) -> tuple[float, float]:
     return lower, upper
 
 
-def _common(p: argparse.ArgumentParser, *, users: int = 200_000) -> None:
+def _common(
+    p: argparse.ArgumentParser,
+    *,
+    users: int = 200_000,
+    epsilon: float = 1.0,
+    window: int = 20,
+) -> None:
     p.add_argument(
         "--dataset",
         default="sin",
@@ -66,10 +74,13 @@ def _common(p: argparse.ArgumentParser, *, users: int = 200_000) -> None:
         "slot T is released (default: run until SIGTERM)",
     )
     p.add_argument(
-        "--epsilon", type=_positive_float, default=1.0, help="window budget ε (default %(default)s)"
+        "--epsilon",
+        type=_positive_float,
+        default=epsilon,
+        help="window budget ε (default %(default)s)",
     )
     p.add_argument(
-        "--window", type=_positive_int, default=20, help="window size w (default %(default)s)"
+        "--window", type=_positive_int, default=window, help="window size w (default %(default)s)"
     )
 
 
@@ -96,6 +107,65 @@ def _topic_flags(p: argparse.ArgumentParser, *, input_required: bool) -> None:
     p.add_argument("--ledger-topic", help="topic of ledger entries (optional)")
 
 
+def _run_flags(
+    p: argparse.ArgumentParser,
+    *,
+    mechanisms: str,
+    default: str,
+    epsilon: float = 1.0,
+    window: int = 20,
+) -> None:
+    """Flags every ``privstream run`` family shares."""
+    _common(p, epsilon=epsilon, window=window)
+    p.add_argument(
+        "--mechanism", default=default, help=f"one or more of {mechanisms}, comma separated"
+    )
+    p.add_argument(
+        "--seed", type=int, default=1, help="seed of synthetic data (and noise, see --secret-file)"
+    )
+    p.add_argument("--out", default="releases.jsonl", help="releases, one JSON object per line")
+    p.add_argument("--ledger-out", help="ledger entries as JSON lines (optional)")
+    p.add_argument(
+        "--dead-letter-out", help="rejected events with reasons as JSON lines (optional)"
+    )
+    p.add_argument(
+        "--lateness",
+        type=int,
+        default=1,
+        help="slots a slot stays open for late events (default 1)",
+    )
+    p.add_argument("--domain", type=_positive_int, help="categories d of a file or Kafka stream")
+    p.add_argument("--stream", help="stream name (default: the dataset name)")
+    p.add_argument(
+        "--workers", type=_positive_int, default=1, help="Bytewax worker threads (default 1)"
+    )
+    p.add_argument("--recovery-dir", help="Bytewax recovery store directory (created if missing)")
+    p.add_argument(
+        "--snapshot-interval",
+        type=_positive_float,
+        default=10.0,
+        help="seconds between recovery snapshots (Bytewax epoch; default %(default)s)",
+    )
+    p.add_argument(
+        "--secret-file",
+        help=f"file holding the secret seed of the noise (default ${ENV_SECRET}, else --seed)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics on this port (Bytewax dataflow API, /metrics)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
+    _kafka_flags(p)
+    _topic_flags(p, input_required=False)
+    p.add_argument(
+        "--max-event-bytes",
+        type=_positive_int,
+        default=64 * 1024,
+        help="larger Kafka messages are 'oversized' dead letters (default %(default)s)",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="privstream", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -104,64 +174,23 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run a ready dataflow")
     run_family = run.add_subparsers(dest="family", required=True)
     ldp = run_family.add_parser("ldp-ids", help="LDP-IDS mechanisms (w-event LDP)")
-    _common(ldp)
-    ldp.add_argument(
-        "--mechanism", default="LPA", help=f"one or more of {ALL_LDP_IDS}, comma separated"
-    )
-    ldp.add_argument(
-        "--seed", type=int, default=1, help="secret seed of the mechanisms' randomness"
-    )
-    ldp.add_argument("--out", default="releases.jsonl", help="releases, one JSON object per line")
-    ldp.add_argument("--ledger-out", help="ledger entries as JSON lines (optional)")
-    ldp.add_argument(
-        "--dead-letter-out", help="rejected events with reasons as JSON lines (optional)"
-    )
+    _run_flags(ldp, mechanisms=ALL_LDP_IDS, default="LPA")
     ldp.add_argument(
         "--beta", type=float, default=0.5, help="share β of the dissimilarity step (default 0.5)"
     )
-    ldp.add_argument(
-        "--lateness",
-        type=int,
-        default=1,
-        help="slots a slot stays open for late events (default 1)",
-    )
     ldp.add_argument("--client-path", choices=("aggregate", "per-user"), default="aggregate")
-    ldp.add_argument(
-        "--domain", type=_positive_int, help="categories d of a file dataset (default 2)"
-    )
     ldp.add_argument(
         "--mean-range",
         type=_mean_range,
         help="LOWER:UPPER: a file dataset is numeric, clipped to it",
     )
-    ldp.add_argument("--stream", help="stream name (default: the dataset name)")
-    ldp.add_argument(
-        "--workers", type=_positive_int, default=1, help="Bytewax worker threads (default 1)"
+    pers = run_family.add_parser(
+        "personalized", help="personalized w-event mechanisms (central DP, per-user (ε_i, w_i))"
     )
-    ldp.add_argument("--recovery-dir", help="Bytewax recovery store directory (created if missing)")
-    ldp.add_argument(
-        "--snapshot-interval",
-        type=_positive_float,
-        default=10.0,
-        help="seconds between recovery snapshots (Bytewax epoch; default %(default)s)",
-    )
-    ldp.add_argument(
-        "--secret-file",
-        help=f"file holding the secret seed of the noise (default ${ENV_SECRET}, else --seed)",
-    )
-    ldp.add_argument(
-        "--metrics-port",
-        type=int,
-        help="serve Prometheus metrics on this port (Bytewax dataflow API, /metrics)",
-    )
-    ldp.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
-    _kafka_flags(ldp)
-    _topic_flags(ldp, input_required=False)
-    ldp.add_argument(
-        "--max-event-bytes",
-        type=_positive_int,
-        default=64 * 1024,
-        help="larger Kafka messages are 'oversized' dead letters (default %(default)s)",
+    _run_flags(pers, mechanisms=ALL_PERSONALIZED, default="PBD", epsilon=0.6, window=120)
+    pers.add_argument(
+        "--preferences",
+        help="CSV (user,epsilon,window) or JSON lines of users' privacy requirements",
     )
 
     broker = commands.add_parser(
@@ -215,6 +244,26 @@ def _parser() -> argparse.ArgumentParser:
     bldp.add_argument(
         "--numeric", action="store_true", help="a file dataset holds numbers: estimate their mean"
     )
+    bpers = bench_family.add_parser(
+        "personalized", help="personalized w-event mechanisms (spec §6 error metric)"
+    )
+    bpers.add_argument("--dataset", default="sin", choices=("tlns", "sin", "log"))
+    bpers.add_argument("--users", type=_positive_int, default=10_000)
+    bpers.add_argument("--slots", type=_positive_int, default=10_000)
+    bpers.add_argument(
+        "--epsilon", type=_positive_float, default=0.6, help="ε of the setting (default 0.6)"
+    )
+    bpers.add_argument(
+        "--window", type=_positive_int, default=120, help="w of the setting (default 120)"
+    )
+    bpers.add_argument(
+        "--mechanisms",
+        default="BD,BA,PBD,PBA",
+        help=f"comma-separated, of {ALL_PERSONALIZED} (default BD,BA,PBD,PBA)",
+    )
+    bpers.add_argument("--seeds", type=_positive_int, default=1, help="seeds 1..K (default 1)")
+    bpers.add_argument("--json", help="write the results as JSON to this file")
+    bpers.add_argument("--no-progress", action="store_true")
     bkafka = bench_family.add_parser(
         "kafka", help="flow events/s against a plain confluent-kafka consumer, same messages"
     )
@@ -297,19 +346,22 @@ def _progress_bar(total: int | None, unit: str) -> Any:
     return tqdm(total=total, unit=unit, file=sys.stderr, dynamic_ncols=True, mininterval=0.5)
 
 
-def run_ldp_ids(args: argparse.Namespace) -> int:
+def run_flow(args: argparse.Namespace) -> int:
+    """``privstream run FAMILY``: the family's ready flow on a synthetic, file or Kafka input."""
     from privstream.connectors import control
-    from privstream.flows.ldp_ids import KafkaIO, build
-    from privstream.mechanisms.ldp_ids import mechanism_names
+    from privstream.connectors.kafka import require_topics
+    from privstream.flows.io import KafkaIO
 
+    if args.family == "ldp-ids":
+        from privstream.mechanisms.ldp_ids import mechanism_names
+    else:
+        from privstream.mechanisms.personalized import mechanism_names
     names = mechanism_names(args.mechanism)
     kafka = None
     if args.bootstrap or args.input_topic or os.environ.get("PRIVSTREAM_BOOTSTRAP"):
         if not args.input_topic or not args.output_topic:
             raise ValueError("Kafka runs need --input-topic and --output-topic")
         settings = _kafka_settings(args)
-        from privstream.connectors.kafka import require_topics
-
         kafka = KafkaIO(
             settings,
             args.input_topic,
@@ -334,7 +386,7 @@ def run_ldp_ids(args: argparse.Namespace) -> int:
         if args.no_progress
         else _progress_bar(total * len(names) if total else None, "release")
     )
-    flow = build(
+    common: dict[str, Any] = dict(
         dataset=args.dataset,
         mechanisms=names,
         users=args.users,
@@ -345,16 +397,25 @@ def run_ldp_ids(args: argparse.Namespace) -> int:
         out=args.out,
         ledger_out=args.ledger_out,
         dead_letter_out=args.dead_letter_out,
-        beta=args.beta,
         lateness=args.lateness,
-        client_path=args.client_path,
         domain=args.domain,
-        mean_range=args.mean_range,
         stream=args.stream,
         progress=(lambda _release: bar.update(1)) if bar is not None else None,
         kafka=kafka,
         secret=secret,
     )
+    if args.family == "ldp-ids":
+        from privstream.flows.ldp_ids import build as build_ldp_ids
+
+        flow = build_ldp_ids(
+            **common, beta=args.beta, client_path=args.client_path, mean_range=args.mean_range
+        )
+    else:
+        from privstream.connectors.files import load_preferences
+        from privstream.flows.personalized import build as build_personalized
+
+        prefs = load_preferences(args.preferences) if args.preferences else None
+        flow = build_personalized(**common, preferences=prefs)
     if kafka is None:
         for path in (args.out, args.ledger_out, args.dead_letter_out):
             if path:  # outputs exist after the run even when nothing was written to them
@@ -459,6 +520,26 @@ def bench_kafka(args: argparse.Namespace) -> int:
     return 0
 
 
+def bench_personalized(args: argparse.Namespace) -> int:
+    from privstream import personalized_experiments as pe
+    from privstream.mechanisms.personalized import mechanism_names
+
+    result = pe.bench_personalized(
+        args.dataset,
+        args.users,
+        args.slots,
+        mechanism_names(args.mechanisms),
+        args.seeds,
+        progress=not args.no_progress,
+        epsilon=args.epsilon,
+        window=args.window,
+    )
+    print(pe.format_personalized_table(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
 def bench_ldp_ids(args: argparse.Namespace) -> int:
     from privstream import experiments
 
@@ -504,11 +585,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from privstream.connectors.kafka import TopicMissing
 
     commands = {
-        "run": run_ldp_ids,
+        "run": run_flow,
         "broker": broker,
         "topics": topics_create,
         "produce": produce,
-        "bench": bench_kafka if getattr(args, "family", "") == "kafka" else bench_ldp_ids,
+        "bench": {
+            "kafka": bench_kafka,
+            "personalized": bench_personalized,
+            "ldp-ids": bench_ldp_ids,
+        }.get(getattr(args, "family", ""), bench_ldp_ids),
         "demo": demo,
     }
     try:

@@ -112,7 +112,7 @@ class BinaryStream:
         return ones
 
 
-def assign_requirements(
+def requirement_arrays(
     users: int,
     epsilon: float,
     window: int,
@@ -121,8 +121,8 @@ def assign_requirements(
     epsilons: Sequence[float] = EPSILON_GRID,
     windows: Sequence[int] = WINDOW_GRID,
     types: int = USER_TYPES,
-) -> Requirements:
-    """Personalized requirements for a static setting ``(ε, w)`` (spec §6.3, A26).
+) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
+    """Every user's ``(ε_i, w_i)`` for a static setting ``(ε, w)`` (spec §6.3, A26).
 
     Users are split into ``types`` contiguous blocks of ``ceil(n/types)``; each type draws its
     budget uniformly from the grid values ``≥ ε`` and its window from the grid values ``≤ w``,
@@ -137,7 +137,24 @@ def assign_requirements(
     type_win = rng.choice(np.array(wins, dtype=np.int64), size=types)
     block = math.ceil(users / types)
     kind = np.arange(users) // block
-    return Requirements(type_eps[kind], type_win[kind])
+    return type_eps[kind], type_win[kind]
+
+
+def assign_requirements(
+    users: int,
+    epsilon: float,
+    window: int,
+    seed: int,
+    *,
+    epsilons: Sequence[float] = EPSILON_GRID,
+    windows: Sequence[int] = WINDOW_GRID,
+    types: int = USER_TYPES,
+) -> Requirements:
+    """``requirement_arrays`` as the ``Requirements`` of a fully registered population."""
+    eps, win = requirement_arrays(
+        users, epsilon, window, seed, epsilons=epsilons, windows=windows, types=types
+    )
+    return Requirements(eps, win)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -94,3 +94,36 @@ def test_bench_on_a_file_dataset(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert result["params"]["slots"] == 20
     assert result["results"]["LPU"]["bits_per_user"] == pytest.approx((2 + 1) / 5)
+
+
+def test_run_personalized_writes_releases_and_class_ledgers(tmp_path: Path) -> None:
+    out, ledger = tmp_path / "r.jsonl", tmp_path / "l.jsonl"
+    argv = ["run", "personalized", "--mechanism", "PBD,BA", "--dataset", "log", "--users", "2000",
+            "--slots", "150", "--epsilon", "0.6", "--window", "40", "--out", str(out),
+            "--ledger-out", str(ledger), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    releases = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted((r["mechanism"], r["slot"]) for r in releases) == sorted(
+        (m, t) for m in ("PBD", "BA") for t in range(1, 151)
+    )
+    entry = json.loads(ledger.read_text().splitlines()[-1])
+    # spec §6.3: types draw ε_i from {0.6, ..., 1.0} and w_i from {40}, the grid values ≤ w
+    assert {c["window"] for c in entry["classes"]} == {40}
+    assert all(c["epsilon"] >= 0.6 for c in entry["classes"])
+    assert sum(c["users"] for c in entry["classes"]) == 2000
+
+
+def test_bench_personalized_writes_the_documented_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out.json"
+    argv = ["bench", "personalized", "--dataset", "tlns", "--users", "1000", "--slots", "400",
+            "--mechanisms", "BD,PBD", "--seeds", "2", "--json", str(out), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["params"]["seeds"] == 2 and result["params"]["dataset"] == "tlns"
+    assert set(result["results"]) == {"BD", "PBD"}
+    for row in result["results"].values():
+        assert {"amre", "ln_amre", "ajsd", "publications", "seconds"} <= set(row)
+        assert row["amre"] > 0 and 0 <= row["ajsd"] <= 1
+    assert "PBD" in capsys.readouterr().out

@@ -1,5 +1,6 @@
 """The metrics disclose nothing private (design §7): no user identifier, no secret, no true count,
-and only the labels ``{stream, mechanism, reason, le}`` with configured or known values.
+and only the labels ``{stream, mechanism, reason, le, class}`` with configured or known values
+(``class`` names a personalized privacy class by its public ``(w, ε)``: ``w<int>_e<number>``).
 
 ``audit`` checks one text exposition against a ``Disclosure`` policy and returns every problem
 it finds. It is unit-tested on deliberately leaking fake metrics, then run on the ``/metrics`` of
@@ -39,7 +40,8 @@ from .conftest import PRIVSTREAM, Topics, cli_env, run_cli
 from .prometheus import FlowProcess, read_keyed
 
 PREFIX = "privstream_"
-ALLOWED_LABELS = frozenset({"stream", "mechanism", "reason", "le"})
+ALLOWED_LABELS = frozenset({"stream", "mechanism", "reason", "le", "class"})
+CLASS_LABEL = re.compile(r"w[1-9][0-9]*_e[0-9.e+-]+")
 # A produced user id ("u0" .. "u{n-1}") as a token of its own.
 USER_ID = re.compile(r"(?<!\w)u\d+(?!\w)")
 SECRET = "PsSecret-7f3a9c1e-do-not-leak"
@@ -138,6 +140,8 @@ def audit(exposition: str, policy: Disclosure) -> list[str]:
                         float(text)
                     except ValueError:
                         problems.append(f"{where}: bucket bound {text!r} is not a number")
+                elif label == "class" and not CLASS_LABEL.fullmatch(text):
+                    problems.append(f"{where}: class={text!r} is not a (w, ε) class name")
                 elif label in allowed and text not in allowed[label]:
                     problems.append(f"{where}: {label}={text!r} is not configured or known")
             value = float(sample.value)

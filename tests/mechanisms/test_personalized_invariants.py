@@ -82,17 +82,19 @@ class Spy:
 
         return wrapped
 
-    def losses(self, m: int) -> NDArray[np.float64]:
-        """``T×m`` actual loss of each class at each step."""
+    def losses(self, orders: Sequence[Sequence[int]], m: int) -> NDArray[np.float64]:
+        """``T×m`` actual loss of each class at each step; ``orders[t][k]`` is the case class of
+        the mechanism's ``k``-th class at step ``t`` (only registered classes' data is used)."""
         out = np.zeros((len(self.steps), m))
         for t, uses in enumerate(self.steps):
             for theta_noise, sample in uses:
-                if sample is None:  # no sampling: every user's row went in
-                    out[t] += theta_noise
+                if sample is None:  # no sampling: every registered user's row went in
+                    out[t, list(orders[t])] += theta_noise
                     continue
                 budgets, theta = sample
-                for c in range(m):
-                    b = float(budgets[c])
+                assert budgets.shape[0] == len(orders[t])
+                for k, c in enumerate(orders[t]):
+                    b = float(budgets[k])
                     p = 0.0 if b <= 0 else 1.0 if b >= theta else math.expm1(b) / math.expm1(theta)
                     out[t, c] += math.log1p(p * math.expm1(theta_noise))
         return out
@@ -115,18 +117,45 @@ def spying() -> Iterator[Spy]:
 
 @dataclass(frozen=True)
 class Case:
+    """Classes, their sizes, the forced decisions and, optionally, when each user registers.
+
+    ``arrivals[c][u]`` is the step at which member ``u`` of class ``c`` registers (None: every
+    user from step 1). A class joins the stream with its first member (spec §9.5); users
+    registering later join its ledger. Unregistered users still hold values, which the curator
+    must ignore.
+    """
+
     classes: tuple[tuple[int, float], ...]  # distinct (w_c, ε_c), sorted as the curator sorts
     sizes: tuple[int, ...]
     decisions: tuple[bool, ...]
+    arrivals: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def n(self) -> int:
         return sum(self.sizes)
 
-    def requirements(self) -> Requirements:
+    @property
+    def T(self) -> int:
+        return len(self.decisions)
+
+    def joins(self) -> list[int]:
+        """Step (1-based) at which each class joins."""
+        if self.arrivals is None:
+            return [1] * len(self.classes)
+        return [min(a) for a in self.arrivals]
+
+    def present(self) -> NDArray[np.bool_]:
+        """``T×m``: class ``c`` is registered at step ``t + 1``."""
+        steps = np.arange(1, self.T + 1)[:, None]
+        return np.asarray(steps >= np.array(self.joins())[None, :])
+
+    def requirements(self, t: int = 1) -> Requirements:
         eps = np.repeat([e for _, e in self.classes], self.sizes)
         win = np.repeat([w for w, _ in self.classes], self.sizes)
-        return Requirements(eps, win)
+        if self.arrivals is None:
+            return Requirements(eps, win)
+        arrival = np.concatenate([np.array(a, dtype=np.int64) for a in self.arrivals])
+        return Requirements(eps, win, registered=arrival <= t)
 
     def config(self) -> PersonalizedConfig:
         """The stream default is the only uniform (ε, w) satisfying everyone (spec §3)."""
@@ -140,35 +169,56 @@ class Case:
 
 @dataclass
 class Run:
+    """Per step and case class: PartDC and PartNOP charged and the reported window spend (zero
+    while the class is not registered)."""
+
     releases: list[Release]
     entries: list[LedgerEntry]
     losses: NDArray[np.float64]  # actual, from the spy
+    dc: NDArray[np.float64]
+    pub: NDArray[np.float64]
+    spent: NDArray[np.float64]
 
     def charges(self) -> NDArray[np.float64]:
-        rows = []
-        for e in self.entries:
-            assert e.classes is not None
-            rows.append([c.epsilon_dc + c.epsilon_pub for c in e.classes])
-        return np.array(rows)
+        out: NDArray[np.float64] = self.dc + self.pub
+        return out
 
 
 def run(mech: PersonalizedMechanism, case: Case) -> Run:
     decisions = case.decisions
     mech.wants_publication = lambda t, dis, thr: decisions[t - 1]  # type: ignore[method-assign]
-    req = case.requirements()
+    index = {key: c for c, key in enumerate(case.classes)}
+    m, T = len(case.classes), case.T
     values = np.arange(case.n, dtype=np.int64) % D
     state = mech.initial_state()
-    releases, entries = [], []
+    releases, entries, orders = [], [], []
+    dc, pub, spent = np.zeros((T, m)), np.zeros((T, m)), np.zeros((T, m))
+    req, registered = case.requirements(1), -1
     with spying() as spy:
-        for t in range(1, len(decisions) + 1):
+        for t in range(1, T + 1):
+            if case.arrivals is not None:  # rebuilt only when somebody registers, as an operator
+                now = case.requirements(t)
+                if now.registered_count != registered:
+                    req, registered = now, now.registered_count
             spy.steps.append([])
             r = SlotRandomness(7, "inv", t)
             slot = Slot("inv", t, SimulatedCurator(values, mech.config.task, req), r)
             state, (release, entry) = mech.step(state, slot)
             assert isinstance(release, Release) and isinstance(entry, LedgerEntry)
+            assert entry.classes is not None
+            order = [index[(c.window, c.epsilon)] for c in entry.classes]
+            assert sorted(order) == np.flatnonzero(case.present()[t - 1]).tolist()
+            for k, c in enumerate(order):
+                row = entry.classes[k]
+                dc[t - 1, c], pub[t - 1, c], spent[t - 1, c] = (
+                    row.epsilon_dc,
+                    row.epsilon_pub,
+                    row.window_spent,
+                )
             releases.append(release)
             entries.append(entry)
-    return Run(releases, entries, spy.losses(len(case.classes)))
+            orders.append(order)
+    return Run(releases, entries, spy.losses(orders, m), dc, pub, spent)
 
 
 # -- checks ---------------------------------------------------------------------------------------
@@ -182,8 +232,9 @@ def window_sums(per_slot: Sequence[Fraction] | NDArray[np.float64], w: int) -> l
 
 
 def assert_actual_loss_within_requirements(result: Run, case: Case) -> None:
-    """(C1) on what the data went through, for every class and every window of its own w_c;
-    and no slot used more than it charged."""
+    """(C1) on what the data went through, for every class and every window of its own w_c
+    (windows reaching before its join hold zeros there); no slot used more than it charged, and
+    nothing of a class was used before it registered."""
     for c, (w, eps) in enumerate(case.classes):
         sums = window_sums(result.losses[:, c], w)
         worst = int(np.argmax(sums))
@@ -191,18 +242,21 @@ def assert_actual_loss_within_requirements(result: Run, case: Case) -> None:
             f"class (w={w}, ε={eps}) lost {sums[worst]:.6g} in the window ending at slot {worst + 1}"
         )
     assert np.all(result.losses <= result.charges() * (1 + 1e-9) + 1e-15), "loss above charge"
+    assert np.all(result.losses[~case.present()] == 0), "an unregistered class's data was used"
 
 
 def assert_float_charges_within_requirements(result: Run, case: Case) -> None:
     """(C1) on the charges the mechanism reports, exactly (each float read as a Fraction) up to
-    the ledger's relative tolerance; ``window_spent`` is the recomputed window sum."""
+    the ledger's relative tolerance, over every window since each class joined;
+    ``window_spent`` is the recomputed window sum."""
     charges = result.charges()
+    present = case.present()
     for c, (w, eps) in enumerate(case.classes):
         exact = window_sums([Fraction(float(x)) for x in charges[:, c]], w)
         limit = Fraction(eps) * (1 + Fraction(RELATIVE_TOLERANCE))
         assert max(exact) <= limit
-        reported = [e.classes[c].window_spent for e in result.entries]  # type: ignore[index]
-        assert np.allclose(reported, [float(x) for x in exact], rtol=0, atol=1e-12 * eps)
+        assert all(x == 0 for x in charges[~present[:, c], c])
+        assert np.allclose(result.spent[:, c], [float(x) for x in exact], rtol=0, atol=1e-12 * eps)
 
 
 @dataclass
@@ -216,82 +270,117 @@ class Schedule:
 
 
 def check_schedule(schedule: Schedule, result: Run, case: Case, tolerance: list[float]) -> None:
-    T, m = len(case.decisions), len(case.classes)
+    T = case.T
     assert [r.strategy for r in result.releases] == schedule.strategies
-    for c, (w, eps) in enumerate(case.classes):
+    for c, ((w, eps), join) in enumerate(zip(case.classes, case.joins(), strict=True)):
         total = [schedule.dc[t][c] + schedule.pub[t][c] for t in range(T)]
         assert max(window_sums(total, w)) <= Fraction(eps), "the exact schedule breaks (C1)"
         dc = window_sums([schedule.dc[t][c] for t in range(T)], w)
         assert max(dc) <= Fraction(eps) / 2
-        if schedule.personalized:  # PartDC is exactly ε_c/2 in every full window of w_c slots
-            assert all(s == Fraction(eps) / 2 for s in dc[w - 1 :])
-            floats = [Fraction(e.classes[c].epsilon_dc) for e in result.entries]  # type: ignore[index]
+        if schedule.personalized:  # PartDC is exactly ε_c/2 in every full window since the join
+            full = join - 1 + w - 1  # index of the first window lying after the join
+            assert all(s == Fraction(eps) / 2 for s in dc[full:])
+            floats = [Fraction(float(x)) for x in result.dc[:, c]]
             half = Fraction(eps) / 2
-            assert all(abs(s - half) <= w * ULP * eps for s in window_sums(floats, w)[w - 1 :])
-    for t, e in enumerate(result.entries):
-        assert e.classes is not None
-        for c in range(m):
-            assert e.classes[c].epsilon_dc == pytest.approx(float(schedule.dc[t][c]), rel=ULP)
-            assert abs(e.classes[c].epsilon_pub - float(schedule.pub[t][c])) <= tolerance[c]
+            assert all(abs(s - half) <= w * ULP * eps for s in window_sums(floats, w)[full:])
+        for t in range(T):
+            assert result.dc[t, c] == pytest.approx(float(schedule.dc[t][c]), rel=ULP)
+            assert abs(result.pub[t, c] - float(schedule.pub[t][c])) <= tolerance[c]
 
 
 def exact_pbd(case: Case, result: Run, uniform: bool) -> Schedule:
-    """Alg. 4 (PBD) or Kellaris' BD (one (ε, w) for all) in exact arithmetic. Decisions are the
-    script's; a float allocation that underflows to zero may skip where the exact one publishes
-    a negligible amount, so the publish flag follows the mechanism there (checked below)."""
+    """Alg. 4 (PBD) or Kellaris' BD (one (ε, w) for all) in exact arithmetic, with classes
+    joining per spec §9.5: PBD starts a class with an empty look-back at its join; BD keeps one
+    stream-wide schedule and charges each class from its join on. Decisions are the script's;
+    a float allocation that underflows to zero may skip where the exact one publishes a
+    negligible amount, so the publish flag follows the mechanism there (checked below). Nobody
+    registered: skip, charge nothing."""
     cfg = case.config()
-    classes = [(cfg.window, cfg.epsilon)] * len(case.classes) if uniform else case.classes
-    T = len(case.decisions)
-    dc = [[Fraction(eps) / (2 * w) for w, eps in classes] for _ in range(T)]
+    m, T = len(case.classes), case.T
+    present = case.present()
+    # PBD: one schedule per class; BD: one stream schedule (ε, w) applied to every class.
+    schedules = [(cfg.window, cfg.epsilon)] if uniform else list(case.classes)
+    E2: list[list[Fraction]] = []  # per schedule and step
+    window = [Fraction(0)] * len(schedules)  # Σ_{k=t−w+1}^{t−1} E2[k], slid slot by slot
+    dc: list[list[Fraction]] = []
     pub: list[list[Fraction]] = []
     strategies = []
-    window = [Fraction(0)] * len(classes)  # Σ_{k=t−w_c+1}^{t−1} E2_c[k], slid slot by slot
     for t in range(T):
+        live = present[t] if not uniform else np.array([present[t].any()])
         proposal = [
-            (Fraction(eps) / 2 - s) / 2 for s, (_, eps) in zip(window, classes, strict=True)
+            (Fraction(eps) / 2 - s) / 2 if on else Fraction(0)
+            for s, (_, eps), on in zip(window, schedules, live, strict=True)
         ]
         published = result.releases[t].strategy == "publish"
-        if case.decisions[t] and not published:  # only a float underflow of ε_rm may do this
+        if case.decisions[t] and present[t].any() and not published:  # only a float underflow
             assert all(
-                p <= 4 * w * ULP * eps for p, (w, eps) in zip(proposal, classes, strict=True)
+                p <= 4 * w * ULP * eps for p, (w, eps) in zip(proposal, schedules, strict=True)
             )
-        assert published <= case.decisions[t]
-        pub.append(proposal if published else [Fraction(0)] * len(classes))
+        assert published <= (case.decisions[t] and present[t].any())
+        E2.append(proposal if published else [Fraction(0)] * len(schedules))
         strategies.append("publish" if published else "skip")
-        for c, (w, _) in enumerate(classes):
-            window[c] += pub[t][c]
+        for k, (w, _) in enumerate(schedules):
+            window[k] += E2[t][k]
             if t - w + 1 >= 0:
-                window[c] -= pub[t - w + 1][c]
+                window[k] -= E2[t - w + 1][k]
+        own = [schedules[0 if uniform else c] for c in range(m)]
+        dc.append(
+            [
+                Fraction(eps) / (2 * w) if present[t, c] else Fraction(0)
+                for c, (w, eps) in enumerate(own)
+            ]
+        )
+        pub.append([E2[t][0 if uniform else c] if present[t, c] else Fraction(0) for c in range(m)])
     return Schedule(dc, pub, strategies, personalized=not uniform)
 
 
 def exact_pba(case: Case, uniform: bool) -> Schedule:
     """Alg. 5 in its paper form (t_{i,N}, t_{i,A} with the max bound, A16's virtual start) for
-    PBA, or Kellaris' BA for one (ε, w), in exact arithmetic."""
+    PBA, or Kellaris' BA for one (ε, w), in exact arithmetic.
+
+    Classes joining later (spec §9.5): PBA gives each class its own last publication ``l_c``
+    and shares ``s_c``, starting from a virtual publication of one share at ``t_c − 1`` (A16
+    at the join, i.e. ``a_c = t_c``); every class present at the last publication has the
+    paper's ``l``. BA keeps one stream-wide ``(l, s_l)`` and charges each class from its join
+    on. Nobody registered: skip, nothing changes."""
     cfg = case.config()
-    classes = [(cfg.window, cfg.epsilon)] * len(case.classes) if uniform else case.classes
-    T = len(case.decisions)
-    dc = [[Fraction(eps) / (2 * w) for w, eps in classes] for _ in range(T)]
+    m, T = len(case.classes), case.T
+    present = case.present()
+    own = [(cfg.window, cfg.epsilon)] * m if uniform else list(case.classes)
+    dc = [
+        [
+            Fraction(eps) / (2 * w) if present[t, c] else Fraction(0)
+            for c, (w, eps) in enumerate(own)
+        ]
+        for t in range(T)
+    ]
     pub: list[list[Fraction]] = []
     strategies = []
-    last, used = 0, [1] * len(classes)  # virtual publication at slot 0 with one share each
+    if uniform:  # one record for the stream: virtual publication at slot 0 with one share
+        stream_last, stream_used = 0, 1
+    last, used = [j - 1 for j in case.joins()], [1] * m
     for t in range(1, T + 1):
+        live = [c for c in range(m) if present[t - 1, c]]
+        if uniform:
+            last, used = [stream_last] * m, [stream_used] * m
         t_n = [s - 1 for s in used]
-        if t - last <= max(t_n):
-            pub.append([Fraction(0)] * len(classes))
-            strategies.append("nullified")
-            continue
-        t_a = [max(t - last - tn, 0) for tn in t_n]
-        shares = [min(a, w) for a, (w, _) in zip(t_a, classes, strict=True)]
-        if case.decisions[t - 1]:
-            pub.append(
-                [s * Fraction(eps) / (2 * w) for s, (w, eps) in zip(shares, classes, strict=True)]
-            )
-            strategies.append("publish")
-            last, used = t, shares
+        row = [Fraction(0)] * m
+        if not live:
+            strategy = "skip"
+        elif any(t - last[c] <= t_n[c] for c in live):
+            strategy = "nullified"
         else:
-            pub.append([Fraction(0)] * len(classes))
-            strategies.append("skip")
+            shares = [min(max(t - last[c] - t_n[c], 0), own[c][0]) for c in range(m)]
+            strategy = "publish" if case.decisions[t - 1] else "skip"
+            if strategy == "publish":
+                for c in live:
+                    w, eps = own[c]
+                    row[c] = shares[c] * Fraction(eps) / (2 * w)
+                    last[c], used[c] = t, shares[c]
+                if uniform:
+                    stream_last, stream_used = t, shares[0]
+        pub.append(row)
+        strategies.append(strategy)
     return Schedule(dc, pub, strategies, personalized=not uniform)
 
 
@@ -299,7 +388,7 @@ def exact_pba(case: Case, uniform: bool) -> Schedule:
 
 
 @st.composite
-def cases(draw: st.DrawFn) -> Case:
+def cases(draw: st.DrawFn, growing: bool = False) -> Case:
     raw = draw(
         st.lists(
             st.tuples(
@@ -324,7 +413,15 @@ def cases(draw: st.DrawFn) -> Case:
         decisions = tuple((t // period) % 2 == 0 for t in range(T))
     else:
         decisions = (mode == "all",) * T
-    return Case(classes, sizes, decisions)
+    arrivals = None
+    if growing:  # each class joins at a random step (often 1); later members register later
+        joined = []
+        for size in sizes:
+            first = 1 if draw(st.booleans()) else draw(st.integers(1, T))
+            later = draw(st.lists(st.integers(first, T), min_size=size - 1, max_size=size - 1))
+            joined.append((first, *sorted(later)))
+        arrivals = tuple(joined)
+    return Case(classes, sizes, decisions, arrivals)
 
 
 def tolerance(case: Case) -> list[float]:
@@ -334,18 +431,14 @@ def tolerance(case: Case) -> list[float]:
     return [4 * w * ULP * eps for w, eps in case.classes]
 
 
-@settings(max_examples=EXAMPLES, deadline=None)
-@given(case=cases())
-def test_pbd_invariant(case: Case) -> None:
+def check_pbd(case: Case) -> None:
     result = run(build("PBD", case.config()), case)
     assert_actual_loss_within_requirements(result, case)
     assert_float_charges_within_requirements(result, case)
     check_schedule(exact_pbd(case, result, uniform=False), result, case, tolerance(case))
 
 
-@settings(max_examples=EXAMPLES, deadline=None)
-@given(case=cases())
-def test_pba_invariant(case: Case) -> None:
+def check_pba(case: Case) -> None:
     result = run(build("PBA", case.config()), case)
     assert_actual_loss_within_requirements(result, case)
     assert_float_charges_within_requirements(result, case)
@@ -353,9 +446,7 @@ def test_pba_invariant(case: Case) -> None:
     check_schedule(exact_pba(case, uniform=False), result, case, shares)
 
 
-@settings(max_examples=EXAMPLES, deadline=None)
-@given(case=cases())
-def test_bd_invariant(case: Case) -> None:
+def check_bd(case: Case) -> None:
     result = run(build("BD", case.config()), case)
     assert_actual_loss_within_requirements(result, case)
     assert_float_charges_within_requirements(result, case)
@@ -364,9 +455,7 @@ def test_bd_invariant(case: Case) -> None:
     check_schedule(exact_pbd(case, result, uniform=True), result, case, tol)
 
 
-@settings(max_examples=EXAMPLES, deadline=None)
-@given(case=cases())
-def test_ba_invariant(case: Case) -> None:
+def check_ba(case: Case) -> None:
     result = run(build("BA", case.config()), case)
     assert_actual_loss_within_requirements(result, case)
     assert_float_charges_within_requirements(result, case)
@@ -374,6 +463,77 @@ def test_ba_invariant(case: Case) -> None:
     check_schedule(
         exact_pba(case, uniform=True), result, case, [ULP * cfg.epsilon] * len(case.classes)
     )
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(case=cases())
+def test_pbd_invariant(case: Case) -> None:
+    check_pbd(case)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(case=cases())
+def test_pba_invariant(case: Case) -> None:
+    check_pba(case)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(case=cases())
+def test_bd_invariant(case: Case) -> None:
+    check_bd(case)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(case=cases())
+def test_ba_invariant(case: Case) -> None:
+    check_ba(case)
+
+
+# Users register over time (spec §9.5): classes join at random steps (the stream may start with
+# nobody registered), later members join their class's ledger, and a class whose window is
+# larger than every earlier one grows the ledger's ring.
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(case=cases(growing=True))
+def test_pbd_invariant_with_joining_classes(case: Case) -> None:
+    check_pbd(case)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(case=cases(growing=True))
+def test_pba_invariant_with_joining_classes(case: Case) -> None:
+    check_pba(case)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(case=cases(growing=True))
+def test_bd_invariant_with_joining_classes(case: Case) -> None:
+    check_bd(case)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(case=cases(growing=True))
+def test_ba_invariant_with_joining_classes(case: Case) -> None:
+    check_ba(case)
+
+
+JOINING = [
+    # a late class with the largest window (ring resize) while the small one keeps publishing
+    Case(((3, 0.7), (40, 1.3)), (2, 1), (True,) * 120 + (False,) * 10 + (True,) * 70,
+         ((1, 50), (60,))),
+    # empty start; the wide class joins first, the narrow one inside its nullified period
+    Case(((2, 0.5), (9, 2.0)), (1, 2), ((True, False, False) * 40),
+         ((17,), (5, 80))),
+    # a class joins at the very last step
+    Case(((4, 1.0), (7, 1.0)), (1, 1), (True,) * 40, ((1,), (40,))),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", JOINING)
+@pytest.mark.parametrize("check", [check_pbd, check_pba, check_bd, check_ba])
+def test_joining_examples(case: Case, check: Any) -> None:
+    check(case)
 
 
 def test_partdc_is_exactly_half_the_budget_per_window() -> None:
@@ -401,8 +561,8 @@ class UnrecordedPBD(PBD):
 
     name = "PBD"
 
-    def start(self, state: PersonalizedState, hist: ClassHistogram) -> None:
-        state.ledger = ForgetfulLedger(hist.windows, hist.epsilons)
+    def new_ledger(self) -> PersonalizedLedger:
+        return ForgetfulLedger(np.zeros(0, dtype=np.int64), np.zeros(0))
 
 
 class ArtifactPBA(PBA):
@@ -412,8 +572,9 @@ class ArtifactPBA(PBA):
 
     name = "PBA"
 
-    def start(self, state: PersonalizedState, hist: ClassHistogram) -> None:
-        state.absorbed = np.zeros(hist.windows.shape[0], dtype=np.int64)
+    def join(self, state: PersonalizedState, added: int) -> None:
+        assert state.absorbed is not None
+        state.absorbed = np.concatenate([state.absorbed, np.zeros(added, dtype=np.int64)])
 
     def published(
         self, state: PersonalizedState, hist: ClassHistogram, pub: NDArray[np.float64]
@@ -422,9 +583,8 @@ class ArtifactPBA(PBA):
 
 
 class UnguardedArtifactPBA(ArtifactPBA):
-    def start(self, state: PersonalizedState, hist: ClassHistogram) -> None:
-        super().start(state, hist)
-        state.ledger = ForgetfulLedger(hist.windows, hist.epsilons)
+    def new_ledger(self) -> PersonalizedLedger:
+        return ForgetfulLedger(np.zeros(0, dtype=np.int64), np.zeros(0))
 
 
 DEFECT_CASE = Case(((6, 1.0), (12, 2.0)), (3, 2), (True,) * 60)

@@ -6,7 +6,8 @@
   equals BD and PBA equals BA bit for bit under shared randomness.
 * §10 item 7 — end-to-end smoke tests with huge and tiny budgets.
 * PLBU's estimate is unbiased; the uniform baselines refuse requirements they cannot meet; a
-  changed requirement assignment halts the stream.
+  user changing class halts the stream (their old class shrinks; growth is in
+  ``test_personalized_growth``).
 
 Decisions are forced by replacing ``wants_publication`` (the ``dis > threshold`` rule), which
 is what the spec calls injecting the decision.
@@ -363,7 +364,7 @@ def test_changed_requirements_halt_the_stream() -> None:
         steps_state, Slot("s", 1, SimulatedCurator(constant(4)(1), mech.config.task, first), r)
     )
     r2 = SlotRandomness(1, "s", 2)
-    with pytest.raises(PrivacyBudgetExceeded, match="changed mid-stream"):
+    with pytest.raises(PrivacyBudgetExceeded, match=r"class 1 \(w=4, ε=1\) shrank from 2 to 1"):
         mech.step(
             state, Slot("s", 2, SimulatedCurator(constant(4)(2), mech.config.task, moved), r2)
         )

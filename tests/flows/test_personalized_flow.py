@@ -1,0 +1,217 @@
+"""The personalized family as Bytewax flows: every mechanism over keyed streams, recovery round
+trips, per-class ledger invariants, users' requirements from events and preferences tables."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import bytewax.operators as op
+import numpy as np
+import pytest
+from bytewax.dataflow import Dataflow
+from bytewax.recovery import RecoveryConfig, init_db_dir
+from bytewax.testing import TestingSink, TestingSource, run_main
+
+from privstream.connectors.events import EventBatch, parse_json_lines
+from privstream.connectors.files import load_preferences
+from privstream.connectors.jsonl import to_json
+from privstream.flows.personalized import build
+from privstream.mechanisms.personalized import MECHANISMS, PersonalizedConfig
+from privstream.operators.personalized import personalized
+from privstream.operators.slotting import Preferences
+
+N, T, W, EPS = 400, 40, 8, 1.0
+# Four user types, each at least as lenient as the stream's (ε, w) = (1, 8), so the uniform
+# baselines (which protect everyone with (ε, w)) may serve them too (spec §6.3).
+TYPE_EPS = np.array([1.0, 2.0, 1.5, 4.0])
+TYPE_WIN = np.array([8, 4, 8, 2])
+
+
+def prefs() -> Preferences:
+    kind = np.arange(N) % 4
+    return Preferences(epsilons=TYPE_EPS[kind], windows=TYPE_WIN[kind])
+
+
+def slot_batch(stream: str, t: int) -> EventBatch:
+    rng = np.random.default_rng([t, len(stream)])
+    values = (rng.random(N) < 0.3 + 0.2 * np.sin(t / 5)).astype(np.float64)
+    return EventBatch(stream, np.full(N, t), np.arange(N), values, complete_through=t)
+
+
+def streams(t_max: int = T) -> list[Any]:
+    return [slot_batch(s, t) for t in range(1, t_max + 1) for s in ("a", "b")]
+
+
+def flow_over(items: list[Any], mechanism: str) -> tuple[Dataflow, dict[str, list[Any]]]:
+    flow = Dataflow("test_personalized")
+    keyed = op.key_on("by_stream", op.input("in", flow, TestingSource(items)), lambda b: b.stream)
+    config = PersonalizedConfig(population=N, epsilon=EPS, window=W)
+    out = personalized(
+        "personalized", keyed, mechanism=mechanism, config=config, secret=11, preferences=prefs()
+    )
+    sinks: dict[str, list[Any]] = {"releases": [], "ledger": [], "dead_letters": []}
+    op.output("r", op.map("r_json", out.releases, to_json), TestingSink(sinks["releases"]))
+    op.output("l", op.map("l_json", out.ledger, to_json), TestingSink(sinks["ledger"]))
+    op.output("d", out.dead_letters, TestingSink(sinks["dead_letters"]))
+    return flow, sinks
+
+
+def by_id(lines: list[str]) -> dict[str, str]:
+    return {json.loads(line)["release_id"]: line for line in lines}
+
+
+def check_class_windows(ledger_lines: list[str]) -> int:
+    """Every class's spend over every window of its own w_c stays within ε_c, recomputed from
+    the per-slot charges in the ledger entries; returns how many class windows were checked."""
+    charges: dict[tuple[str, str, int, float], dict[int, float]] = defaultdict(dict)
+    for line in ledger_lines:
+        entry = json.loads(line)
+        for c in entry["classes"]:
+            key = (entry["stream"], entry["mechanism"], c["window"], c["epsilon"])
+            charges[key][entry["slot"]] = c["epsilon_dc"] + c["epsilon_pub"]
+    checked = 0
+    for (_s, _m, w, eps), by_slot in charges.items():
+        for end in by_slot:
+            spent = sum(by_slot.get(t, 0.0) for t in range(end - w + 1, end + 1))
+            assert spent <= eps * (1 + 1e-9), (w, eps, end, spent)
+            checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("mechanism", list(MECHANISMS))
+def test_every_mechanism_releases_every_slot_within_every_class_budget(mechanism: str) -> None:
+    flow, out = flow_over(streams(), mechanism)
+    run_main(flow)
+    ids = sorted(json.loads(line)["release_id"] for line in out["releases"])
+    assert ids == sorted(f"{s}/{mechanism}/{t}" for s in "ab" for t in range(1, T + 1))
+    classes = {(c["window"], c["epsilon"]) for c in json.loads(out["ledger"][0])["classes"]}
+    assert classes == set(zip(TYPE_WIN.tolist(), TYPE_EPS.tolist(), strict=True))
+    assert check_class_windows(out["ledger"]) >= 2 * T * 4
+
+
+@pytest.mark.parametrize("mechanism", ["PLBU", "PU", "PBD", "PBA"])
+def test_recovery_round_trip_is_byte_identical(mechanism: str, tmp_path: Path) -> None:
+    clean_flow, clean = flow_over(streams(), mechanism)
+    run_main(clean_flow)
+
+    init_db_dir(tmp_path, 1)
+    recovery = RecoveryConfig(str(tmp_path))
+    items: list[Any] = streams()
+    items.insert(37, TestingSource.ABORT())
+    flow, first = flow_over(items, mechanism)
+    run_main(flow, epoch_interval=timedelta(0), recovery_config=recovery)
+    assert 0 < len(first["releases"]) < 2 * T
+    flow2, second = flow_over(items, mechanism)
+    run_main(flow2, epoch_interval=timedelta(0), recovery_config=recovery)
+    assert by_id(first["releases"]) | by_id(second["releases"]) == by_id(clean["releases"])
+
+
+def event(user: str, t: int, value: int, **req: Any) -> str:
+    return json.dumps({"stream": "s", "user": user, "slot": t, "value": value, **req})
+
+
+def test_requirements_come_from_events_and_cannot_change(tmp_path: Path) -> None:
+    lines = []
+    for t in range(1, 13):
+        for u in range(60):
+            stated = {"epsilon": 2.0, "window": 4} if u < 20 else {}
+            lines.append(event(f"u{u}", t, (u + t) % 2, **stated))
+        lines.append(json.dumps({"stream": "s", "end_of_slot": t}))
+    lines.insert(200, event("u5", 4, 1, epsilon=0.5, window=4))  # u5 registered (2.0, 4)
+    lines.insert(300, event("u30", 6, 1, window=2))  # u30 registered with the default
+    flow = Dataflow("req")
+    parsed = op.flat_map_batch(
+        "parse", op.input("in", flow, TestingSource(lines, 50)), parse_json_lines
+    )
+    keyed = op.key_on(
+        "k", op.filter("ok", parsed, lambda x: isinstance(x, EventBatch)), lambda b: b.stream
+    )
+    out = personalized(
+        "p", keyed, mechanism="PBD", config=PersonalizedConfig(population=60, epsilon=1.0, window=6),
+        secret=3,
+    )  # fmt: skip
+    ledger: list[Any] = []
+    dead: list[Any] = []
+    op.output("l", out.ledger, TestingSink(ledger))
+    op.output("d", out.dead_letters, TestingSink(dead))
+    run_main(flow)
+    assert [(d.reason, json.loads(d.payload)["user"]) for d in dead] == [
+        ("requirement_changed", "u5"),
+        ("requirement_changed", "u30"),
+    ]
+    classes = {(c.window, c.epsilon, c.users) for c in ledger[-1].classes}
+    assert classes == {(4, 2.0, 20), (6, 1.0, 40)}
+
+
+def test_the_ready_flow_takes_a_preferences_table(tmp_path: Path) -> None:
+    table = tmp_path / "prefs.csv"
+    table.write_text("user,epsilon,window\nu1,3.0,5\nu2,3.0,5\n")
+    events = tmp_path / "events.jsonl"
+    events.write_text(
+        "\n".join(event(f"u{u}", t, (u * t) % 2) for t in range(1, 9) for u in range(10)) + "\n"
+    )
+    out, ledger = tmp_path / "r.jsonl", tmp_path / "l.jsonl"
+    flow = build(
+        dataset=f"file:{events}", mechanisms="PBA", users=10, epsilon=1.0, window=6,
+        stream="s", out=str(out), ledger_out=str(ledger), preferences=load_preferences(table),
+    )  # fmt: skip
+    run_main(flow)
+    last = json.loads(ledger.read_text().splitlines()[-1])
+    assert {(c["window"], c["epsilon"], c["users"]) for c in last["classes"]} == {
+        (5, 3.0, 2),
+        (6, 1.0, 8),
+    }
+    assert len(out.read_text().splitlines()) == 8
+
+
+def test_preferences_tables_are_validated(tmp_path: Path) -> None:
+    good = tmp_path / "p.jsonl"
+    good.write_text('{"user": "a", "epsilon": 0.5, "window": 3}\n\n')
+    assert load_preferences(good) == {"a": (0.5, 3)}
+    for text, problem in [
+        ("u,0,3\n", "epsilon > 0"),
+        ("u,1.0,0\n", "window >= 1"),
+        ("u,1.0\n", "expected user, epsilon, window"),
+        ("u,1.0,3\nu,2.0,3\n", "listed twice"),
+    ]:
+        bad = tmp_path / "bad.csv"
+        bad.write_text(text)
+        with pytest.raises(ValueError, match=problem):
+            load_preferences(bad)
+
+
+def test_a_user_stricter_than_the_stream_halts_a_uniform_baseline_before_any_release() -> None:
+    flow = Dataflow("strict")
+    strict = Preferences(epsilons=np.full(N, 0.5), windows=np.full(N, W))
+    keyed = op.key_on("k", op.input("in", flow, TestingSource(streams(5))), lambda b: b.stream)
+    config = PersonalizedConfig(population=N, epsilon=EPS, window=W)
+    out = personalized("p", keyed, mechanism="BD,PBD", config=config, secret=1, preferences=strict)
+    releases: list[Any] = []
+    op.output("r", out.releases, TestingSink(releases))
+    run_main(flow)
+    assert {r.mechanism for r in releases} == {"PBD"}  # BD refused at slot 1, PBD serves them
+    assert len(releases) == 2 * 5
+
+
+def test_class_gauges_are_exported() -> None:
+    from prometheus_client import REGISTRY, generate_latest
+
+    flow, _out = flow_over(streams(10), "PBA")
+    run_main(flow)
+    text = generate_latest(REGISTRY).decode()
+    spent = [
+        line
+        for line in text.splitlines()
+        if line.startswith("privstream_class_window_budget_spent{")
+        and 'mechanism="PBA",stream="a"' in line
+    ]
+    assert {line.split('class="')[1].split('"')[0] for line in spent} == {
+        "w8_e1", "w4_e2", "w8_e1.5", "w2_e4",
+    }  # fmt: skip
+    for line in spent:
+        assert 0 < float(line.rsplit(" ", 1)[1]) <= 4.0
+    assert 'privstream_class_users{class="w2_e4",mechanism="PBA",stream="a"} 100.0' in text
