@@ -93,7 +93,7 @@ def test_every_mechanism_releases_every_slot_within_every_class_budget(mechanism
     assert check_class_windows(out["ledger"]) >= 2 * T * 4
 
 
-@pytest.mark.parametrize("mechanism", ["PLBU", "PU", "PBD", "PBA"])
+@pytest.mark.parametrize("mechanism", list(MECHANISMS))
 def test_recovery_round_trip_is_byte_identical(mechanism: str, tmp_path: Path) -> None:
     clean_flow, clean = flow_over(streams(), mechanism)
     run_main(clean_flow)
