@@ -16,7 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, Any
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,24 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def stop_process(
+    process: subprocess.Popen[Any], signum: int = signal.SIGTERM, timeout: float = 10.0
+) -> bool:
+    """Send ``signum`` and wait up to ``timeout`` s; SIGKILL if it is still running then.
+    True when the process stopped on the signal (or had already exited)."""
+    if process.poll() is not None:
+        process.wait()  # reap it
+        return True
+    process.send_signal(signum)
+    try:
+        process.wait(timeout)
+        return True
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        return False
 
 
 def broker_binary() -> str:
@@ -102,14 +120,8 @@ class EmbeddedBroker:
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the broker: SIGINT (Tansu's clean shutdown), then SIGKILL after ``timeout``."""
         process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                log.warning("embedded broker did not stop on SIGINT; killing it")
-                process.kill()
-                process.wait()
+        if process is not None and not stop_process(process, signal.SIGINT, timeout):
+            log.warning("embedded broker did not stop on SIGINT within %s s; killed it", timeout)
         if self._log is not None:
             self._log.close()
             self._log = None

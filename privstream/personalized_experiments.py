@@ -141,20 +141,11 @@ def requirement_arrays(
 
 
 def assign_requirements(
-    users: int,
-    epsilon: float,
-    window: int,
-    seed: int,
-    *,
-    epsilons: Sequence[float] = EPSILON_GRID,
-    windows: Sequence[int] = WINDOW_GRID,
-    types: int = USER_TYPES,
+    users: int, epsilon: float, window: int, seed: int, **grids: Any
 ) -> Requirements:
-    """``requirement_arrays`` as the ``Requirements`` of a fully registered population."""
-    eps, win = requirement_arrays(
-        users, epsilon, window, seed, epsilons=epsilons, windows=windows, types=types
-    )
-    return Requirements(eps, win)
+    """``requirement_arrays`` (same arguments) as the ``Requirements`` of a fully registered
+    population."""
+    return Requirements(*requirement_arrays(users, epsilon, window, seed, **grids))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from typing import IO, Any
 
 import pytest
 
-from privstream.connectors.broker import free_port
+from privstream.connectors.broker import free_port, stop_process
 from privstream.connectors.kafka import KafkaSettings, wait_for_messages
 
 BINARIES = ("prometheus", "promtool")
@@ -216,15 +216,8 @@ class PrometheusServer:
     def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM (Prometheus shuts down cleanly on it), SIGKILL after ``timeout``."""
         process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        elif process is not None:
-            process.wait()  # reap it
+        if process is not None:
+            stop_process(process, signal.SIGTERM, timeout)
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -342,13 +335,9 @@ class FlowProcess:
 
     def terminate(self, timeout: float = 30.0) -> int:
         """SIGTERM, then the exit code (fails when the flow does not stop in ``timeout`` s)."""
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        if not stop_process(self.process, signal.SIGTERM, timeout):
             pytest.fail(f"the flow did not stop within {timeout} s of SIGTERM")
+        return self.process.returncode
 
     def __enter__(self) -> FlowProcess:
         return self
