@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -48,6 +49,24 @@ def stop_process(
         process.kill()
         process.wait()
         return False
+
+
+def wait_until_ready(
+    process: subprocess.Popen[Any], probe: Callable[[], bool], timeout: float, pause: float = 0.05
+) -> bool:
+    """Call ``probe`` until it returns True (an exception counts as not yet), while ``process``
+    runs; False when it exits or ``timeout`` s pass first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            return False
+        try:
+            if probe():
+                return True
+        except Exception:
+            pass
+        time.sleep(pause)
+    return False
 
 
 def broker_binary() -> str:
@@ -102,20 +121,15 @@ class EmbeddedBroker:
     def _wait_ready(self, timeout: float) -> bool:
         from confluent_kafka.admin import AdminClient
 
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self._process is not None
-            if self._process.poll() is not None:
-                return False
-            try:
-                with socket.create_connection((self.host, self.port or 0), timeout=0.5):
-                    pass
-                admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
-                admin.list_topics(timeout=2)
-                return True
-            except Exception:
-                time.sleep(0.05)
-        return False
+        def answers() -> bool:
+            with socket.create_connection((self.host, self.port or 0), timeout=0.5):
+                pass
+            admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+            admin.list_topics(timeout=2)
+            return True
+
+        assert self._process is not None
+        return wait_until_ready(self._process, answers, timeout)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the broker: SIGINT (Tansu's clean shutdown), then SIGKILL after ``timeout``."""

@@ -500,6 +500,13 @@ def produce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(result: dict[str, Any], path: str | None) -> int:
+    """Write a benchmark's result as JSON when ``--json`` asks for it."""
+    if path:
+        Path(path).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
 def bench_kafka(args: argparse.Namespace) -> int:
     from privstream.bench_kafka import bench_kafka as run
     from privstream.bench_kafka import format_result
@@ -515,9 +522,7 @@ def bench_kafka(args: argparse.Namespace) -> int:
         run_flow=_run_flow,
     )
     print(format_result(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    return 0
+    return _report(result, args.json)
 
 
 def bench_personalized(args: argparse.Namespace) -> int:
@@ -535,9 +540,7 @@ def bench_personalized(args: argparse.Namespace) -> int:
         window=args.window,
     )
     print(pe.format_personalized_table(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    return 0
+    return _report(result, args.json)
 
 
 def bench_ldp_ids(args: argparse.Namespace) -> int:
@@ -555,9 +558,7 @@ def bench_ldp_ids(args: argparse.Namespace) -> int:
         numeric=args.numeric,
     )
     print(experiments.format_table(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    return 0
+    return _report(result, args.json)
 
 
 def demo(args: argparse.Namespace) -> int:

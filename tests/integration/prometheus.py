@@ -35,7 +35,7 @@ from typing import IO, Any
 
 import pytest
 
-from privstream.connectors.broker import free_port, stop_process
+from privstream.connectors.broker import free_port, stop_process, wait_until_ready
 from privstream.connectors.kafka import KafkaSettings, wait_for_messages
 
 BINARIES = ("prometheus", "promtool")
@@ -199,19 +199,12 @@ class PrometheusServer:
         pytest.fail(f"Prometheus did not become ready within {timeout} s:\n{self.log_tail()}")
 
     def _wait_ready(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self._process is not None
-            if self._process.poll() is not None:
-                return False
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as response:
-                    if response.status == 200:
-                        return True
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.1)
-        return False
+        def ready() -> bool:
+            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as response:
+                return bool(response.status == 200)
+
+        assert self._process is not None
+        return wait_until_ready(self._process, ready, timeout, pause=0.1)
 
     def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM (Prometheus shuts down cleanly on it), SIGKILL after ``timeout``."""
