@@ -52,10 +52,12 @@ POPULATION_FULL: Final = "population_full"
 USER_ID_KIND: Final = "user_id_kind_mismatch"
 REQUIREMENT_CHANGED: Final = "requirement_changed"
 STREAM_HALTED: Final = "stream_halted"
+UNREGISTERED: Final = "unregistered_user"
 REASONS: Final = (
     MALFORMED,
     MALFORMED_CSV, MISSING_FIELD, INVALID_TYPE, NEGATIVE_SLOT, OVERSIZED, UNKNOWN_STREAM, OUT_OF_DOMAIN,
     DUPLICATE, LATE, FAR_FUTURE, POPULATION_FULL, USER_ID_KIND, REQUIREMENT_CHANGED, STREAM_HALTED,
+    UNREGISTERED,
 )  # fmt: skip
 
 
@@ -71,6 +73,8 @@ class EventBatch:
     the marker inside the batch makes it impossible for it to overtake its own events.
     ``epsilons``/``windows`` are the privacy requirements ``(ε_i, w_i)`` rows state (personalized
     mechanisms; NaN / 0 where a row states none), or None when no row states one.
+    ``partition`` is the input partition the rows came from (a Kafka partition; 0 for files and
+    in-process sources): the slotting tracks each partition's progress (``operators.watermark``).
     """
 
     stream: str
@@ -81,6 +85,7 @@ class EventBatch:
     complete_through: int | None = None
     epsilons: NDArray[np.float64] | None = None
     windows: NDArray[np.int64] | None = None
+    partition: int = 0
 
     def __len__(self) -> int:
         return int(self.slots.shape[0])
@@ -101,6 +106,7 @@ class EventBatch:
             complete_through,
             None if self.epsilons is None else self.epsilons[rows],
             None if self.windows is None else self.windows[rows],
+            self.partition,
         )
 
     def row_original(self, i: int) -> bytes | None:

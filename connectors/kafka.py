@@ -21,7 +21,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Final
 
@@ -367,16 +367,17 @@ def parse_raw_batch(
     max_bytes: int = MAX_EVENT_BYTES,
 ) -> list[EventBatch | DeadLetter]:
     """Parse a poll's messages; an empty message (or tombstone) is a ``malformed_json`` dead
-    letter rather than silently skipped."""
+    letter rather than silently skipped. Every ``EventBatch`` carries the poll's partition."""
     values = batch.values
     fast = parse_json_batch(values, streams=streams, max_bytes=max_bytes)
     if fast is not None:  # the usual poll: no blank message (those fail the fast path)
-        return fast
+        return _from_partition(fast, batch.partition)
     empty = [i for i, v in enumerate(values) if not v.strip()]
     if not empty:
-        return parse_json_lines(
+        parsed = parse_json_lines(
             values, streams=streams, default_stream=default_stream, max_bytes=max_bytes
         )
+        return _from_partition(parsed, batch.partition)
     skip = set(empty)
     parsed = parse_json_lines(
         [v for i, v in enumerate(values) if i not in skip],
@@ -386,7 +387,19 @@ def parse_raw_batch(
     )
     dead = [DeadLetter(MALFORMED, None, values[i].decode("utf-8", "replace"), "empty message",
                        values[i] or None) for i in empty]  # fmt: skip
-    return parsed + list(dead)
+    return _from_partition(parsed, batch.partition) + list(dead)
+
+
+def _from_partition(
+    parsed: list[EventBatch | DeadLetter], partition: int
+) -> list[EventBatch | DeadLetter]:
+    """Stamp the input partition on the parsed batches (the parser knows none)."""
+    if partition == 0:
+        return parsed
+    return [
+        replace(item, partition=partition) if isinstance(item, EventBatch) else item
+        for item in parsed
+    ]
 
 
 def release_message(release: Release) -> KafkaSinkMessage[bytes, bytes]:

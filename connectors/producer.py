@@ -2,8 +2,11 @@
 
 ``produce_synthetic`` writes every user's value at every slot in the event schema of design §5
 (user ids ``u0 … u{n−1}``), followed after each slot by an end-of-slot marker, keyed by the
-stream name so a stream's events and markers stay in order in one partition. Batched: events
-are formatted slot by slot and handed to librdkafka's queue, which batches them on the wire.
+stream name so a stream's events and markers stay in order in one partition. With ``spread``
+the events of a slot go round-robin over every partition of the topic instead and the marker is
+written to every partition, after that partition's events of the slot (the slotting closes a
+slot once every partition has passed it, ``operators.watermark``). Batched: events are
+formatted slot by slot and handed to librdkafka's queue, which batches them on the wire.
 """
 
 from __future__ import annotations
@@ -44,10 +47,12 @@ def produce_synthetic(
     name: str | None = None,
     first_slot: int = 1,
     progress: Callable[[int], None] | None = None,
+    spread: bool = False,
 ) -> int:
     """Write slots ``first_slot … stream.slots`` of ``stream`` to ``topic``; returns the number
-    of events written (markers not counted). ``progress`` is called with each slot's count."""
-    require_topics(settings, [topic])
+    of events written (markers not counted). ``progress`` is called with each slot's count.
+    ``spread``: events round-robin over all partitions, each slot's marker to every one."""
+    partitions = require_topics(settings, [topic])[topic] if spread else 0
     stream_name = name or stream.name
     failures: list[str] = []
 
@@ -64,13 +69,15 @@ def produce_synthetic(
     written = 0
     for slot in range(first_slot, stream.slots + 1):
         messages = slot_messages(stream, stream_name, slot)
-        for value in messages:
-            while True:
-                try:
-                    producer.produce(topic, value, key)
-                    break
-                except BufferError:  # local queue full: let librdkafka send some
-                    producer.poll(0.05)
+        if partitions:
+            *events, marker = messages
+            for i, value in enumerate(events):
+                _send(producer, topic, value, key, i % partitions)
+            for partition in range(partitions):
+                _send(producer, topic, marker, key, partition)
+        else:
+            for value in messages:
+                _send(producer, topic, value, key)
         producer.poll(0)
         written += len(messages) - 1
         if progress is not None:
@@ -82,3 +89,18 @@ def produce_synthetic(
             + (f" (first: {failures[0]})" if failures else "")
         )
     return written
+
+
+def _send(
+    producer: Producer, topic: str, value: bytes, key: bytes, partition: int | None = None
+) -> None:
+    """Queue one message (to ``partition``, or by key), waiting while the local queue is full."""
+    while True:
+        try:
+            if partition is None:
+                producer.produce(topic, value, key)
+            else:
+                producer.produce(topic, value, key, partition=partition)
+            return
+        except BufferError:  # local queue full: let librdkafka send some
+            producer.poll(0.05)

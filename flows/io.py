@@ -10,8 +10,8 @@ format.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bytewax import operators as op
@@ -106,6 +106,9 @@ class KafkaIO:
             None runs until stopped (SIGTERM).
         batch_size: most messages per poll.
         max_event_bytes: larger messages are ``oversized`` dead letters.
+        partitions: the input topic's partition count (``require_topics`` gives it;
+            ``privstream run`` sets it). The slotting closes a slot only once every partition
+            has passed it, and refuses events from a partition beyond this count.
     """
 
     settings: KafkaSettings
@@ -116,10 +119,16 @@ class KafkaIO:
     until_slot: int | None = None
     batch_size: int = 5000
     max_event_bytes: int = MAX_EVENT_BYTES
+    partitions: int = 1
 
     def topics(self) -> list[str]:
         names = [self.input_topic, self.output_topic, self.dead_letter_topic, self.ledger_topic]
         return [t for t in names if t]
+
+    def with_partitions(self, counts: Mapping[str, int]) -> KafkaIO:
+        """This with the input topic's partition count taken from ``counts`` (topic → partition
+        count, as ``require_topics`` returns it)."""
+        return replace(self, partitions=counts[self.input_topic])
 
 
 def events(
@@ -256,9 +265,11 @@ def assemble(
 
 def slotting_for(kafka: KafkaIO | None, lateness: int, client_path: str) -> SlottingConfig:
     """Slotting of a ready flow: bounded inputs release their open slots at the end; a Kafka
-    stream keeps them open for the next run."""
+    stream keeps them open for the next run, and its slots close only once every partition of
+    the input topic has passed them (files and synthetic sources are one partition)."""
     return SlottingConfig(
         lateness=lateness,
         client_path=client_path,  # type: ignore[arg-type]
         close_on_eof=kafka is None,
+        partitions=1 if kafka is None else kafka.partitions,
     )

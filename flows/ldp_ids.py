@@ -5,8 +5,13 @@ Run it with Bytewax's runner, e.g.::
 
     python -m bytewax.run "privstream.flows.ldp_ids:build(dataset='sin', mechanisms='LPA', users=20000, slots=100, out='releases.jsonl')"
 
+with ``PRIVSTREAM_SECRET`` set in the environment
+
 or through ``privstream run ldp-ids``. Several mechanisms can run over the same input in one
-flow; each keeps its own ledgers. Guarantee: w-event ε-LDP for every user (spec ldp-ids §1.3).
+flow, each with its own ledgers and its share of ε (``budget_split``), or side by side with the
+full ε each as an evaluation (``compare``). Guarantee: w-event ε-LDP for every user (spec
+ldp-ids §1.3), composed over the mechanisms of a production run. A secret noise key is
+required (``$PRIVSTREAM_SECRET``), or an explicit ``insecure_seed``.
 """
 
 from __future__ import annotations
@@ -17,9 +22,12 @@ from bytewax.dataflow import Dataflow
 from bytewax.operators import KeyedStream
 
 from privstream.connectors.events import EventBatch
+from privstream.connectors.secret import resolve_noise_key
 from privstream.flows.io import KafkaIO, Source, assemble, resolve_source, slotting_for
+from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.contract import Release
 from privstream.mechanisms.ldp_ids import LdpIdsConfig, mechanism_names
+from privstream.mechanisms.seeding import NoiseKey
 from privstream.operators.ldp_ids import ldp_ids
 from privstream.operators.slotting import MechanismOut
 
@@ -45,7 +53,10 @@ def build(
     stream: str | None = None,
     progress: Callable[[Release], None] | None = None,
     kafka: KafkaIO | None = None,
-    secret: int | bytes | None = None,
+    secret: NoiseKey | str | bytes | None = None,
+    insecure_seed: int | None = None,
+    budget_split: str | None = None,
+    compare: bool = False,
 ) -> Dataflow:
     """The LDP-IDS dataflow.
 
@@ -56,7 +67,7 @@ def build(
         users: registered population size n (for files: the most users the stream may have).
         slots: slots of a synthetic dataset (ignored for files).
         epsilon, window, beta: ε, w and β of every mechanism.
-        seed: secret seed of the mechanisms' randomness (and the synthetic dataset's seed).
+        seed: seed of the synthetic dataset (data only; never the noise).
         out, ledger_out, dead_letter_out: JSON-lines outputs (the last two optional).
         lateness, client_path: slotting options (see ``SlottingConfig``).
         domain, mean_range: task of a file dataset: ``d`` categories (default 2) or the
@@ -66,11 +77,18 @@ def build(
         kafka: read events from and write outputs to Kafka instead (``out``,
             ``ledger_out`` and ``dead_letter_out`` are then ignored; ``dataset`` only names the
             stream and its task). Open slots stay open when the flow stops: the stream goes on.
-        secret: the mechanisms' secret seed (design §6); defaults to ``seed``, which is fine
-            for reproductions but guessable — production runs pass a secret from the
-            environment or a file (``privstream run`` does).
+        secret: the noise key (design §6): a ``NoiseKey`` or its text (≥ 128 bits), else
+            ``$PRIVSTREAM_SECRET``; without either the flow refuses to build unless
+            ``insecure_seed`` asks for a reproducible run, whose outputs are all marked
+            ``insecure_seed`` (not private).
+        budget_split: several mechanisms share the population's ε: ``equal`` or weights
+            ``w1,w2,…`` (each runs with its share; the population accountant composes them).
+        compare: run several mechanisms side by side with the full ε each — an evaluation,
+            whose outputs are all marked ``evaluation`` (their composition is not bounded by ε).
     """
     names = mechanism_names(mechanisms)
+    key = resolve_noise_key(secret, insecure_seed)
+    split = BudgetSplit.parse(budget_split, len(names), compare=compare)
     source = resolve_source(dataset, users, slots, seed, domain, mean_range, stream)
     config = LdpIdsConfig(
         epsilon=epsilon, window=window, population=users, task=source.task, beta=beta
@@ -83,8 +101,9 @@ def build(
             keyed,
             mechanism=names,
             config=config,
-            secret=seed if secret is None else secret,
+            secret=key,
             slotting=slotting,
+            split=split,
         )
 
     return assemble(

@@ -10,9 +10,10 @@ or through ``privstream run personalized``. Guarantee: (w_i, ε_i)-EPDP for ever
 §1.3), central DP with a trusted curator (design §4, ``cdp``).
 
 Users' requirements: a synthetic population gets the spec's assignment (§6.3: ten user types
-drawing ε_i ≥ ε and w_i ≤ w from the Table 3 grids); otherwise events state them (``epsilon``,
-``window``), a preferences table (``preferences``: user → (ε_i, w_i)) gives them, or a user
-gets the stream default (``epsilon``, ``window``).
+drawing ε_i ≥ ε and w_i ≤ w from the Table 3 grids); otherwise the registration table
+(``preferences``: user → (ε_i, w_i)) names the population and its requirements before the data
+arrive, so who is counted never depends on who sent data. A secret noise key is required
+(``$PRIVSTREAM_SECRET``), or an explicit ``insecure_seed``.
 """
 
 from __future__ import annotations
@@ -23,9 +24,12 @@ from bytewax.dataflow import Dataflow
 from bytewax.operators import KeyedStream
 
 from privstream.connectors.events import EventBatch
+from privstream.connectors.secret import resolve_noise_key
 from privstream.flows.io import KafkaIO, assemble, resolve_source, slotting_for
+from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.contract import Release
 from privstream.mechanisms.personalized import PersonalizedConfig, mechanism_names
+from privstream.mechanisms.seeding import NoiseKey
 from privstream.mechanisms.tasks import FrequencyTask
 from privstream.operators.personalized import personalized
 from privstream.operators.slotting import MechanismOut, Preferences
@@ -51,7 +55,10 @@ def build(
     preferences: Mapping[str, tuple[float, int]] | None = None,
     progress: Callable[[Release], None] | None = None,
     kafka: KafkaIO | None = None,
-    secret: int | bytes | None = None,
+    secret: NoiseKey | str | bytes | None = None,
+    insecure_seed: int | None = None,
+    budget_split: str | None = None,
+    compare: bool = False,
 ) -> Dataflow:
     """The personalized w-event dataflow.
 
@@ -62,25 +69,35 @@ def build(
         users: registered population size n (for files and Kafka: the most users).
         slots: slots of a synthetic dataset.
         epsilon, window: the stream's default requirement (ε, w) (paper defaults 0.6, 120).
-        seed: secret seed of the noise (and the synthetic data's and requirements' seed).
+        seed: seed of the synthetic data and requirements (never the noise).
         out, ledger_out, dead_letter_out: JSON-lines outputs (ignored with ``kafka``).
         lateness: slots a slot stays open for late events.
         domain: categories d of a file or Kafka stream (default: the dataset's, 2).
         stream: stream name (defaults to the dataset name).
-        preferences: user id → (ε_i, w_i), applied when the user registers.
+        preferences: the registration table, user id → (ε_i, w_i): exactly these users are
+            the population (required for file and Kafka input, whose users are named; others'
+            events are ``unregistered_user`` dead letters).
         progress: called with every release.
         kafka: read events from and write outputs to Kafka.
-        secret: the noise secret (defaults to ``seed``; see ``flows.ldp_ids.build``).
+        secret, insecure_seed, budget_split, compare: the noise key and how several
+            mechanisms share the budget (see ``flows.ldp_ids.build``).
     """
     names = mechanism_names(mechanisms)
+    key = resolve_noise_key(secret, insecure_seed)
+    split = BudgetSplit.parse(budget_split, len(names), compare=compare)
     source = resolve_source(dataset, users, slots, seed, domain, None, stream)
     if not isinstance(source.task, FrequencyTask):
         raise ValueError(f"the personalized mechanisms release histograms; {dataset!r} is numeric")
     if source.synthetic is not None and kafka is None:
         eps, win = requirement_arrays(users, epsilon, window, seed)
         prefs = Preferences(epsilons=eps, windows=win)
+    elif preferences:
+        prefs = Preferences(by_user=dict(preferences))
     else:
-        prefs = Preferences(by_user=dict(preferences or {}))
+        raise ValueError(
+            "central DP counts only registered users, fixed before the data arrive: give the "
+            "registration table (user,epsilon,window) with --registrations FILE"
+        )
     config = PersonalizedConfig(population=users, epsilon=epsilon, window=window, task=source.task)
     slotting = slotting_for(kafka, lateness, "aggregate")
 
@@ -90,9 +107,10 @@ def build(
             keyed,
             mechanism=names,
             config=config,
-            secret=seed if secret is None else secret,
+            secret=key,
             slotting=slotting,
             preferences=prefs,
+            split=split,
         )
 
     return assemble(

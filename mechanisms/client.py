@@ -21,16 +21,39 @@ what a mechanism releases is public; nothing here is.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Final, Literal, Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import EstimationTask
+
+MIN_EPSILON: Final = 1e-3
+MAX_EPSILON: Final = 1e6
+MAX_WINDOW: Final = 100_000
+"""Limits of a requirement ``(ε, w)``, the stream's and every user's: beyond them a ledger ring
+would not fit in memory (w up to 2^62 was tried) or a noise scale would not be finite (ε =
+1e−310). A registration outside them is refused at start."""
+
+
+def check_requirement(epsilon: float, window: int, what: str) -> None:
+    """Refuse a requirement outside ``[MIN_EPSILON, MAX_EPSILON] × [1, MAX_WINDOW]``."""
+    if not (isinstance(epsilon, (int, float)) and MIN_EPSILON <= epsilon <= MAX_EPSILON):
+        raise ValueError(
+            f"{what}: epsilon must lie in [{MIN_EPSILON:g}, {MAX_EPSILON:g}], got {epsilon!r}"
+        )
+    if (
+        isinstance(window, bool)
+        or not isinstance(window, (int, np.integer))
+        or not (1 <= window <= MAX_WINDOW)
+    ):
+        raise ValueError(f"{what}: window must be an integer in [1, {MAX_WINDOW}], got {window!r}")
+
 
 ClientPath = Literal["aggregate", "per-user"]
 ABSENT = -1  # marker of a user with no current value in an integer value array
@@ -342,9 +365,12 @@ class CuratorPort(Protocol):
         """Size ``n`` of the dense user index (registered or not)."""
         ...
 
-    def class_histogram(self, default_epsilon: float, default_window: int) -> ClassHistogram:
+    def class_histogram(
+        self, default_epsilon: float, default_window: int, share: float = 1.0
+    ) -> ClassHistogram:
         """The slot's true histogram per privacy class of the registered users, users without a
-        preference resolved to ``(default_epsilon, default_window)``."""
+        preference resolved to ``(default_epsilon, default_window)``; every class budget is
+        multiplied by ``share``, a mechanism's part of the population budget."""
         ...
 
 
@@ -385,12 +411,18 @@ class SimulatedCurator:
         registered = self._requirements.registered
         return self._eligible if registered is None else self._eligible & registered
 
-    def class_histogram(self, default_epsilon: float, default_window: int) -> ClassHistogram:
+    def class_histogram(
+        self, default_epsilon: float, default_window: int, share: float = 1.0
+    ) -> ClassHistogram:
         key = (float(default_epsilon), int(default_window))
         found = self._memo.get(key)
         if found is None:
             found = self._memo[key] = self._histogram(*key)
-        return found
+        if share == 1.0:
+            return found
+        epsilons = found.epsilons * share
+        epsilons.flags.writeable = False
+        return dataclasses.replace(found, epsilons=epsilons)
 
     def _histogram(self, default_epsilon: float, default_window: int) -> ClassHistogram:
         classes = self._requirements.classes(default_epsilon, default_window)

@@ -90,6 +90,11 @@ class Release:
     dissimilarity: float | None
     error: float | None
     bits: int
+    insecure_seed: bool = False
+    """True when the run's noise came from a public reproducible seed: not private output."""
+    evaluation: bool = False
+    """True when mechanisms ran side by side with the full budget each (``--compare``): an
+    evaluation, whose releases together do not have the stated guarantee."""
 
     @property
     def release_id(self) -> str:
@@ -152,6 +157,15 @@ class LedgerEntry:
     available_users: int
     remaining: float
     classes: tuple[ClassSpend, ...] | None = None
+    population_epsilon: float | None = None
+    """The population's budget per window that all mechanisms of the stream share (for
+    personalized mechanisms: ε_c of the class closest to its limit), set by the operator."""
+    population_window_spent: float | None = None
+    """What all mechanisms of the stream together charged that user or class over the window
+    ending at this slot (the composed guarantee; at most ``population_epsilon`` unless
+    ``evaluation``)."""
+    insecure_seed: bool = False
+    evaluation: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

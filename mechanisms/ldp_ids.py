@@ -396,12 +396,26 @@ class LBA(LdpIdsMechanism):
         return out
 
 
+def _require_dissimilarity_users(config: LdpIdsConfig, name: str) -> None:
+    """Refuse a configuration whose M1 asks ``⌊βn/w⌋ = 0`` users: its dissimilarity is never
+    measured, so the mechanism would never publish (a silent degradation)."""
+    if math.floor(config.beta * config.population / config.window) < 1:
+        raise ValueError(
+            f"{name} needs a dissimilarity group ⌊βn/w⌋ >= 1 user; population={config.population}, "
+            f"window={config.window}, beta={config.beta} give 0: it would never publish"
+        )
+
+
 class LPD(LdpIdsMechanism):
     """LDP Population Distribution (spec §3.6, Alg. 2): M1 asks ``⌊βn/w⌋`` users; a publication
     takes half of the remaining publication users ``n_rm = ⌊(1−β)n⌋ − Σ_{i=t−w+1}^{t−1}|U_{i,2}|``."""
 
     name = "LPD"
     division = "population"
+
+    def __init__(self, config: LdpIdsConfig) -> None:
+        super().__init__(config)
+        _require_dissimilarity_users(config, self.name)
 
     def decide(self, state: LdpIdsState, slot: Slot) -> _Outcome:
         cfg, t, pop = self.config, state.t, state.population
@@ -432,6 +446,7 @@ class LPA(LdpIdsMechanism):
 
     def __init__(self, config: LdpIdsConfig) -> None:
         super().__init__(config)
+        _require_dissimilarity_users(config, self.name)
         if math.floor((1 - config.beta) * config.population / config.window) < 1:
             raise ValueError(
                 f"LPA needs a publication unit ⌊(1−β)n/w⌋ >= 1 user; population={config.population}, "

@@ -25,8 +25,14 @@ from numpy.typing import ArrayLike, NDArray
 
 from privstream.mechanisms.errors import PrivacyBudgetExceeded
 
-TOLERANCE = 1e-12  # float slack on budget sums (spec §1.6 invariant 1)
-RELATIVE_TOLERANCE = 1e-9  # float slack of a personalized class's window sum (spec §9.3 M9)
+RELATIVE_TOLERANCE = 1e-9  # float slack of a window sum, relative to its budget (spec §9.3 M9)
+
+
+def budget_limit(epsilon: float) -> float:
+    """The largest window sum accepted for budget ``ε``: ``ε·(1 + 1e−9)``. The slack is
+    relative, so sums of ``ε/w`` shares that round up are accepted at every scale of ε (an
+    absolute slack refuses correct streams at ε ≈ 10³ and is loose at tiny ε)."""
+    return epsilon * (1.0 + RELATIVE_TOLERANCE)
 NEVER = np.iinfo(np.int64).min // 2  # "last report slot" of a user who never reported
 
 
@@ -82,7 +88,7 @@ class BudgetLedger:
         # The position's old slot lies outside the window ending at t, so it is not counted here;
         # the ledger changes only once the charge is known to fit.
         total = self.window_spent(t) + eps
-        if total > self.epsilon + TOLERANCE:
+        if total > budget_limit(self.epsilon):
             raise PrivacyBudgetExceeded(
                 f"charging ε={eps:.6g} at slot {t} would spend {total:.6g} > ε={self.epsilon:g} "
                 f"in the window of w={self.window}"

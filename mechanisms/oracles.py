@@ -177,11 +177,19 @@ class OUE(FrequencyOracle):
         return np.asarray(np.asarray(reports, dtype=np.int64).sum(axis=0), dtype=np.float64)
 
     def sample_support(
-        self, true_counts: NDArray[np.int64], eps: float, rng: np.random.Generator
+        self,
+        true_counts: NDArray[np.int64],
+        eps: float,
+        rng: np.random.Generator,
+        reports: int | None = None,
     ) -> NDArray[np.float64]:
+        """Support counts of ``reports`` OUE reports (default: one per counted value); the
+        reporters beyond ``true_counts.sum()`` hold no item and set each bit with ``q``."""
         p, q = self.pq(eps)
         counts = np.asarray(true_counts, dtype=np.int64)
-        m = int(counts.sum())
+        m = int(counts.sum()) if reports is None else reports
+        if m < int(counts.sum()):
+            raise ValueError(f"{m} reports cannot carry {int(counts.sum())} values")
         return np.asarray(rng.binomial(counts, p) + rng.binomial(m - counts, q), dtype=np.float64)
 
 

@@ -47,13 +47,14 @@ import copy
 import functools
 import math
 from collections.abc import Sequence
+from fractions import Fraction
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from privstream.mechanisms.client import ClassHistogram
+from privstream.mechanisms.client import ClassHistogram, check_requirement
 from privstream.mechanisms.contract import (
     ClassSpend,
     LedgerEntry,
@@ -66,17 +67,23 @@ from privstream.mechanisms.contract import (
 )
 from privstream.mechanisms.errors import PrivacyBudgetExceeded
 from privstream.mechanisms.ledger import PersonalizedLedger
-from privstream.mechanisms.noise import laplace, laplace_variance
+from privstream.mechanisms.noise import discrete_laplace, laplace_variance, public_scale
 from privstream.mechanisms.oracles import OUE
 from privstream.mechanisms.tasks import FrequencyTask
 
-STATE_VERSION: Final = 2
+STATE_VERSION: Final = 3
 """Layout of ``PersonalizedState``. 2: classes join over time (spec §9.5): ``sizes`` holds each
 class's registered size, the ledger appends classes (``joined``, ``horizon``) and may start
-empty, PBA's ``absorbed`` grows with the classes; ``requirements`` is the last digest seen."""
-SENSITIVITY: Final = 1.0
+empty, PBA's ``absorbed`` grows with the classes; ``requirements`` is the last digest seen.
+3: releases are integer-valued (exact discrete Laplace noise), so ``r_last`` holds integers."""
+SENSITIVITY: Final = 1
 """``Δ``: L1 sensitivity of the histogram under add/remove-one-row neighbours (spec §1.5, A6).
 A replace-one-row mode (Δ = 2) would break SM's amplification lemma and is not offered."""
+
+MIN_SLOT_EPSILON: Final = 1e-11
+"""Smallest per-slot budget a publication draws noise with (scale ``Δ/ε`` ≤ 10^11, inside the
+discrete sampler's public grid); a smaller remainder is not spent (the slot skips)."""
+
 
 ThresholdMode = Literal["sqrt_err", "laplace_scale"]
 MODEL_UNIFORM: Final = "w-event ε-DP"
@@ -194,10 +201,27 @@ def sm(
     sample_rng: np.random.Generator,
     noise_rng: np.random.Generator,
 ) -> NDArray[np.float64]:
-    """SM = SM_d ∘ SM_s (spec §2.2): ``Q(SM_s(D_t, 𝛆, θ)) + Lap(Δ/θ)^d``. By amplification
-    (add/remove) each member of class ``c`` gets ``min(ε_c, θ)``-DP, at most its budget."""
+    """SM = SM_d ∘ SM_s (spec §2.2): ``Q(SM_s(D_t, 𝛆, θ)) + DLap(Δ/θ)^d``. By amplification
+    (add/remove) each member of class ``c`` gets ``min(ε_c, θ)``-DP, at most its budget. The
+    noise is the exact discrete Laplace on the sampled integer counts (immune to the
+    floating-point attacks of §9.6), so the release is an integer vector."""
     sampled = sm_sample(counts, budgets, theta, sample_rng)
-    return sampled + laplace(noise_rng, SENSITIVITY / theta, sampled.shape[0])
+    return (sampled + discrete_noise(noise_rng, theta, sampled.shape[0])).astype(np.float64)
+
+
+def discrete_noise(rng: np.random.Generator, epsilon: float, size: int) -> NDArray[np.int64]:
+    """``DLap(Δ/ε)^size`` with the scale rounded up to the public grid (``public_scale``): the
+    ε-DP noise of an integer query of L1 sensitivity ``Δ = 1``. ``Δ/ε`` is computed exactly
+    (a float division could round the scale down, spending slightly more than ε)."""
+    return discrete_laplace(rng, noise_scale(epsilon), size)
+
+
+def noise_scale(epsilon: float) -> Fraction:
+    """The public scale ``≥ Δ/ε`` of ``discrete_noise``: a multiple of ``2^−20`` (coarser for
+    scales beyond ``2^31``, so the sampler's integers stay exact)."""
+    exact = Fraction(SENSITIVITY) / Fraction(epsilon)
+    bits = min(20, 51 - math.ceil(exact).bit_length())
+    return public_scale(exact, denominator_bits=max(bits, 0))
 
 
 def noisy_dissimilarity(
@@ -206,11 +230,19 @@ def noisy_dissimilarity(
     epsilon: float,
     rng: np.random.Generator,
 ) -> float:
-    """``dis = (1/d)·Σ_j |c[j] − r_l[j]| + Lap(Δ/(d·ε))``: ε-DP, the mean has sensitivity ``Δ/d``
-    (spec §2.5 D5–D6, §3.3 BD4)."""
+    """``dis = (1/d)·(Σ_j |c[j] − r_l[j]| + DLap(Δ/ε))``: ε-DP (spec §2.5 D5–D6, §3.3 BD4).
+
+    Releases are integer vectors, so the sum of absolute differences is an integer of
+    sensitivity ``Δ`` (one row moves one bin by one); exact discrete Laplace noise on it,
+    divided by ``d`` afterwards, is the paper's ``Lap(Δ/(d·ε))`` on the mean made immune to
+    floating-point attacks. A non-integer ``r_last`` is refused.
+    """
     d = r_last.shape[0]
-    dis_star = float(np.mean(np.abs(counts - r_last)))
-    return dis_star + float(laplace(rng, SENSITIVITY / (d * epsilon), 1)[0])
+    gap = np.abs(np.asarray(counts, dtype=np.float64) - r_last)
+    total = float(gap.sum())
+    if not np.all(gap == np.rint(gap)) or total >= 2.0**53:
+        raise ValueError("the dissimilarity needs integer counts and an integer last release")
+    return (int(total) + int(discrete_noise(rng, epsilon, 1)[0])) / d
 
 
 def dissimilarity_calculation(
@@ -249,6 +281,9 @@ class PersonalizedConfig:
         task: the histogram released each slot (``FrequencyTask(d)``, d ≥ 2; default d = 2).
         threshold_mode: publication rule; None is each mechanism's own (``sqrt_err`` for
             PBD/PBA, ``laplace_scale`` for BD/BA, A14). Set only for differential tests (§10.4).
+        budget_share: this mechanism's share ``s ∈ (0, 1]`` of every user's budget when several
+            mechanisms serve one population (``mechanisms.accountant``): it runs with
+            ``(s·ε_i, w_i)`` for every user and ``s·ε`` as the stream default. Default 1.
     """
 
     population: int
@@ -256,20 +291,16 @@ class PersonalizedConfig:
     window: int = 120
     task: FrequencyTask = field(default_factory=lambda: FrequencyTask(2))
     threshold_mode: ThresholdMode | None = None
+    budget_share: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.population, int) or self.population < 1:
             raise ValueError(f"population must be an integer >= 1, got {self.population!r}")
-        if not (
-            isinstance(self.epsilon, (int, float))
-            and math.isfinite(self.epsilon)
-            and self.epsilon > 0
-        ):
-            raise ValueError(f"epsilon must be a positive finite number, got {self.epsilon!r}")
-        if not isinstance(self.window, int) or self.window < 1:
-            raise ValueError(f"window must be an integer >= 1, got {self.window!r}")
+        check_requirement(self.epsilon, self.window, "the stream's requirement")
         if not isinstance(self.task, FrequencyTask):
             raise ValueError(f"task must be a FrequencyTask (a histogram), got {self.task!r}")
+        if not (isinstance(self.budget_share, (int, float)) and 0 < self.budget_share <= 1):
+            raise ValueError(f"budget_share must lie in (0, 1], got {self.budget_share!r}")
         if self.threshold_mode not in (None, "sqrt_err", "laplace_scale"):
             raise ValueError(
                 f"threshold_mode must be None, 'sqrt_err' or 'laplace_scale', got {self.threshold_mode!r}"
@@ -346,9 +377,14 @@ class PersonalizedMechanism(Mechanism[PersonalizedConfig, PersonalizedState]):
     default_threshold: ClassVar[ThresholdMode] = "sqrt_err"
 
     @property
+    def epsilon(self) -> float:
+        """The stream budget this mechanism was given: ``budget_share · ε``."""
+        return self.config.epsilon * self.config.budget_share
+
+    @property
     def privacy_cost(self) -> PrivacyCost:
         model = MODEL_UNIFORM if self.uniform else MODEL_PERSONALIZED
-        return PrivacyCost(self.config.epsilon, self.config.window, "budget", model)
+        return PrivacyCost(self.epsilon, self.config.window, "budget", model)
 
     @property
     def threshold_mode(self) -> ThresholdMode:
@@ -389,7 +425,7 @@ class PersonalizedMechanism(Mechanism[PersonalizedConfig, PersonalizedState]):
             raise ValueError(
                 f"slot has {curator.population} users, mechanism expects n={cfg.population}"
             )
-        hist = curator.class_histogram(cfg.epsilon, cfg.window)
+        hist = curator.class_histogram(cfg.epsilon, cfg.window, cfg.budget_share)
         if hist.counts.shape[1] != cfg.task.d:
             raise ValueError(
                 f"slot histogram has {hist.counts.shape[1]} bins, expected d={cfg.task.d}"
@@ -474,11 +510,11 @@ class PersonalizedMechanism(Mechanism[PersonalizedConfig, PersonalizedState]):
     def _check_uniform_protects(self, hist: ClassHistogram, classes: NDArray[np.intp]) -> None:
         """One ``(ε, w)`` satisfies user ``i`` when ``ε ≤ ε_i`` and ``w ≥ w_i`` (spec §3)."""
         cfg = self.config
-        weak = (hist.epsilons[classes] < cfg.epsilon) | (hist.windows[classes] > cfg.window)
+        weak = (hist.epsilons[classes] < self.epsilon) | (hist.windows[classes] > cfg.window)
         if weak.any():
             c = int(classes[np.flatnonzero(weak)[0]])
             raise PrivacyBudgetExceeded(
-                f"{self.name} with (ε={cfg.epsilon:g}, w={cfg.window}) cannot protect the "
+                f"{self.name} with (ε={self.epsilon:g}, w={cfg.window}) cannot protect the "
                 f"{int(hist.sizes[c])} users requiring (ε={hist.epsilons[c]:g}, "
                 f"w={int(hist.windows[c])}); a uniform baseline needs ε ≤ min ε_i and w ≥ max w_i"
             )
@@ -512,8 +548,10 @@ class PersonalizedMechanism(Mechanism[PersonalizedConfig, PersonalizedState]):
     def laplace_release(
         self, state: PersonalizedState, slot: Slot, hist: ClassHistogram, eps: float
     ) -> None:
-        """``c_t + Lap(Δ/ε)^d`` of the whole population (the Kellaris baselines)."""
-        noise = laplace(slot.randomness("pub/noise"), SENSITIVITY / eps, self.config.task.d)
+        """``c_t + DLap(Δ/ε)^d`` of the whole population (the Kellaris baselines): the exact
+        discrete Laplace mechanism on the integer histogram (ε-DP, immune to floating-point
+        attacks; spec §2.1, §9.6)."""
+        noise = discrete_noise(slot.randomness("pub/noise"), eps, self.config.task.d)
         self.publish(state, slot, hist.total + noise)
 
     def _release(
@@ -525,7 +563,7 @@ class PersonalizedMechanism(Mechanism[PersonalizedConfig, PersonalizedState]):
             slot=slot.index,
             strategy=o.strategy,
             estimate=tuple(float(x) for x in state.r_last),
-            epsilon=self.config.epsilon,
+            epsilon=self.epsilon,
             window=self.config.window,
             epsilon_m1=o.eps1,
             epsilon_m2=o.eps2,
@@ -556,7 +594,7 @@ class PersonalizedMechanism(Mechanism[PersonalizedConfig, PersonalizedState]):
         )
         n = int(hist.sizes.sum())  # registered users
         if not classes:  # nobody registered: the stream default, nothing spent
-            eps, win, dc, pub, window_spent = self.config.epsilon, self.config.window, 0.0, 0.0, 0.0
+            eps, win, dc, pub, window_spent = self.epsilon, self.config.window, 0.0, 0.0, 0.0
         else:
             b = int(np.argmax(spent / hist.epsilons))
             eps, win = float(hist.epsilons[b]), int(hist.windows[b])
@@ -599,7 +637,7 @@ class Uniform(PersonalizedMechanism):
     uniform = True
 
     def decide(self, state: PersonalizedState, slot: Slot, hist: ClassHistogram) -> _Outcome:
-        eps = self.config.epsilon / self.config.window
+        eps = self.epsilon / self.config.window
         spend = self.everyone(hist, eps)
         self.ledger(state).charge(state.t, spend, "pub")
         self.laplace_release(state, slot, hist, eps)
@@ -607,8 +645,9 @@ class Uniform(PersonalizedMechanism):
 
 
 class Sample(PersonalizedMechanism):
-    """Sample (Kellaris et al., spec §3.2): the whole ε at slots ``t ≡ 1 (mod w)``, nullified
-    slots in between. w-event ε-DP: each window holds exactly one publication."""
+    """Sample (Kellaris et al., spec §3.2): the whole ε at slots ``t ≡ 1 (mod w)``; the slots in
+    between approximate (repeat the last publication). w-event ε-DP: each window holds exactly
+    one publication."""
 
     name = "Sample"
     uniform = True
@@ -616,13 +655,12 @@ class Sample(PersonalizedMechanism):
     def decide(self, state: PersonalizedState, slot: Slot, hist: ClassHistogram) -> _Outcome:
         cfg = self.config
         if (state.t - 1) % cfg.window != 0:
-            return _Outcome("nullified", self._nothing(hist), self._nothing(hist))
-        spend = self.everyone(hist, cfg.epsilon)
+            return _Outcome("approximate", self._nothing(hist), self._nothing(hist))
+        eps = self.epsilon
+        spend = self.everyone(hist, eps)
         self.ledger(state).charge(state.t, spend, "pub")
-        self.laplace_release(state, slot, hist, cfg.epsilon)
-        return _Outcome(
-            "publish", self._nothing(hist), spend, eps2=cfg.epsilon, err=laplace_error(cfg.epsilon)
-        )
+        self.laplace_release(state, slot, hist, eps)
+        return _Outcome("publish", self._nothing(hist), spend, eps2=eps, err=laplace_error(eps))
 
 
 class BD(PersonalizedMechanism):
@@ -639,16 +677,16 @@ class BD(PersonalizedMechanism):
 
     def decide(self, state: PersonalizedState, slot: Slot, hist: ClassHistogram) -> _Outcome:
         cfg, t, ledger = self.config, state.t, self.ledger(state)
-        eps1 = cfg.epsilon / (2 * cfg.window)
+        eps1 = self.epsilon / (2 * cfg.window)
         dc = self.everyone(hist, eps1)
         ledger.charge(t, dc, "dc")
         dis = noisy_dissimilarity(hist.total, state.r_last, eps1, slot.randomness("dc/noise"))
         # Every class is charged the stream's budgets from its join on, so the longest-standing
         # class carries the stream's publication history (the ledger keeps w slots readable).
-        remaining = cfg.epsilon / 2 - ledger.spent(t - cfg.window + 1, t - 1, "pub").max()
+        remaining = self.epsilon / 2 - ledger.spent(t - cfg.window + 1, t - 1, "pub").max()
         eps2 = max(remaining, 0.0) / 2
         out = _Outcome("skip", dc, self._nothing(hist), eps1=eps1, dis=dis)
-        if eps2 <= 0:
+        if eps2 < MIN_SLOT_EPSILON:
             return out
         out.err = laplace_error(eps2)
         if self.wants_publication(t, dis, self.threshold(eps2, out.err)):
@@ -678,7 +716,7 @@ class BA(PersonalizedMechanism):
     def decide(self, state: PersonalizedState, slot: Slot, hist: ClassHistogram) -> _Outcome:
         cfg, t, ledger = self.config, state.t, self.ledger(state)
         assert state.absorbed is not None
-        eps1 = cfg.epsilon / (2 * cfg.window)
+        eps1 = self.epsilon / (2 * cfg.window)
         dc = self.everyone(hist, eps1)
         ledger.charge(t, dc, "dc")  # charged at nullified slots too (§4.4 item 4)
         dis = noisy_dissimilarity(hist.total, state.r_last, eps1, slot.randomness("dc/noise"))
@@ -687,7 +725,7 @@ class BA(PersonalizedMechanism):
         if t - state.l <= t_n:
             return out
         shares = min(t - state.l - t_n, cfg.window)
-        eps2 = shares * (cfg.epsilon / (2 * cfg.window))
+        eps2 = shares * (self.epsilon / (2 * cfg.window))
         out.strategy, out.err = "skip", laplace_error(eps2)
         if self.wants_publication(t, dis, self.threshold(eps2, out.err)):
             out.pub = self.everyone(hist, eps2)
@@ -737,7 +775,7 @@ class PLBU(PersonalizedMechanism):
     @property
     def privacy_cost(self) -> PrivacyCost:
         cfg = self.config
-        return PrivacyCost(cfg.epsilon, cfg.window, "budget", MODEL_PERSONALIZED_LOCAL)
+        return PrivacyCost(self.epsilon, cfg.window, "budget", MODEL_PERSONALIZED_LOCAL)
 
     def decide(self, state: PersonalizedState, slot: Slot, hist: ClassHistogram) -> _Outcome:
         d = self.config.task.d
@@ -745,13 +783,15 @@ class PLBU(PersonalizedMechanism):
         self.ledger(state).charge(state.t, spend, "pub")
         oue, rng = OUE(d), slot.randomness("pub/client")
         estimate = np.zeros(d)
-        reports = hist.counts.sum(axis=1)
+        # Every registered user is asked and answers (one holding no current value sends OUE's
+        # encoding of no item), so the report counts are the public class sizes, never the
+        # true number of users who sent data.
         for c in range(hist.windows.shape[0]):  # one aggregate draw per class, not per user
-            eps, m = float(spend[c]), int(reports[c])
-            support = oue.sample_support(hist.counts[c], eps, rng)
+            eps, m = float(spend[c]), int(hist.sizes[c])
+            support = oue.sample_support(hist.counts[c], eps, rng, reports=m)
             estimate += oue.estimate(support, eps, m) * m
         self.publish(state, slot, estimate)
-        bits = int(reports.sum()) * oue.report_bits(float(spend[0]))
+        bits = int(hist.sizes.sum()) * oue.report_bits(float(spend[0]))
         return _Outcome("publish", self._nothing(hist), spend, eps2=float(spend.max()), bits=bits)
 
 
@@ -800,6 +840,7 @@ class PWSM(PersonalizedMechanism):
         if self.nullified(state):
             return out
         pub = self.publication_budgets(state, hist)
+        pub = np.where(pub < MIN_SLOT_EPSILON, 0.0, pub)  # a vanishing remainder is not spent
         out.strategy = "skip"
         choice = obs(pub, hist.sizes)
         if choice is None:  # nothing left to publish with (float underflow of ε_rm)

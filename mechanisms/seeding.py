@@ -1,46 +1,157 @@
-"""Seeded randomness per design §6: one generator per (secret seed, stream, slot, purpose).
+"""Keyed cryptographic randomness per design §6: one generator per (key, stream, slot, purpose).
 
-Deriving every generator from the slot instead of carrying a generator's position in the
-snapshot makes a replayed slot draw exactly the same noise, whatever happened before the crash,
-and keeps the secret out of the recovery store: the seed is configuration, not state.
+**Guarantee.** Every random draw of a mechanism comes from an AES-128 counter-mode stream
+(``randomgen``'s ``AESCounter``, AES-NI where the CPU has it, the same bits without) whose key is
+``BLAKE2b`` keyed with the run's secret over the length-prefixed tuple ``(stream, slot,
+purpose)``. Keyed BLAKE2b is a PRF and AES-CTR a cryptographic pseudo-random generator, so without the secret the draws of one slot cannot be predicted from any other
+slot's, any release, or any earlier output of the same generator (unlike PCG64, whose state is
+recoverable from its output). A replayed slot derives the same key and draws exactly the same
+noise, whatever happened before the crash; nothing of the generator lives in the snapshot.
+
+**The secret** (``NoiseKey``) comes from a file or the environment, must carry at least 128 bits
+of entropy (``NoiseKey.from_text`` refuses shorter or visibly patterned secrets) and is never
+logged, exported or written to a snapshot: only its keyed ``fingerprint`` is, to bind a
+recovery store to it. A reproducible run is an explicit choice, ``NoiseKey.insecure(seed)``: its
+noise is public, and every release and metric of such a run says so.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass, field
 
 import numpy as np
+from randomgen import AESCounter
 
-_DIGEST_WORDS = 8  # 256 bits of entropy handed to SeedSequence
 STREAM_LEVEL = -(2**62)  # the "slot" of randomness that belongs to a stream, not to one slot
+MIN_SECRET_BITS = 128
+_HEX = re.compile(r"[0-9a-fA-F]+")
+_BASE64 = re.compile(r"[A-Za-z0-9+/_=-]+")
+_FINGERPRINT_PERSON = b"privstream-fp"
 
 
-def _words(*parts: bytes) -> list[int]:
-    h = hashlib.blake2b(digest_size=4 * _DIGEST_WORDS)
+class SecretError(ValueError):
+    """The secret given for the noise key is missing, too short or visibly not random."""
+
+
+def secret_bits(text: str) -> float:
+    """An upper bound on the entropy ``text`` can hold: its length times the bits per
+    character of the narrowest alphabet it is written in (hex 4, base64 6, printable ASCII
+    log2(95), anything else 8)."""
+    if _HEX.fullmatch(text):
+        per_char = 4.0
+    elif _BASE64.fullmatch(text):
+        per_char = 6.0
+    else:
+        per_char = math.log2(95) if text.isascii() else 8.0
+    return per_char * len(text)
+
+
+def _patterned(text: str) -> str | None:
+    """Why ``text`` is visibly not random (None when no pattern is seen)."""
+    counts = Counter(text)
+    if len(counts) < min(8, len(text) // 2):
+        return f"only {len(counts)} distinct characters"
+    for period in range(1, len(text) // 2 + 1):
+        if text == (text[:period] * (len(text) // period + 1))[: len(text)]:
+            return f"it repeats a {period}-character pattern"
+    top = counts.most_common(1)[0][1]
+    if top > max(4, len(text) // 3):
+        return f"one character makes up {top} of its {len(text)} characters"
+    return None
+
+
+@dataclass(frozen=True)
+class NoiseKey:
+    """The key every noise draw of a run derives from (never shown: ``repr`` hides it).
+
+    ``insecure`` marks a public reproducible seed (benchmarks, reproductions, tests asking
+    for one explicitly): its releases are marked and are not private output.
+    """
+
+    material: bytes = field(repr=False)
+    insecure: bool = False
+
+    @classmethod
+    def from_text(cls, text: str, *, origin: str = "the secret") -> NoiseKey:
+        """A secret key from its text form (a file's content or an environment variable);
+        refuses fewer than 128 bits or a visible pattern, naming ``origin`` but never the
+        secret."""
+        value = text.strip()
+        if not value:
+            raise SecretError(f"{origin} is empty")
+        bits = secret_bits(value)
+        if bits < MIN_SECRET_BITS:
+            raise SecretError(
+                f"{origin} holds at most {bits:.0f} bits of entropy; at least {MIN_SECRET_BITS} "
+                "are required (make one with: python -c 'import secrets; "
+                "print(secrets.token_hex(32))')"
+            )
+        pattern = _patterned(value)
+        if pattern is not None:
+            raise SecretError(f"{origin} is not random ({pattern}); generate one with secrets")
+        return cls(value.encode())
+
+    @classmethod
+    def insecure_seed(cls, seed: int) -> NoiseKey:
+        """A public, reproducible key: releases drawn with it are not private."""
+        return cls(b"insecure-seed:" + int(seed).to_bytes(16, "little", signed=True), True)
+
+    @classmethod
+    def coerce(cls, key: NoiseKey | int | bytes) -> NoiseKey:
+        """Operators take a ``NoiseKey``; an ``int`` is an insecure seed, ``bytes`` a secret."""
+        if isinstance(key, NoiseKey):
+            return key
+        if isinstance(key, bytes):
+            return cls.from_text(key.decode("utf-8", "replace"))
+        if isinstance(key, int) and not isinstance(key, bool):
+            return cls.insecure_seed(key)
+        raise TypeError(f"a noise key must be a NoiseKey, bytes or an int seed, got {type(key)}")
+
+    @property
+    def prf_key(self) -> bytes:
+        """The BLAKE2b key: the material itself, or its digest when longer than 64 bytes."""
+        m = self.material
+        return m if len(m) <= 64 else hashlib.blake2b(m, person=b"privstream-key").digest()
+
+    def fingerprint(self) -> str:
+        """A keyed fingerprint that identifies the key without revealing it (snapshots)."""
+        h = hashlib.blake2b(key=self.prf_key, digest_size=16, person=_FINGERPRINT_PERSON)
+        h.update(b"fingerprint")
+        return ("insecure:" if self.insecure else "") + h.hexdigest()
+
+
+def _aes_key(key: bytes, *parts: bytes) -> int:
+    h = hashlib.blake2b(key=key, digest_size=16, person=b"privstream-rng")
     for part in parts:
         h.update(len(part).to_bytes(8, "little"))
         h.update(part)
-    digest = h.digest()
-    return [int.from_bytes(digest[4 * i : 4 * i + 4], "little") for i in range(_DIGEST_WORDS)]
+    return int.from_bytes(h.digest(), "little")
 
 
-def derive_rng(secret: int | bytes, stream: str, slot: int, purpose: str) -> np.random.Generator:
+def derive_rng(
+    secret: NoiseKey | int | bytes, stream: str, slot: int, purpose: str
+) -> np.random.Generator:
     """Return a fresh generator for one use of randomness.
 
-    The tuple ``(secret, stream, slot, purpose)`` is hashed with BLAKE2b; distinct tuples give
-    independent streams, equal tuples give bit-identical ones.
+    The tuple ``(stream, slot, purpose)`` is hashed with BLAKE2b keyed by the secret into a
+    128-bit AES-CTR key; distinct tuples give independent streams, equal tuples bit-identical ones.
+    An ``int`` secret is an insecure seed and ``bytes`` raw key material (engine-level callers:
+    benchmarks and tests; the operators validate secrets first).
     """
-    secret_bytes = (
-        secret if isinstance(secret, bytes) else int(secret).to_bytes(16, "little", signed=True)
+    if isinstance(secret, NoiseKey):
+        key = secret.prf_key
+    elif isinstance(secret, bytes):
+        key = NoiseKey(secret).prf_key
+    else:
+        key = NoiseKey.insecure_seed(secret).prf_key
+    aes = _aes_key(
+        key, stream.encode(), int(slot).to_bytes(8, "little", signed=True), purpose.encode()
     )
-    entropy = _words(
-        secret_bytes,
-        stream.encode(),
-        int(slot).to_bytes(8, "little", signed=True),
-        purpose.encode(),
-    )
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy)))
+    return np.random.Generator(AESCounter(key=aes))
 
 
 @dataclass(frozen=True)
@@ -51,7 +162,7 @@ class SlotRandomness:
     purpose string is part of the persisted format (changing it changes replayed noise).
     """
 
-    secret: int | bytes
+    secret: NoiseKey | int | bytes
     stream: str
     slot: int
     scope: str = ""

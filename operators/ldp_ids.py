@@ -24,13 +24,16 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from bytewax.dataflow import operator
 from bytewax.operators import KeyedStream
 
 from privstream.connectors.events import EventBatch
+from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.ldp_ids import LdpIdsConfig, build
+from privstream.mechanisms.seeding import NoiseKey
 from privstream.operators.slotting import MechanismOut, SlottingConfig, slotted_mechanism
 
 
@@ -41,24 +44,31 @@ def ldp_ids(
     *,
     mechanism: str | Sequence[str],
     config: LdpIdsConfig,
-    secret: int | bytes,
+    secret: NoiseKey | int | bytes,
     slotting: SlottingConfig | None = None,
+    split: BudgetSplit | None = None,
 ) -> MechanismOut:
     """Publish ``mechanism`` (LBU, LSP, LPU, LBD, LBA, LPD or LPA) releases for every stream.
 
     ``mechanism`` may be a list of names: they then run side by side over one slotting of the
-    input, each with its own ledger. Guarantee: w-event ε-LDP for every user of every stream (spec §1.3) with ``ε =
-    config.epsilon`` and ``w = config.window``, enforced by the mechanism's ledger.
+    input, each with its own ledger and its share ``s_j`` of ``split`` (required for several:
+    ``BudgetSplit.parse("equal", k)``, or an evaluation). Guarantee: w-event ε-LDP for every
+    user of every stream (spec §1.3) with ``ε = config.epsilon`` and ``w = config.window``,
+    composed over the mechanisms (each runs with ``s_j·ε``) and enforced by their ledgers and
+    the population accountant.
     """
+    names = [mechanism] if isinstance(mechanism, str) else list(mechanism)
+    split = split or BudgetSplit.parse(None, len(names))
     return slotted_mechanism(
         "mechanism",
         up,
         mechanisms=[
-            build(name, config)
-            for name in ([mechanism] if isinstance(mechanism, str) else mechanism)
+            build(name, dataclasses.replace(config, epsilon=config.epsilon * share))
+            for name, share in zip(names, split.shares, strict=True)
         ],
         task=config.task,
         population=config.population,
         secret=secret,
         slotting=slotting,
+        split=split,
     )

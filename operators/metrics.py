@@ -1,22 +1,38 @@
-"""Prometheus metrics of privacy spend and throughput (design §7).
+"""Prometheus metrics of privacy spend and throughput (design §7), in two registries.
 
-Everything is registered in ``prometheus_client``'s default registry, which Bytewax serves on its
-dataflow API (``BYTEWAX_DATAFLOW_API_ENABLED``, ``/metrics``). Prefix ``privstream_``, labels
-``{stream, mechanism}``.
+**Public** — ``prometheus_client``'s default registry, which Bytewax serves on its dataflow API
+(``BYTEWAX_DATAFLOW_API_ENABLED``, ``/metrics``, ``--metrics-port``). Prefix ``privstream_``,
+labels ``{stream, mechanism}`` unless noted. Everything here is safe to show anyone: the
+configuration, the spend the ledger allows, counts of decisions taken from private outputs, the
+de-biased dissimilarity and the publication error of LDP reports. Never a true count, a raw
+value, a user identifier — nor a stream name taken from untrusted input (unconfigured streams are
+labelled ``""``). Every public name is on the allow-list ``PUBLIC_METRICS``, so a new metric has
+to be classified before it can be exported (the privacy audit enforces it).
 
 * **Ledger gauges** are read from ``Tally`` objects that live in the operator's snapshotted
   state, so after a restart they show what the recovered ledger says, and a replayed slot is
   never counted twice. The release counters (publications, approximations, nullified) are
   cumulative counts kept in that state too: Prometheus sees them as counters, yet they are exact
   across restarts.
-* **Throughput counters** (events in, rejected by reason, late events) and the step-latency
-  histogram are ordinary process counters; they restart at 0 with the process.
+* **Population gauges** (``BOARD.update_population``, label ``{stream}``):
 
-Only public or already-private quantities are exported: configured ε/w/n, the per-user spend the
-ledger allows, counts of decisions made from private outputs, the de-biased dissimilarity and
-the publication error of LDP reports, and counts of events. Never a true count, a raw value, a
-user identifier — nor a stream name taken from untrusted input (unconfigured streams are
-labelled ``""``).
+  - ``privstream_population_epsilon``: the population's composed budget ε per window;
+  - ``privstream_population_window``: that window, in slots;
+  - ``privstream_population_window_budget_spent``: the composed spend of the most-charged user
+    (or privacy class) over all mechanisms over the window ending at the last slot;
+  - ``privstream_population_window_budget_remaining``: ε minus that spend;
+  - ``privstream_population_mechanisms``: how many mechanisms share the budget.
+* **Run gauges** (``BOARD.set_run``, no labels, 0 unless set): ``privstream_insecure_seed`` is 1
+  when the run's noise comes from a public reproducible seed — its outputs are never private;
+  ``privstream_evaluation`` is 1 when the mechanisms run side by side with the full budget each
+  as an evaluation (``--compare``), not a release.
+
+**Internal** — the separate registry ``INTERNAL``, prefix ``privstream_internal_``: the counters
+of events in, rejected by reason and late (true event counts), and the step-latency histogram (a
+timing side channel on how many events a slot held). They are ordinary process counters that
+restart at 0 with the process, and are served only by ``serve_internal_metrics``
+(``--internal-metrics-port``, loopback by default): reading them needs the same access as
+reading the input topic.
 """
 
 from __future__ import annotations
@@ -26,17 +42,60 @@ import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final
+from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from privstream.connectors.events import LATE, DeadLetter
 from privstream.mechanisms.contract import LedgerEntry, PrivacyCost, Release
-from privstream.mechanisms.ledger import RELATIVE_TOLERANCE, TOLERANCE
+from privstream.mechanisms.ledger import budget_limit
 
 PREFIX: Final = "privstream_"
+INTERNAL_PREFIX: Final = PREFIX + "internal_"
 LABELS: Final = ("stream", "mechanism")  # plus "class" on the personalized class gauges
+
+# The allow-list of the public endpoint, by exposed name (counters with their ``_total``).
+PUBLIC_METRICS: Final[frozenset[str]] = frozenset(
+    {
+        # configuration and ledger spend, per (stream, mechanism)
+        "privstream_epsilon",
+        "privstream_window",
+        "privstream_population",
+        "privstream_window_budget_spent",
+        "privstream_window_budget_remaining",
+        "privstream_window_users_used",
+        "privstream_users_available",
+        "privstream_last_released_slot",
+        "privstream_dissimilarity",
+        "privstream_publication_error",
+        "privstream_halted",
+        # counts of decisions taken from private outputs
+        "privstream_publications_total",
+        "privstream_approximations_total",
+        "privstream_nullified_total",
+        "privstream_privacy_violations_total",
+        # personalized privacy classes (public metadata and their spend)
+        "privstream_class_window_budget_spent",
+        "privstream_class_window_budget_remaining",
+        "privstream_class_users",
+        # the population's composed budget, per stream
+        "privstream_population_epsilon",
+        "privstream_population_window",
+        "privstream_population_window_budget_spent",
+        "privstream_population_window_budget_remaining",
+        "privstream_population_mechanisms",
+        # how the run was configured
+        "privstream_insecure_seed",
+        "privstream_evaluation",
+    }
+)
+
+
+def exposed_name(family: Metric) -> str:
+    """The name ``family`` is exposed and documented under: counters with ``_total``."""
+    return family.name + ("_total" if family.type == "counter" else "")
 
 
 @dataclass
@@ -83,7 +142,7 @@ class _Account:
 
 def _clamp(spent: float, limit: float) -> float:
     # Sums of ε/w shares round; within the ledger's own slack the spend is exactly the limit.
-    return min(spent, limit) if spent <= limit * (1 + RELATIVE_TOLERANCE) + TOLERANCE else spent
+    return min(spent, limit) if spent <= budget_limit(limit) else spent
 
 
 def window_budget_spent(cost: PrivacyCost, entry: LedgerEntry | None) -> tuple[float, float]:
@@ -109,12 +168,166 @@ def class_label(window: int, epsilon: float) -> str:
     return f"w{window}_e{epsilon:g}"
 
 
+@dataclass(frozen=True)
+class _Population:
+    epsilon: float
+    window: int
+    window_spent: float
+    mechanisms: int
+
+
+def _mechanism_families() -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
+    def gauge(name: str, doc: str) -> GaugeMetricFamily:
+        return GaugeMetricFamily(PREFIX + name, doc, labels=LABELS)
+
+    def counter(name: str, doc: str) -> CounterMetricFamily:
+        return CounterMetricFamily(PREFIX + name, doc, labels=LABELS)
+
+    return {
+        "epsilon": gauge("epsilon", "Configured window budget ε per user."),
+        "window": gauge("window", "Configured window size w in slots."),
+        "population": gauge("population", "Registered population size n."),
+        "spent": gauge(
+            "window_budget_spent",
+            "Most privacy budget any user has spent in the window ending at the last "
+            "released slot (never above ε; personalized: the class closest to its limit).",
+        ),
+        "remaining": gauge(
+            "window_budget_remaining",
+            "Budget left to that user: ε (or the class's ε_c) minus the spend.",
+        ),
+        "used": gauge(
+            "window_users_used", "Users who reported in the window (population division)."
+        ),
+        "available": gauge("users_available", "Users able to report at the next slot."),
+        "last_slot": gauge("last_released_slot", "Index of the last released slot."),
+        "dis": gauge("dissimilarity", "Last de-biased dissimilarity estimate (private)."),
+        "err": gauge("publication_error", "Last potential publication error (public)."),
+        "halted": gauge("halted", "1 when the ledger refused a charge and the mechanism stopped."),
+        "publications": counter("publications", "Slots released with a fresh estimate."),
+        "approximations": counter(
+            "approximations", "Slots released by repeating an earlier estimate."
+        ),
+        "nullified": counter("nullified", "Slots nullified to absorb budget (BA/PBA)."),
+        "violations": counter("privacy_violations", "Charges the ledger refused (must stay 0)."),
+    }
+
+
+def _account_values(account: _Account) -> dict[str, float | None]:
+    cost, tally = account.cost, account.tally
+    entry = tally.last_ledger
+    spent, limit = window_budget_spent(cost, entry)
+    return {
+        "epsilon": cost.epsilon,
+        "window": cost.window,
+        "population": account.population,
+        "spent": spent,
+        "remaining": max(limit - spent, 0.0),
+        "used": entry.window_users if entry is not None else 0,
+        "available": entry.available_users if entry is not None else account.population,
+        "last_slot": tally.last_slot,
+        "dis": tally.last_dissimilarity,
+        "err": tally.last_error,
+        "halted": int(account.halted),
+        "publications": tally.publications,
+        "approximations": tally.approximations,
+        "nullified": tally.nullified,
+        "violations": tally.violations,
+    }
+
+
+def _class_families(accounts: dict[tuple[str, str], _Account]) -> Iterator[Metric]:
+    class_labels = (*LABELS, "class")
+    spent = GaugeMetricFamily(
+        PREFIX + "class_window_budget_spent",
+        "Personalized mechanisms: a privacy class's spend over its own window w_c.",
+        labels=class_labels,
+    )
+    remaining = GaugeMetricFamily(
+        PREFIX + "class_window_budget_remaining",
+        "Personalized mechanisms: ε_c minus the class's window spend.",
+        labels=class_labels,
+    )
+    users = GaugeMetricFamily(
+        PREFIX + "class_users",
+        "Personalized mechanisms: registered users in the class (public metadata).",
+        labels=class_labels,
+    )
+    for (stream, mechanism), account in sorted(accounts.items()):
+        entry = account.tally.last_ledger
+        for c in (entry.classes or ()) if entry is not None else ():
+            labels = [stream, mechanism, class_label(c.window, c.epsilon)]
+            c_spent = _clamp(c.window_spent, c.epsilon)
+            spent.add_metric(labels, c_spent)
+            remaining.add_metric(labels, max(c.epsilon - c_spent, 0.0))
+            users.add_metric(labels, c.users)
+    yield from (spent, remaining, users)
+
+
+def _account_families(accounts: dict[tuple[str, str], _Account]) -> Iterator[Metric]:
+    families = _mechanism_families()
+    for (stream, mechanism), account in sorted(accounts.items()):
+        for key, value in _account_values(account).items():
+            if value is not None and math.isfinite(value):
+                families[key].add_metric([stream, mechanism], float(value))
+    yield from families.values()
+    yield from _class_families(accounts)
+
+
+def _population_families(populations: dict[str, _Population]) -> Iterator[Metric]:
+    def gauge(name: str, doc: str) -> GaugeMetricFamily:
+        return GaugeMetricFamily(PREFIX + "population_" + name, doc, labels=("stream",))
+
+    families = {
+        "epsilon": gauge("epsilon", "The population's composed budget ε per window."),
+        "window": gauge("window", "The window of the composed budget, in slots."),
+        "spent": gauge(
+            "window_budget_spent",
+            "Composed spend of the most-charged user (or privacy class) over all mechanisms "
+            "over the window ending at the last slot.",
+        ),
+        "remaining": gauge("window_budget_remaining", "The composed ε minus that spend."),
+        "mechanisms": gauge("mechanisms", "Mechanisms sharing the population's budget."),
+    }
+    for stream, p in sorted(populations.items()):
+        spent = _clamp(p.window_spent, p.epsilon)
+        values = {
+            "epsilon": p.epsilon,
+            "window": p.window,
+            "spent": spent,
+            "remaining": max(p.epsilon - spent, 0.0),
+            "mechanisms": p.mechanisms,
+        }
+        for key, value in values.items():
+            if math.isfinite(value):
+                families[key].add_metric([stream], float(value))
+    yield from families.values()
+
+
+def _run_families(insecure_seed: bool, evaluation: bool) -> Iterator[Metric]:
+    yield GaugeMetricFamily(
+        PREFIX + "insecure_seed",
+        "1 when the run's noise comes from a public reproducible seed: its outputs are never "
+        "private.",
+        value=int(insecure_seed),
+    )
+    yield GaugeMetricFamily(
+        PREFIX + "evaluation",
+        "1 when the mechanisms run side by side with the full budget each as an evaluation "
+        "(--compare), not a release.",
+        value=int(evaluation),
+    )
+
+
 class LedgerBoard(Collector):
-    """The latest account of every (stream, mechanism) of this process, exported on scrape."""
+    """The latest account of every (stream, mechanism) of this process, the composed budget of
+    every stream's population and the run's flags, exported on scrape."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._accounts: dict[tuple[str, str], _Account] = {}
+        self._populations: dict[str, _Population] = {}
+        self._run = (False, False)  # (insecure_seed, evaluation)
 
     def update(
         self,
@@ -129,9 +342,27 @@ class LedgerBoard(Collector):
         with self._lock:
             self._accounts[(stream, mechanism)] = _Account(cost, population, snapshot, halted)
 
+    def update_population(
+        self, stream: str, epsilon: float, window: int, window_spent: float, mechanisms: int
+    ) -> None:
+        """Show the composed budget of ``stream``'s population: ε per window of ``window``
+        slots, the composed spend of the most-charged user (or class) over all ``mechanisms``
+        over the window ending at the last slot."""
+        population = _Population(float(epsilon), int(window), float(window_spent), int(mechanisms))
+        with self._lock:
+            self._populations[stream] = population
+
+    def set_run(self, insecure_seed: bool, evaluation: bool) -> None:
+        """Flag a run whose noise comes from a public reproducible seed, or that evaluates the
+        mechanisms side by side with the full budget each (``--compare``)."""
+        with self._lock:
+            self._run = (bool(insecure_seed), bool(evaluation))
+
     def clear(self) -> None:
         with self._lock:
             self._accounts.clear()
+            self._populations.clear()
+            self._run = (False, False)
 
     def released_through(self, pairs: Iterable[tuple[str, str]], slot: int) -> bool:
         """Whether every (stream, mechanism) has released ``slot`` (or halted)."""
@@ -144,117 +375,54 @@ class LedgerBoard(Collector):
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
-            accounts = dict(self._accounts)
-
-        def gauge(name: str, doc: str) -> GaugeMetricFamily:
-            return GaugeMetricFamily(PREFIX + name, doc, labels=LABELS)
-
-        def counter(name: str, doc: str) -> CounterMetricFamily:
-            return CounterMetricFamily(PREFIX + name, doc, labels=LABELS)
-
-        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
-            "epsilon": gauge("epsilon", "Configured window budget ε per user."),
-            "window": gauge("window", "Configured window size w in slots."),
-            "population": gauge("population", "Registered population size n."),
-            "spent": gauge(
-                "window_budget_spent",
-                "Most privacy budget any user has spent in the window ending at the last "
-                "released slot (never above ε; personalized: the class closest to its limit).",
-            ),
-            "remaining": gauge(
-                "window_budget_remaining",
-                "Budget left to that user: ε (or the class's ε_c) minus the spend.",
-            ),
-            "used": gauge(
-                "window_users_used", "Users who reported in the window (population division)."
-            ),
-            "available": gauge("users_available", "Users able to report at the next slot."),
-            "last_slot": gauge("last_released_slot", "Index of the last released slot."),
-            "dis": gauge("dissimilarity", "Last de-biased dissimilarity estimate (private)."),
-            "err": gauge("publication_error", "Last potential publication error (public)."),
-            "halted": gauge(
-                "halted", "1 when the ledger refused a charge and the mechanism stopped."
-            ),
-            "publications": counter("publications", "Slots released with a fresh estimate."),
-            "approximations": counter(
-                "approximations", "Slots released by repeating an earlier estimate."
-            ),
-            "nullified": counter("nullified", "Slots nullified to absorb budget (BA/PBA)."),
-            "violations": counter(
-                "privacy_violations", "Charges the ledger refused (must stay 0)."
-            ),
-        }
-        class_labels = (*LABELS, "class")
-        class_spent = GaugeMetricFamily(
-            PREFIX + "class_window_budget_spent",
-            "Personalized mechanisms: a privacy class's spend over its own window w_c.",
-            labels=class_labels,
-        )
-        class_remaining = GaugeMetricFamily(
-            PREFIX + "class_window_budget_remaining",
-            "Personalized mechanisms: ε_c minus the class's window spend.",
-            labels=class_labels,
-        )
-        class_users = GaugeMetricFamily(
-            PREFIX + "class_users",
-            "Personalized mechanisms: registered users in the class (public metadata).",
-            labels=class_labels,
-        )
-        for (stream, mechanism), account in sorted(accounts.items()):
-            labels = [stream, mechanism]
-            cost, tally = account.cost, account.tally
-            entry = tally.last_ledger
-            spent, limit = window_budget_spent(cost, entry)
-            for c in (entry.classes or ()) if entry is not None else ():
-                c_labels = [stream, mechanism, class_label(c.window, c.epsilon)]
-                c_spent = _clamp(c.window_spent, c.epsilon)
-                class_spent.add_metric(c_labels, c_spent)
-                class_remaining.add_metric(c_labels, max(c.epsilon - c_spent, 0.0))
-                class_users.add_metric(c_labels, c.users)
-            values = {
-                "epsilon": cost.epsilon,
-                "window": cost.window,
-                "population": account.population,
-                "spent": spent,
-                "remaining": max(limit - spent, 0.0),
-                "used": entry.window_users if entry is not None else 0,
-                "available": entry.available_users if entry is not None else account.population,
-                "last_slot": tally.last_slot,
-                "dis": tally.last_dissimilarity,
-                "err": tally.last_error,
-                "halted": int(account.halted),
-                "publications": tally.publications,
-                "approximations": tally.approximations,
-                "nullified": tally.nullified,
-                "violations": tally.violations,
-            }
-            for key, value in values.items():
-                if value is not None and math.isfinite(value):
-                    families[key].add_metric(labels, float(value))
-        yield from families.values()
-        yield from (class_spent, class_remaining, class_users)
+            accounts, populations = dict(self._accounts), dict(self._populations)
+            run = self._run
+        yield from _account_families(accounts)
+        yield from _population_families(populations)
+        yield from _run_families(*run)
 
 
 BOARD: Final = LedgerBoard()
 REGISTRY.register(BOARD)
 
-EVENTS = Counter(PREFIX + "events", "Events accepted into a slot.", ["stream"], registry=REGISTRY)
+# -- internal: true event counts and timing, never on the public endpoint ------------------------
+
+INTERNAL: Final = CollectorRegistry()
+
+EVENTS = Counter(
+    INTERNAL_PREFIX + "events", "Events accepted into a slot.", ["stream"], registry=INTERNAL
+)
 REJECTED = Counter(
-    PREFIX + "events_rejected",
+    INTERNAL_PREFIX + "events_rejected",
     "Events sent to the dead-letter output, by machine-readable reason.",
     ["stream", "reason"],
-    registry=REGISTRY,
+    registry=INTERNAL,
 )
 LATE_EVENTS = Counter(
-    PREFIX + "late_events", "Events for an already released slot.", ["stream"], registry=REGISTRY
+    INTERNAL_PREFIX + "late_events",
+    "Events for an already released slot.",
+    ["stream"],
+    registry=INTERNAL,
 )
 STEP_SECONDS = Histogram(
-    PREFIX + "step_seconds",
+    INTERNAL_PREFIX + "step_seconds",
     "Wall time of one mechanism step (one slot).",
     LABELS,
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
-    registry=REGISTRY,
+    registry=INTERNAL,
 )
+
+
+def serve_internal_metrics(
+    port: int, addr: str = "127.0.0.1"
+) -> tuple[WSGIServer, threading.Thread]:
+    """Serve the ``INTERNAL`` registry on ``http://addr:port/`` from a daemon thread; returns
+    ``(server, thread)`` (``server.shutdown()`` stops it).
+
+    These metrics reveal true event counts and step timing: expose them only to whoever may
+    read the input topic (the default address is loopback).
+    """
+    return start_http_server(port, addr=addr, registry=INTERNAL)
 
 
 def count_dead_letter(letter: DeadLetter, streams: frozenset[str]) -> None:

@@ -1,10 +1,10 @@
 """Bytewax operator for the personalized w-event family (spec personalized-w-event §9).
 
 Central DP with a trusted curator (design §4, ``cdp``): events carry raw values, and every
-registered user ``i`` has a privacy requirement ``(ε_i, w_i)`` — stated in their events
-(``epsilon``, ``window``), given in a preferences table, or the stream default
-(``config.epsilon``, ``config.window``). Guarantee: (w_i, ε_i)-EPDP for every user (spec §1.3),
-enforced by the per-class ledger on every charge, before anything of the slot is released.
+registered user ``i`` has a privacy requirement ``(ε_i, w_i)`` — given in the registration
+table (``preferences``) or the stream default (``config.epsilon``, ``config.window``), fixed
+before the data arrive. Guarantee: (w_i, ε_i)-EPDP for every user (spec §1.3), enforced by the
+per-class ledger on every charge, before anything of the slot is released.
 
 Example::
 
@@ -31,13 +31,16 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from bytewax.dataflow import operator
 from bytewax.operators import KeyedStream
 
 from privstream.connectors.events import EventBatch
+from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.personalized import PersonalizedConfig, build, mechanism_names
+from privstream.mechanisms.seeding import NoiseKey
 from privstream.operators.slotting import (
     MechanismOut,
     Preferences,
@@ -54,24 +57,34 @@ def personalized(
     *,
     mechanism: str | Sequence[str],
     config: PersonalizedConfig,
-    secret: int | bytes,
+    secret: NoiseKey | int | bytes,
     slotting: SlottingConfig | None = None,
     preferences: Preferences | None = None,
+    split: BudgetSplit | None = None,
 ) -> MechanismOut:
     """Publish ``mechanism`` (BD, BA, Uniform, Sample, PLBU, PU, PBD or PBA) releases for every
-    stream; a list of names runs side by side over one slotting, each with its own ledger.
+    stream; a list of names runs side by side over one slotting, each with its own ledger and
+    its share of ``split`` (required for several, see ``operators.ldp_ids.ldp_ids``).
 
-    Ledger entries carry every privacy class's spend (``LedgerEntry.classes``). A user's
-    requirement is fixed once they register; an event stating another one is a
-    ``requirement_changed`` dead letter.
+    ``preferences`` is the registration, fixed before the data: named users must be in its
+    table (others are ``unregistered_user`` dead letters); dense indices ``0..n−1`` are all
+    registered. Ledger entries carry every privacy class's spend (``LedgerEntry.classes``); an
+    event stating another requirement than the registered one is a ``requirement_changed``
+    dead letter.
     """
+    names = mechanism_names(mechanism)
+    split = split or BudgetSplit.parse(None, len(names))
     return slotted_mechanism(
         "mechanism",
         up,
-        mechanisms=[build(name, config) for name in mechanism_names(mechanism)],
+        mechanisms=[
+            build(name, dataclasses.replace(config, budget_share=share))
+            for name, share in zip(names, split.shares, strict=True)
+        ],
         task=config.task,
         population=config.population,
         secret=secret,
         slotting=slotting,
         trust=TrustedCurator(config.task, preferences),
+        split=split,
     )

@@ -19,6 +19,7 @@ preferences table); a later event stating another one is a ``requirement_changed
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import logging
 import time
@@ -40,32 +41,39 @@ from privstream.connectors.events import (
     POPULATION_FULL,
     REQUIREMENT_CHANGED,
     STREAM_HALTED,
+    UNREGISTERED,
     USER_ID_KIND,
     DeadLetter,
     EventBatch,
 )
+from privstream.mechanisms.accountant import BudgetSplit, PopulationAccountant, class_spend
 from privstream.mechanisms.client import (
+    MIN_EPSILON,
     ClientPath,
     ClientPort,
     CuratorPort,
     Requirements,
     SimulatedClientPort,
     SimulatedCurator,
+    check_requirement,
 )
 from privstream.mechanisms.contract import LedgerEntry, Mechanism, Release, Slot
 from privstream.mechanisms.errors import IncompatibleState, PrivacyBudgetExceeded
-from privstream.mechanisms.seeding import SlotRandomness
+from privstream.mechanisms.seeding import NoiseKey, SlotRandomness
 from privstream.mechanisms.tasks import EstimationTask
 from privstream.operators.metrics import BOARD, EVENTS, STEP_SECONDS, Tally
+from privstream.operators.watermark import PartitionWatermarks
 
 log = logging.getLogger(__name__)
 
-STREAM_STATE_VERSION: Final = 3  # 2: per-mechanism tallies; 3: users' privacy requirements
+STREAM_STATE_VERSION: Final = 4
+"""2: per-mechanism tallies; 3: users' privacy requirements; 4: binding to the noise key and
+the privacy parameters, the population accountant, per-partition watermarks."""
 MissingPolicy = Literal["carry_forward", "absent"]
 Output = tuple[str, Any]  # ("release" | "ledger" | "dead_letter", event)
 _REASON: Final = (
     "", USER_ID_KIND, OUT_OF_DOMAIN, LATE, FAR_FUTURE, POPULATION_FULL, REQUIREMENT_CHANGED,
-    DUPLICATE,
+    DUPLICATE, UNREGISTERED,
 )  # fmt: skip
 _CODE: Final = {reason: code for code, reason in enumerate(_REASON)}
 
@@ -82,6 +90,8 @@ class SlottingConfig:
         missing: ``carry_forward`` (default) or ``absent`` (spec §6.2).
         client_path: ``aggregate`` (fast path, default) or ``per-user`` (design §4).
         close_on_eof: release the still-open slots when a bounded input ends (default True).
+        partitions: input partitions feeding the streams (``≥ 1``; default 1). With several, a
+            slot closes only once every partition has passed it (``operators.watermark``).
     """
 
     lateness: int = 1
@@ -89,10 +99,13 @@ class SlottingConfig:
     missing: MissingPolicy = "carry_forward"
     client_path: ClientPath = "aggregate"
     close_on_eof: bool = True
+    partitions: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.lateness, int) or self.lateness < 0:
             raise ValueError(f"lateness must be an integer >= 0, got {self.lateness!r}")
+        if not isinstance(self.partitions, int) or self.partitions < 1:
+            raise ValueError(f"partitions must be an integer >= 1, got {self.partitions!r}")
         if not isinstance(self.max_slot_gap, int) or self.max_slot_gap < 1:
             raise ValueError(f"max_slot_gap must be an integer >= 1, got {self.max_slot_gap!r}")
         if self.missing not in ("carry_forward", "absent"):
@@ -112,6 +125,10 @@ class StreamState:
     ``tallies`` are each mechanism's release counts and last ledger entry, the source of the
     exported gauges (``operators.metrics``). ``epsilons``/``windows`` are the registered users'
     requirements (NaN / 0: the stream default), kept only by a trusted-curator stream.
+    ``watermarks`` is the progress of each input partition (set by the first batch).
+    ``binding`` names what the state belongs to — the noise key's fingerprint (never the key)
+    and every privacy parameter — so a resume with another secret or configuration is refused
+    (design §6). ``accountant`` composes the mechanisms' spend over the stream's population.
     """
 
     stream: str
@@ -127,6 +144,9 @@ class StreamState:
     tallies: dict[str, Tally] = field(default_factory=dict)
     epsilons: NDArray[np.float64] | None = None
     windows: NDArray[np.int64] | None = None
+    watermarks: PartitionWatermarks | None = None
+    binding: dict[str, str] = field(default_factory=dict)
+    accountant: PopulationAccountant = field(default_factory=PopulationAccountant)
 
     def registered(self) -> NDArray[np.bool_] | None:
         """Mask of registered users (None: all ``n``, as with dense user indices)."""
@@ -140,21 +160,44 @@ class StreamState:
 
 @dataclass(frozen=True)
 class Preferences:
-    """Users' privacy requirements given at start (a preferences table, spec §9.1), by user id
-    for named users or by dense index (``epsilons``/``windows`` arrays, NaN / 0 = default)."""
+    """The registration of a trusted-curator stream, fixed before the data arrive (spec
+    personalized-w-event §1.1, A2): users' privacy requirements by user id for named users (a
+    registration table, spec §9.1: exactly these users are registered, in this order) or by
+    dense index (``epsilons``/``windows`` arrays, NaN / 0 = the stream default; dense indices
+    ``0..n−1`` are all registered). Who is registered is therefore public by construction;
+    data of anybody else are ``unregistered_user`` dead letters."""
 
     by_user: dict[str, tuple[float, int]] = field(default_factory=dict)
     epsilons: NDArray[np.float64] | None = None
     windows: NDArray[np.int64] | None = None
 
+    def __post_init__(self) -> None:
+        """Refuse requirements outside the limits at start (never naming a user)."""
+        for k, (eps, win) in enumerate(self.by_user.values(), start=1):
+            check_requirement(eps, win, f"registration entry {k}")
+        eps_set = self.epsilons[~np.isnan(self.epsilons)] if self.epsilons is not None else []
+        win_set = self.windows[self.windows != 0] if self.windows is not None else []
+        for eps in np.unique(eps_set).tolist():
+            check_requirement(eps, 1, "a registered requirement")
+        for win in np.unique(win_set).tolist():
+            check_requirement(MIN_EPSILON, win, "a registered requirement")
+
 
 class TrustMode:
-    """What a mechanism sees of the users at a slot (design §4)."""
+    """What a mechanism sees of the users at a slot (design §4).
+
+    ``fixed_population``: the registered users are given at start (``cdp``), so who sent data
+    never changes who is counted; otherwise users register on their first accepted event.
+    """
 
     tracks_requirements: ClassVar[bool] = False
+    fixed_population: ClassVar[bool] = False
 
     def port(
-        self, state: StreamState, values: NDArray[np.float64], randomness: SlotRandomness
+        self,
+        state: StreamState,
+        values: NDArray[np.float64],
+        randomness: SlotRandomness,
     ) -> ClientPort | CuratorPort:
         raise NotImplementedError
 
@@ -167,16 +210,21 @@ class LdpClients(TrustMode):
     path: ClientPath = "aggregate"
 
     def port(
-        self, state: StreamState, values: NDArray[np.float64], randomness: SlotRandomness
+        self,
+        state: StreamState,
+        values: NDArray[np.float64],
+        randomness: SlotRandomness,
     ) -> ClientPort:
         return SimulatedClientPort(values, self.task, randomness, self.path)
 
 
 class TrustedCurator(TrustMode):
     """``cdp``: the curator sees the registered users' values and requirements; the mechanism
-    samples and adds noise. The ``Requirements`` are rebuilt only when somebody registered."""
+    samples and adds noise. The population is the registration (``Preferences``), fixed at
+    start; the ``Requirements`` are built once per stream."""
 
     tracks_requirements = True
+    fixed_population = True
 
     def __init__(self, task: EstimationTask, preferences: Preferences | None = None) -> None:
         self.task = task
@@ -184,7 +232,10 @@ class TrustedCurator(TrustMode):
         self._cache: dict[str, tuple[tuple[int, str | None], Requirements]] = {}
 
     def port(
-        self, state: StreamState, values: NDArray[np.float64], randomness: SlotRandomness
+        self,
+        state: StreamState,
+        values: NDArray[np.float64],
+        randomness: SlotRandomness,
     ) -> CuratorPort:
         key = (len(state.directory), state.id_kind)
         cached = self._cache.get(state.stream)
@@ -199,25 +250,67 @@ class TrustedCurator(TrustMode):
         return SimulatedCurator(values, self.task, cached[1])
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What every stream of one operator runs: the mechanisms with their budget shares, the
+    noise key, the trust mode and the binding a snapshot must match."""
+
+    mechanisms: dict[str, Mechanism[Any, Any]]
+    shares: dict[str, float]
+    task: EstimationTask
+    population: int
+    key: NoiseKey
+    config: SlottingConfig
+    trust: TrustMode
+    split: BudgetSplit
+
+    def binding(self) -> dict[str, str]:
+        """The noise key's fingerprint and every parameter a replay depends on."""
+        cfg = self.config
+        out = {
+            "noise key": self.key.fingerprint(),
+            "population": str(self.population),
+            "task": repr(self.task),
+            "slotting": f"lateness={cfg.lateness} missing={cfg.missing} "
+            f"client_path={cfg.client_path} max_slot_gap={cfg.max_slot_gap}",
+            "budget split": repr(self.split),
+        }
+        for name, mechanism in self.mechanisms.items():
+            out[f"mechanism {name}"] = repr(mechanism.config)
+        return out
+
+
+def _check_binding(step_id: str, resume: StreamState, expected: dict[str, str]) -> None:
+    """Refuse a snapshot written under another secret or other privacy parameters (design §6):
+    resuming it would release the replayed slots with other noise, or reset budgets."""
+    found = resume.binding
+    differ = sorted(k for k in expected.keys() | found.keys() if expected.get(k) != found.get(k))
+    if not differ:
+        return
+    lines = [
+        "another secret (its fingerprint differs)"
+        if key == "noise key"
+        else f"{key}: stored {found.get(key, '(none)')}, now {expected.get(key, '(none)')}"
+        for key in differ
+    ]
+    raise IncompatibleState(
+        f"step {step_id!r}: the recovery store of stream {resume.stream!r} was written with "
+        + "; ".join(lines)
+        + ". Resume with the same secret and configuration, or start a new recovery directory "
+        "(a new store starts every budget afresh: only do that for a new stream)."
+    )
+
+
 class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
-    def __init__(
-        self,
-        step_id: str,
-        mechanisms: Sequence[Mechanism[Any, Any]],
-        task: EstimationTask,
-        population: int,
-        secret: int | bytes,
-        config: SlottingConfig,
-        resume: StreamState | None,
-        trust: TrustMode | None = None,
-    ) -> None:
+    def __init__(self, step_id: str, plan: _Plan, resume: StreamState | None) -> None:
         self.step_id = step_id
-        self.trust = trust or LdpClients(task, config.client_path)
-        self.mechanisms = {m.name: m for m in mechanisms}
-        self.task = task
-        self.n = population
-        self._secret = secret
-        self.cfg = config
+        self.plan = plan
+        self.trust = plan.trust
+        self.mechanisms = plan.mechanisms
+        self.task = plan.task
+        self.n = plan.population
+        self.cfg = plan.config
+        self.binding = plan.binding()
         if resume is not None:
             if (
                 resume.version != STREAM_STATE_VERSION
@@ -228,6 +321,7 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
                     f"{resume.version} for mechanisms {sorted(resume.mechanisms)}; this code runs "
                     f"version {STREAM_STATE_VERSION} of {sorted(self.mechanisms)}"
                 )
+            _check_binding(step_id, resume, self.binding)
             for name, mechanism in self.mechanisms.items():
                 mechanism.check_state(resume.mechanisms[name])
         self.state: StreamState | None = resume
@@ -242,15 +336,66 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
         out: list[Output] = []
         for batch in values:
             state = self._state_for(batch.stream)
+            marks = self._watermarks(state, batch.partition)
             if state.all_halted():
                 out.extend(self._reject_all(batch, STREAM_HALTED, "; ".join(state.halted.values())))
                 continue
             out.extend(("dead_letter", d) for d in self._ingest(state, batch))
-            if state.max_seen is not None:
+            if batch.complete_through is not None:
+                marks.mark(batch.partition, batch.complete_through)
+            if self.cfg.partitions > 1:  # a slot closes once every partition has passed it
+                target = marks.closable(self.cfg.lateness)
+                if target is not None:
+                    self._close_through(state, target, out)
+                continue
+            if state.max_seen is not None:  # one partition: its order is the stream's order
                 self._close_through(state, state.max_seen - self.cfg.lateness - 1, out)
             if batch.complete_through is not None:
                 self._close_through(state, batch.complete_through, out)
         return out, StatefulBatchLogic.RETAIN
+
+    def _late_rows(
+        self, state: StreamState, batch: EventBatch, usable: NDArray[np.bool_]
+    ) -> NDArray[np.bool_] | None:
+        """Record the ``usable`` rows' progress in their partition's watermark and, with several
+        partitions, return the rows that partition had already passed (None with one).
+
+        Row by row in the partition's own order — a row is late once an earlier row of its
+        partition (in this batch or before) or a marker has passed its slot, even while another
+        partition holds the slot open — so lateness depends neither on how the partitions
+        interleave nor on where the polls cut them."""
+        marks = state.watermarks
+        assert marks is not None
+        slots, late = batch.slots, None
+        if self.cfg.partitions > 1 and usable.any():
+            prior = marks.max_slots[batch.partition]
+            rows = np.where(usable, slots, -1)[:-1]
+            seen = np.maximum.accumulate(np.concatenate(([-1 if prior is None else prior], rows)))
+            passed = seen - self.cfg.lateness - 1  # the data watermark before each row
+            mark = marks.marks[batch.partition]
+            if mark is not None:
+                passed = np.maximum(passed, mark)
+            late = usable & (slots <= passed)
+            usable = usable & ~late
+        if usable.any():
+            marks.observe(batch.partition, int(slots[usable].max()))
+        return late
+
+    def _watermarks(self, state: StreamState, partition: int) -> PartitionWatermarks:
+        """The stream's progress per input partition (made by its first batch). A snapshot
+        taken with another partition count cannot go on: its slots closed under another rule."""
+        marks = state.watermarks
+        if marks is None:
+            marks = state.watermarks = PartitionWatermarks(self.cfg.partitions)
+        elif marks.partitions != self.cfg.partitions:
+            raise IncompatibleState(
+                f"step {self.step_id!r}: snapshot of stream {state.stream!r} tracks "
+                f"{marks.partitions} input partition(s); this run is configured for "
+                f"{self.cfg.partitions} (the input topic's partition count changed?): "
+                "use a new recovery directory"
+            )
+        marks.check(partition)
+        return marks
 
     def on_eof(self) -> tuple[Iterable[Output], bool]:
         out: list[Output] = []
@@ -277,18 +422,37 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
                 mechanisms={name: m.initial_state() for name, m in self.mechanisms.items()},
                 current=np.full(self.n, np.nan),
                 tallies={name: Tally() for name in self.mechanisms},
+                binding=dict(self.binding),
+                accountant=PopulationAccountant(evaluation=self.plan.split.evaluation),
             )
             if isinstance(self.trust, TrustedCurator):
-                prefs = self.trust.preferences
-                if prefs.epsilons is not None or prefs.windows is not None:
-                    self._requirement_arrays(self.state)
-                    if prefs.epsilons is not None:
-                        self.state.epsilons[:] = prefs.epsilons  # type: ignore[index]
-                    if prefs.windows is not None:
-                        self.state.windows[:] = prefs.windows  # type: ignore[index]
+                self._register(self.state, self.trust.preferences)
             for name in self.mechanisms:
                 self._publish(self.state, name)
         return self.state
+
+    def _register(self, state: StreamState, prefs: Preferences) -> None:
+        """Load the registration before any data: named users of the table in its order, or
+        the requirements of the dense indices."""
+        if prefs.by_user:
+            if len(prefs.by_user) > self.n:
+                raise ValueError(
+                    f"the registration table holds {len(prefs.by_user)} users but the stream's "
+                    f"population is n={self.n}"
+                )
+            self._requirement_arrays(state)
+            assert state.epsilons is not None and state.windows is not None
+            for i, (user, (eps, win)) in enumerate(prefs.by_user.items()):
+                state.directory[user] = i
+                state.epsilons[i], state.windows[i] = eps, win
+            state.id_kind = "named"
+        elif prefs.epsilons is not None or prefs.windows is not None:
+            self._requirement_arrays(state)
+            assert state.epsilons is not None and state.windows is not None
+            if prefs.epsilons is not None:
+                state.epsilons[:] = prefs.epsilons
+            if prefs.windows is not None:
+                state.windows[:] = prefs.windows
 
     def _publish(self, state: StreamState, name: str) -> None:
         """Show the ledger of ``name`` on the metrics endpoint."""
@@ -324,11 +488,12 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
         known = np.fromiter(
             map(directory.get, users, itertools.repeat(-1)), dtype=np.int64, count=len(users)
         )
-        for k in np.flatnonzero(known < 0).tolist():  # new users, first come first served
-            j = directory.get(users[k], -1)
-            if j < 0 and len(directory) < self.n:
-                j = directory[users[k]] = len(directory)
-            known[k] = j
+        if not self.trust.fixed_population:
+            for k in np.flatnonzero(known < 0).tolist():  # new users, first come first served
+                j = directory.get(users[k], -1)
+                if j < 0 and len(directory) < self.n:
+                    j = directory[users[k]] = len(directory)
+                known[k] = j
         if every:
             return known, "named"
         idx = np.full(len(batch), -1, dtype=np.int64)
@@ -355,11 +520,16 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
         if pending.any():
             reference = state.max_seen if state.max_seen is not None else int(slots[pending].min())
             code[pending & (slots > reference + self.cfg.max_slot_gap)] = _CODE[FAR_FUTURE]
-        before = len(state.directory)
+        late = self._late_rows(state, batch, code == 0)  # in its own partition's order
+        if late is not None:
+            code[late] = _CODE[LATE]
         idx, kind = self._user_index(state, batch, code == 0)
-        code[(code == 0) & (idx < 0)] = _CODE[POPULATION_FULL if kind == "named" else OUT_OF_DOMAIN]
+        unknown = OUT_OF_DOMAIN if kind == "dense" else POPULATION_FULL
+        if kind == "named" and self.trust.fixed_population:
+            unknown = UNREGISTERED
+        code[(code == 0) & (idx < 0)] = _CODE[unknown]
         if self.trust.tracks_requirements:
-            self._requirements(state, batch, idx, code, before)
+            self._requirements(state, batch, idx, code)
         ok = np.flatnonzero(code == 0)
         ok_slots = slots[ok]
         lo, hi = (int(ok_slots.min()), int(ok_slots.max())) if ok.size else (0, -1)
@@ -390,13 +560,17 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
             return []
         details = {
             OUT_OF_DOMAIN: f"value or user outside the domain (d={self.task.d}, n={self.n})",
-            LATE: f"slot already released (last released slot {state.last_closed})",
+            LATE: f"slot already released (last released slot {state.last_closed})"
+            if late is None
+            else f"slot already passed by its input partition {batch.partition} (by a later "
+            f"slot beyond the lateness of {self.cfg.lateness} or an end-of-slot marker)",
             FAR_FUTURE: f"slot more than {self.cfg.max_slot_gap} slots ahead of the stream",
             DUPLICATE: "user already reported in this slot (first report wins)",
             POPULATION_FULL: f"registered population of {self.n} users is full",
             REQUIREMENT_CHANGED: "the user registered with another privacy requirement "
             "(epsilon, window); it cannot change within a stream",
             USER_ID_KIND: "user ids must be all strings or all dense indices within a stream",
+            UNREGISTERED: "the user is not in the stream's registration table",
         }
         return [
             DeadLetter(
@@ -415,26 +589,10 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
             state.windows = np.zeros(self.n, dtype=np.int64)
 
     def _requirements(
-        self,
-        state: StreamState,
-        batch: EventBatch,
-        idx: NDArray[np.int64],
-        code: NDArray[np.int8],
-        before: int,
+        self, state: StreamState, batch: EventBatch, idx: NDArray[np.int64], code: NDArray[np.int8]
     ) -> None:
-        """Register the requirements of users new in this batch (preferences table first, then
-        their first stating row) and refuse rows stating another one than registered."""
-        assert isinstance(self.trust, TrustedCurator)
-        table = self.trust.preferences.by_user
-        fresh = (code == 0) & (idx >= before) if table else None
-        if fresh is not None and fresh.any():
-            rows = np.flatnonzero(fresh)
-            for i in rows.tolist():
-                wanted = table.get(batch.users[i])
-                if wanted is not None:
-                    self._requirement_arrays(state)
-                    assert state.epsilons is not None and state.windows is not None
-                    state.epsilons[idx[i]], state.windows[idx[i]] = wanted
+        """Refuse rows stating another requirement than the user's registered one (the
+        registration fixes it before the data arrive; a row stating none is fine)."""
         if batch.epsilons is None or batch.windows is None:
             return
         stating = (code == 0) & (~np.isnan(batch.epsilons) | (batch.windows > 0))
@@ -442,14 +600,6 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
             return
         self._requirement_arrays(state)
         assert state.epsilons is not None and state.windows is not None
-        newcomers = np.flatnonzero((code == 0) & (idx >= before))
-        if newcomers.size:  # a new user's first row registers its requirement (none: default)
-            _, first = np.unique(idx[newcomers], return_index=True)
-            reg = newcomers[first]
-            unset = np.isnan(state.epsilons[idx[reg]]) & (state.windows[idx[reg]] == 0)
-            reg = reg[unset]  # ... unless the preferences table did
-            state.epsilons[idx[reg]] = batch.epsilons[reg]
-            state.windows[idx[reg]] = batch.windows[reg]
         rows = np.flatnonzero(stating)
         users = idx[rows]
         eps, win = batch.epsilons[rows], batch.windows[rows]
@@ -474,39 +624,102 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
             self._step(state, slot, out)
 
     def _step(self, state: StreamState, slot: int, out: list[Output]) -> None:
-        reported = state.open_slots.pop(slot, None)
-        if self.cfg.missing == "absent":
-            values = reported if reported is not None else np.full(self.n, np.nan)
-        else:
-            values = state.current
-            if reported is not None:
-                fresh = ~np.isnan(reported)
-                values[fresh] = reported[fresh]
+        """Step every live mechanism through ``slot``, compose their spend, then release.
+
+        Nothing of the slot is emitted before the population accountant accepted it; a
+        mechanism that fails (a ledger refusal or any other error) halts alone, with its reason
+        in the log and the ``halted`` metric, and the others go on.
+        """
+        values = self._slot_values(state, slot)
         state.last_closed = slot
+        stepped: dict[str, tuple[Any, list[Release | LedgerEntry]]] = {}
         for name, mechanism in self.mechanisms.items():
             if name in state.halted:
                 continue
-            randomness = SlotRandomness(self._secret, state.stream, slot, scope=name)
+            randomness = SlotRandomness(self.plan.key, state.stream, slot, scope=name)
             port = self.trust.port(state, values, randomness)
             started = time.perf_counter()
             try:
-                new_state, events = mechanism.step(
+                stepped[name] = mechanism.step(
                     state.mechanisms[name], Slot(state.stream, slot, port, randomness)
                 )
             except PrivacyBudgetExceeded as exc:
-                state.halted[name] = f"{name}: privacy invariant violated at slot {slot}: {exc}"
-                state.tallies[name].violations += 1
-                self._publish(state, name)
-                log.error(
-                    "step %s: stream %r halted: %s", self.step_id, state.stream, state.halted[name]
-                )
+                self._halt(state, name, f"privacy invariant violated at slot {slot}: {exc}", True)
+                continue
+            except Exception as exc:  # one mechanism's failure never takes the process down
+                detail = f"{type(exc).__name__}: {str(exc)[:500]}"
+                self._halt(state, name, f"failed at slot {slot}: {detail}", False)
                 continue
             STEP_SECONDS.labels(state.stream, name).observe(time.perf_counter() - started)
+        if not self._compose(state, slot, stepped):
+            return
+        for name, (new_state, events) in stepped.items():
+            stamped = [self._stamp(state, event) for event in events]
             state.mechanisms[name] = new_state
-            state.tallies[name].record(events)
+            state.tallies[name].record(stamped)
             self._publish(state, name)
-            for event in events:
+            for event in stamped:
                 out.append(("release", event) if isinstance(event, Release) else ("ledger", event))
+        self._publish_population(state)
+
+    def _slot_values(self, state: StreamState, slot: int) -> NDArray[np.float64]:
+        """Users' values at ``slot``: its reports, over the carried-forward ones by default."""
+        reported = state.open_slots.pop(slot, None)
+        if self.cfg.missing == "absent":
+            return reported if reported is not None else np.full(self.n, np.nan)
+        values = state.current
+        if reported is not None:
+            fresh = ~np.isnan(reported)
+            values[fresh] = reported[fresh]
+        return values
+
+    def _halt(self, state: StreamState, name: str, reason: str, violation: bool) -> None:
+        state.halted[name] = f"{name}: {reason}"
+        if violation:
+            state.tallies[name].violations += 1
+        self._publish(state, name)
+        log.error("step %s: stream %r halted: %s", self.step_id, state.stream, state.halted[name])
+
+    def _compose(
+        self,
+        state: StreamState,
+        slot: int,
+        stepped: dict[str, tuple[Any, list[Release | LedgerEntry]]],
+    ) -> bool:
+        """Charge the population accountant with every mechanism's window spend (a halted
+        mechanism's last one still counts); on an overspend halt them all before release."""
+        spends = []
+        for name, mechanism in self.mechanisms.items():
+            events = stepped[name][1] if name in stepped else ()
+            entry = next((e for e in events if isinstance(e, LedgerEntry)), None)
+            entry = entry or state.tallies[name].last_ledger
+            if entry is not None:
+                spends.append(class_spend(entry, mechanism.privacy_cost, self.plan.shares[name]))
+        try:
+            state.accountant.charge(slot, spends)
+        except PrivacyBudgetExceeded as exc:
+            for name in stepped:
+                self._halt(state, name, f"population budget refused slot {slot}: {exc}", True)
+            return False
+        return True
+
+    def _stamp(self, state: StreamState, event: Release | LedgerEntry) -> Release | LedgerEntry:
+        """Mark the run's provenance on every output; ledger entries get the composed spend."""
+        flags: dict[str, Any] = {}
+        if self.plan.key.insecure:
+            flags["insecure_seed"] = True
+        if self.plan.split.evaluation:
+            flags["evaluation"] = True
+        worst = state.accountant.worst()
+        if isinstance(event, LedgerEntry) and worst is not None:
+            flags["population_epsilon"], flags["population_window_spent"] = worst[1], worst[2]
+        return dataclasses.replace(event, **flags) if flags else event
+
+    def _publish_population(self, state: StreamState) -> None:
+        worst = state.accountant.worst()
+        if worst is not None:
+            window, epsilon, spent = worst
+            BOARD.update_population(state.stream, epsilon, window, spent, len(self.mechanisms))
 
 
 @dataclass(frozen=True)
@@ -538,17 +751,23 @@ def slotted_mechanism(
     mechanisms: Sequence[Mechanism[Any, Any]],
     task: EstimationTask,
     population: int,
-    secret: int | bytes,
+    secret: NoiseKey | int | bytes,
     slotting: SlottingConfig | None = None,
     trust: TrustMode | None = None,
+    split: BudgetSplit | None = None,
 ) -> MechanismOut:
     """Run ``mechanisms`` over every stream of ``up`` (keyed by stream name), slot by slot.
 
     The mechanisms share one slotting of the input (events are parsed, deduplicated and
-    buffered once) and each keeps its own ledger. A stream's state lives in one Bytewax state
-    (recovered from snapshots); randomness derives from ``secret``, the stream and the slot
-    (design §6), so a replayed slot releases byte-identical output. A
-    ``PrivacyBudgetExceeded`` halts that mechanism on that stream before anything of the
+    buffered once) and each keeps its own ledger; the population accountant composes their
+    spend per stream and refuses an overspend before release (``mechanisms.accountant``).
+    ``split`` gives each mechanism's share of the population budget, in order (the
+    mechanisms must have been built with it; one mechanism needs none, several must say how
+    they split — or that they are an evaluation). A stream's state lives in one Bytewax state
+    (recovered from snapshots, bound to the noise key's fingerprint and every privacy
+    parameter); randomness derives from ``secret`` (a ``NoiseKey``; an int is an insecure seed
+    and marks every output), the stream and the slot (design §6), so a replayed slot releases
+    byte-identical output. A failing mechanism halts on that stream before anything of the
     offending slot is released; once all are halted, the stream's events become
     ``stream_halted`` dead letters. ``trust`` is the trust mode (default ``LdpClients``).
     """
@@ -558,9 +777,24 @@ def slotted_mechanism(
         raise ValueError(
             f"step {step_id!r}: mechanisms must be non-empty and distinct, got {names}"
         )
+    split = split or BudgetSplit.parse(None, len(names))
+    if len(split.shares) != len(names):
+        raise ValueError(f"step {step_id!r}: {len(split.shares)} budget shares for {names}")
+    key = NoiseKey.coerce(secret)
+    plan = _Plan(
+        mechanisms={m.name: m for m in mechanisms},
+        shares=dict(zip(names, split.shares, strict=True)),
+        task=task,
+        population=population,
+        key=key,
+        config=cfg,
+        trust=trust or LdpClients(task, cfg.client_path),
+        split=split,
+    )
+    BOARD.set_run(insecure_seed=key.insecure, evaluation=split.evaluation)
 
     def builder(resume: StreamState | None) -> _SlottedLogic:
-        return _SlottedLogic(step_id, mechanisms, task, population, secret, cfg, resume, trust)
+        return _SlottedLogic(step_id, plan, resume)
 
     tagged = op.key_rm("untag", op.stateful_batch("slots", up, builder))
     return MechanismOut(

@@ -34,7 +34,6 @@ from importlib import metadata
 from typing import Any, Final
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-from prometheus_client import REGISTRY
 
 from privstream.connectors.broker import EmbeddedBroker
 from privstream.connectors.events import EventBatch
@@ -52,7 +51,7 @@ from privstream.flows.io import KafkaIO, Source, resolve_source
 from privstream.flows.ldp_ids import build
 from privstream.mechanisms.ldp_ids import LdpIdsConfig, mechanism_names
 from privstream.mechanisms.ldp_ids import build as build_mechanism
-from privstream.operators.metrics import BOARD
+from privstream.operators.metrics import BOARD, INTERNAL
 from privstream.operators.slotting import SlottingConfig, _SlottedLogic
 
 TARGET: Final = 0.70
@@ -116,13 +115,13 @@ def read_raw(config: dict[str, Any], topic: str, expected: int, batch_size: int)
 
 
 def _metric(name: str, labels: dict[str, str]) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
+    return INTERNAL.get_sample_value(name, labels) or 0.0
 
 
 def _rejected_total() -> float:
     total = 0.0
-    for family in REGISTRY.collect():
-        if family.name == "privstream_events_rejected":
+    for family in INTERNAL.collect():
+        if family.name == "privstream_internal_events_rejected":
             total += sum(s.value for s in family.samples if s.name.endswith("_total"))
     return total
 
@@ -145,7 +144,7 @@ def run_flow_once(
     from its metrics: events accepted into a slot plus dead letters, plus one marker per slot
     (it stopped after releasing the last slot, which only the last marker allows).
     """
-    accepted0 = _metric("privstream_events_total", {"stream": source.stream})
+    accepted0 = _metric("privstream_internal_events_total", {"stream": source.stream})
     rejected0 = _rejected_total()
     flow = build(
         dataset=dataset,
@@ -159,7 +158,9 @@ def run_flow_once(
     started, cpu = time.perf_counter(), time.thread_time()
     run_flow(flow, 1, None)  # one worker: Bytewax runs it on this thread
     seconds, cpu = time.perf_counter() - started, time.thread_time() - cpu
-    accepted = int(_metric("privstream_events_total", {"stream": source.stream}) - accepted0)
+    accepted = int(
+        _metric("privstream_internal_events_total", {"stream": source.stream}) - accepted0
+    )
     dead = int(_rejected_total() - rejected0)
     released = BOARD.released_through([(source.stream, m) for m in mechanisms], slots)
     if not released:

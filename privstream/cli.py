@@ -23,7 +23,6 @@ from privstream.mechanisms.personalized import MECHANISMS as PERSONALIZED
 
 ALL_LDP_IDS = ",".join(MECHANISMS)
 ALL_PERSONALIZED = ",".join(PERSONALIZED)
-ENV_SECRET = "PRIVSTREAM_SECRET"
 log = logging.getLogger("privstream")
 
 
@@ -121,7 +120,26 @@ def _run_flags(
         "--mechanism", default=default, help=f"one or more of {mechanisms}, comma separated"
     )
     p.add_argument(
-        "--seed", type=int, default=1, help="seed of synthetic data (and noise, see --secret-file)"
+        "--seed", type=int, default=1, help="seed of the synthetic data (never of the noise)"
+    )
+    p.add_argument(
+        "--insecure-seed",
+        type=int,
+        metavar="N",
+        help="draw the noise from the public seed N instead of a secret: reproducible, NOT "
+        "private; every release, ledger entry and the privstream_insecure_seed gauge say so",
+    )
+    p.add_argument(
+        "--budget-split",
+        metavar="equal|W1,W2,...",
+        help="several mechanisms share the population's ε: equally or by weights (required "
+        "with several mechanisms unless --compare)",
+    )
+    p.add_argument(
+        "--compare",
+        action="store_true",
+        help="evaluation: run the mechanisms side by side with the full ε each; outputs are "
+        "marked evaluation (together they are not ε-private)",
     )
     p.add_argument("--out", default="releases.jsonl", help="releases, one JSON object per line")
     p.add_argument("--ledger-out", help="ledger entries as JSON lines (optional)")
@@ -148,12 +166,26 @@ def _run_flags(
     )
     p.add_argument(
         "--secret-file",
-        help=f"file holding the secret seed of the noise (default ${ENV_SECRET}, else --seed)",
+        help="file holding the secret noise key, >= 128 bits (default $PRIVSTREAM_SECRET; "
+        "required unless --insecure-seed)",
     )
     p.add_argument(
         "--metrics-port",
         type=int,
         help="serve Prometheus metrics on this port (Bytewax dataflow API, /metrics)",
+    )
+    p.add_argument(
+        "--internal-metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve the internal metrics (true event counts and timing: they need the same "
+        "access as the input topic) on this port",
+    )
+    p.add_argument(
+        "--internal-metrics-addr",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="address of the internal metrics server (default %(default)s: loopback only)",
     )
     p.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
     _kafka_flags(p)
@@ -189,8 +221,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     _run_flags(pers, mechanisms=ALL_PERSONALIZED, default="PBD", epsilon=0.6, window=120)
     pers.add_argument(
+        "--registrations",
         "--preferences",
-        help="CSV (user,epsilon,window) or JSON lines of users' privacy requirements",
+        dest="preferences",
+        help="registration table: CSV (user,epsilon,window) or JSON lines; exactly these users "
+        "are counted (required for file and Kafka input)",
     )
 
     broker = commands.add_parser(
@@ -221,6 +256,12 @@ def _parser() -> argparse.ArgumentParser:
     produce.add_argument("--stream", help="stream name (default: the dataset name)")
     produce.add_argument("--first-slot", type=_positive_int, default=1)
     produce.add_argument("--no-progress", action="store_true")
+    produce.add_argument(
+        "--spread",
+        action="store_true",
+        help="write each slot's events round-robin over all partitions of the topic and its "
+        "end-of-slot marker to every partition (default: one partition, by the stream's key)",
+    )
     _kafka_flags(produce, required=True)
 
     bench = commands.add_parser(
@@ -323,17 +364,6 @@ def _run_flow(
     cli_main(flow, workers_per_process=workers, epoch_interval=interval, recovery_config=recovery)
 
 
-def _secret(args: argparse.Namespace) -> bytes | None:
-    """The noise secret from ``--secret-file`` or ``$PRIVSTREAM_SECRET`` (never logged)."""
-    if getattr(args, "secret_file", None):
-        secret = Path(args.secret_file).read_bytes().strip()
-        if not secret:
-            raise ValueError(f"secret file {args.secret_file} is empty")
-        return secret
-    env = os.environ.get(ENV_SECRET)
-    return env.encode() if env else None
-
-
 def _kafka_settings(args: argparse.Namespace) -> Any:
     from privstream.connectors.kafka import KafkaSettings
 
@@ -350,6 +380,7 @@ def run_flow(args: argparse.Namespace) -> int:
     """``privstream run FAMILY``: the family's ready flow on a synthetic, file or Kafka input."""
     from privstream.connectors import control
     from privstream.connectors.kafka import require_topics
+    from privstream.connectors.secret import resolve_noise_key
     from privstream.flows.io import KafkaIO
 
     if args.family == "ldp-ids":
@@ -371,14 +402,9 @@ def run_flow(args: argparse.Namespace) -> int:
             until_slot=args.slots,
             max_event_bytes=args.max_event_bytes,
         )
-        require_topics(settings, kafka.topics())
+        kafka = kafka.with_partitions(require_topics(settings, kafka.topics()))
     slots = args.slots or 800
-    secret = _secret(args)
-    if secret is None and kafka is not None:
-        log.warning(
-            "the noise secret is --seed; set $%s or --secret-file for production runs",
-            ENV_SECRET,
-        )
+    secret = resolve_noise_key(secret_file=args.secret_file, insecure_seed=args.insecure_seed)
     synthetic = kafka is None and not args.dataset.startswith("file:")
     total = slots if synthetic or (kafka is not None and args.slots) else None
     bar = (
@@ -403,6 +429,8 @@ def run_flow(args: argparse.Namespace) -> int:
         progress=(lambda _release: bar.update(1)) if bar is not None else None,
         kafka=kafka,
         secret=secret,
+        budget_split=args.budget_split,
+        compare=args.compare,
     )
     if args.family == "ldp-ids":
         from privstream.flows.ldp_ids import build as build_ldp_ids
@@ -422,6 +450,10 @@ def run_flow(args: argparse.Namespace) -> int:
                 Path(path).touch()
     else:
         control.install_signal_handlers()
+    if args.internal_metrics_port is not None:
+        from privstream.operators.metrics import serve_internal_metrics
+
+        serve_internal_metrics(args.internal_metrics_port, args.internal_metrics_addr)
     started = time.perf_counter()
     _run_flow(flow, args.workers, args.recovery_dir, args.snapshot_interval, args.metrics_port)
     if bar is not None:
@@ -488,6 +520,7 @@ def produce(args: argparse.Namespace) -> int:
         name=args.stream,
         first_slot=args.first_slot,
         progress=bar.update if bar is not None else None,
+        spread=args.spread,
     )
     if bar is not None:
         bar.close()

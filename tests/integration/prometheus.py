@@ -301,23 +301,31 @@ class FlowProcess:
         if code is not None:
             pytest.fail(f"the flow exited early with code {code}:\n{self.output()[1][-3000:]}")
 
-    def get(self, path: str) -> str:
-        """A page of the flow's Bytewax dataflow API (``/metrics``, ``/dataflow``)."""
-        url = f"http://127.0.0.1:{self.metrics_port}{path}"
+    def get(self, path: str, port: int | None = None) -> str:
+        """A page of the flow's Bytewax dataflow API (``/metrics``, ``/dataflow``), or of
+        another of its servers on ``port`` (``--internal-metrics-port``)."""
+        url = f"http://127.0.0.1:{port or self.metrics_port}{path}"
         with urllib.request.urlopen(url, timeout=5) as response:
             return str(response.read().decode("utf-8"))
 
-    def metrics(self) -> str:
-        """The text exposition of the flow's ``/metrics`` endpoint."""
-        return self.get("/metrics")
+    def metrics(self, port: int | None = None) -> str:
+        """The text exposition of the flow's ``/metrics`` endpoint (or the one on ``port``)."""
+        return self.get("/metrics", port)
 
-    def wait_metrics(self, condition: Callable[[str], bool], what: str, timeout: float) -> str:
-        """The first exposition for which ``condition`` holds."""
+    def wait_metrics(
+        self,
+        condition: Callable[[str], bool],
+        what: str,
+        timeout: float,
+        port: int | None = None,
+    ) -> str:
+        """The first exposition (of the endpoint on ``port``, by default the public
+        ``/metrics``) for which ``condition`` holds."""
         deadline = time.monotonic() + timeout
         while True:
             self.check_alive()
             try:
-                text = self.metrics()
+                text = self.metrics(port)
                 if condition(text):
                     return text
             except (urllib.error.URLError, OSError):

@@ -210,10 +210,14 @@ def unit_windows_ok(units: list[int], w: int) -> bool:
 
 
 def min_population(name: str, beta: float, w: int) -> int:
-    if name != "LPA":
+    if name not in ("LPA", "LPD"):
         return 50
-    n = 50  # LPA's unit m_u = ⌊(1−β)n/w⌋ must be >= 1 (see test_lpa_small_population_capacity)
-    while math.floor((1 - beta) * n / w) < 1:
+    # LPD and LPA refuse a dissimilarity group ⌊βn/w⌋ = 0 (they would never publish), and LPA's
+    # unit m_u = ⌊(1−β)n/w⌋ must be >= 1 (see test_lpa_small_population_capacity)
+    n = 50
+    while math.floor(beta * n / w) < 1 or (
+        name == "LPA" and math.floor((1 - beta) * n / w) < 1
+    ):
         n += 1
     return n
 

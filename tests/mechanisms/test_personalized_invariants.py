@@ -73,12 +73,18 @@ class Spy:
 
         return wrapped
 
-    def laplace(self, inner: Any) -> Any:
-        def wrapped(rng: Any, scale: float, size: int) -> Any:
-            sensitivity = SENSITIVITY / D if size == 1 else SENSITIVITY
-            self.steps[-1].append((sensitivity / scale, self._sample))
+    def noise(self, inner: Any) -> Any:
+        """Every noise draw is ``DLap(Δ/ε)`` on an integer query of sensitivity ``Δ`` (the
+        histogram, or the dissimilarity's integer sum): the loss is ``ε`` (at most, since the
+        public scale rounds up)."""
+
+        def wrapped(rng: Any, epsilon: float, size: int) -> Any:
+            out = inner(rng, epsilon, size)
+            scale = personalized.noise_scale(epsilon)
+            assert SENSITIVITY / scale <= Fraction(epsilon)  # rounding up never spends more
+            self.steps[-1].append((epsilon, self._sample))
             self._sample = None
-            return inner(rng, scale, size)
+            return out
 
         return wrapped
 
@@ -103,13 +109,13 @@ class Spy:
 @contextlib.contextmanager
 def spying() -> Iterator[Spy]:
     spy = Spy()
-    originals = personalized.sm_sample, personalized.laplace
+    originals = personalized.sm_sample, personalized.discrete_noise
     personalized.sm_sample = spy.sm_sample(originals[0])  # type: ignore[assignment]
-    personalized.laplace = spy.laplace(originals[1])  # type: ignore[assignment]
+    personalized.discrete_noise = spy.noise(originals[1])  # type: ignore[assignment]
     try:
         yield spy
     finally:
-        personalized.sm_sample, personalized.laplace = originals  # type: ignore[assignment]
+        personalized.sm_sample, personalized.discrete_noise = originals  # type: ignore[assignment]
 
 
 # -- running a mechanism with forced decisions --------------------------------------------------
@@ -293,7 +299,8 @@ def exact_pbd(case: Case, result: Run, uniform: bool) -> Schedule:
     joining per spec §9.5: PBD starts a class with an empty look-back at its join; BD keeps one
     stream-wide schedule and charges each class from its join on. Decisions are the script's;
     a float allocation that underflows to zero may skip where the exact one publishes a
-    negligible amount, so the publish flag follows the mechanism there (checked below). Nobody
+    negligible amount (or one below ``MIN_SLOT_EPSILON``, which is never spent), so the publish
+    flag follows the mechanism there (checked below). Nobody
     registered: skip, charge nothing."""
     cfg = case.config()
     m, T = len(case.classes), case.T
@@ -312,9 +319,11 @@ def exact_pbd(case: Case, result: Run, uniform: bool) -> Schedule:
             for s, (_, eps), on in zip(window, schedules, live, strict=True)
         ]
         published = result.releases[t].strategy == "publish"
-        if case.decisions[t] and present[t].any() and not published:  # only a float underflow
+        if case.decisions[t] and present[t].any() and not published:  # a vanishing remainder
+            floor = Fraction(personalized.MIN_SLOT_EPSILON)  # below it nothing is spent
             assert all(
-                p <= 4 * w * ULP * eps for p, (w, eps) in zip(proposal, schedules, strict=True)
+                p <= 4 * w * ULP * eps or p < floor * (1 + Fraction(1, 10**6))
+                for p, (w, eps) in zip(proposal, schedules, strict=True)
             )
         assert published <= (case.decisions[t] and present[t].any())
         E2.append(proposal if published else [Fraction(0)] * len(schedules))

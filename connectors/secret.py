@@ -1,0 +1,58 @@
+"""Where a run's noise key comes from: a secret file, ``$PRIVSTREAM_SECRET``, or an explicit
+insecure seed (design §6).
+
+A production run must have a secret of at least 128 bits that nobody outside the operator
+knows: with a public key, anybody can redraw the noise and subtract it (the audit recovered
+exact histograms from the releases of a run keyed by the old default seed 1). Nothing here
+prints, logs or exports the secret; errors name where it came from, never what it is.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from privstream.mechanisms.seeding import NoiseKey, SecretError
+
+ENV_SECRET = "PRIVSTREAM_SECRET"
+HOW_TO = (
+    "give one with --secret-file FILE or $PRIVSTREAM_SECRET (make it with: python -c "
+    "'import secrets; print(secrets.token_hex(32))' > FILE; chmod 600 FILE), or ask for a "
+    "reproducible, NOT private run with --insecure-seed N"
+)
+log = logging.getLogger(__name__)
+
+
+def resolve_noise_key(
+    secret: NoiseKey | str | bytes | None = None,
+    insecure_seed: int | None = None,
+    secret_file: str | Path | None = None,
+) -> NoiseKey:
+    """The run's noise key: ``secret`` (a key or its text), else ``secret_file``'s content,
+    else ``$PRIVSTREAM_SECRET``, else the explicit ``insecure_seed``; refuses to go on
+    without one of them (``SecretError``) and refuses a secret and a seed together."""
+    given = [x is not None for x in (secret, secret_file)]
+    if any(given) and insecure_seed is not None:
+        raise SecretError("give either a secret or an insecure seed, not both")
+    if isinstance(secret, NoiseKey):
+        return secret
+    if secret is not None:
+        text = secret.decode("utf-8", "replace") if isinstance(secret, bytes) else secret
+        return NoiseKey.from_text(text)
+    if secret_file is not None:
+        path = Path(secret_file)
+        if not path.is_file():
+            raise SecretError(f"secret file {path} does not exist")
+        return NoiseKey.from_text(path.read_text("utf-8", "replace"), origin=f"secret file {path}")
+    if insecure_seed is not None:
+        log.warning(
+            "noise from the public seed %d: releases are reproducible by anyone and NOT private; "
+            "they are marked insecure_seed",
+            insecure_seed,
+        )
+        return NoiseKey.insecure_seed(insecure_seed)
+    env = os.environ.get(ENV_SECRET)
+    if env:
+        return NoiseKey.from_text(env, origin=f"${ENV_SECRET}")
+    raise SecretError(f"refusing to start without a secret noise key: {HOW_TO}")

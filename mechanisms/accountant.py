@@ -1,0 +1,136 @@
+"""The population-level accountant: several mechanisms over one population compose (design §3).
+
+Every mechanism of a stream queries the same users. By sequential composition, a user's privacy
+loss over a window is the sum of what every mechanism charged them there; each mechanism's own
+ledger only bounds its own part. A production run therefore gives mechanism ``j`` the share
+``s_j`` of the population budget (``BudgetSplit``: ``Σ s_j = 1``) and the accountant checks, at
+every slot and before anything of it is released, that the composed spend stays within budget:
+
+    for every privacy class c:   Σ_j  spend_j(c, window ending at t)  ≤  ε_c
+
+where ``spend_j(c, ·)`` is the most mechanism ``j`` charged any member of ``c`` over that window
+(its ledger's window spend), so the sum bounds every user's composed loss from above. For the
+LDP-IDS families there is one class, ``(w, ε)``; population division charges ``ε_j`` to a user
+at most once per window (its population ledger enforces it). A violation raises
+``PrivacyBudgetExceeded``: the stream stops before release.
+
+Running mechanisms side by side with the full budget each is an evaluation (``--compare``): the
+accountant then only reports the composed spend (which exceeds ε) and every output says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from privstream.mechanisms.contract import LedgerEntry, PrivacyCost
+from privstream.mechanisms.errors import PrivacyBudgetExceeded
+from privstream.mechanisms.ledger import budget_limit
+
+ClassKey = tuple[int, float]
+"""A privacy class of the population: its window ``w_c`` and full budget ``ε_c``."""
+
+
+@dataclass(frozen=True)
+class BudgetSplit:
+    """How the population budget is divided among a stream's mechanisms.
+
+    ``shares[j]`` is mechanism ``j``'s fraction (positive, summing to 1). ``evaluation`` is the
+    side-by-side comparison: every mechanism gets the full budget (share 1) and nothing is
+    composed — its outputs are marked as an evaluation, never a release.
+    """
+
+    shares: tuple[float, ...]
+    evaluation: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.shares or any(not (0 < s <= 1) for s in self.shares):
+            raise ValueError(f"budget shares must lie in (0, 1], got {list(self.shares)}")
+        if not self.evaluation and sum(self.shares) > budget_limit(1.0):
+            raise ValueError(f"budget shares sum to {sum(self.shares):.12g} > 1")
+
+    @classmethod
+    def parse(cls, text: str | None, mechanisms: int, *, compare: bool = False) -> BudgetSplit:
+        """``equal``, ``w1,w2,…`` (weights, normalised) or None for a single mechanism; with
+        ``compare`` the evaluation split. Several mechanisms need one or the other."""
+        if compare:
+            if text is not None:
+                raise ValueError(
+                    "--compare gives every mechanism the full budget; drop --budget-split"
+                )
+            return cls((1.0,) * mechanisms, evaluation=True)
+        if text is None:
+            if mechanisms == 1:
+                return cls((1.0,))
+            raise ValueError(
+                f"{mechanisms} mechanisms over one population compose: divide the budget with "
+                "--budget-split equal|w1,w2,… (each gets its share), or run an evaluation with "
+                "--compare (each gets the full budget and the outputs are marked as such)"
+            )
+        if text.strip().lower() == "equal":
+            return cls((1.0 / mechanisms,) * mechanisms)
+        try:
+            weights = [float(w) for w in text.split(",")]
+        except ValueError:
+            raise ValueError(
+                f"--budget-split must be 'equal' or numbers w1,w2,…; got {text!r}"
+            ) from None
+        if len(weights) != mechanisms or any(not (w > 0) or w == float("inf") for w in weights):
+            raise ValueError(
+                f"--budget-split needs {mechanisms} positive finite weights, got {text!r}"
+            )
+        total = sum(weights)
+        return cls(tuple(w / total for w in weights))
+
+
+def class_spend(entry: LedgerEntry, cost: PrivacyCost, share: float) -> dict[ClassKey, float]:
+    """What one mechanism charged each population class over the window ending at the entry's
+    slot, keyed by the class's full (unshared) requirement."""
+    if entry.classes:
+        return {(c.window, _full(c.epsilon, share)): c.window_spent for c in entry.classes}
+    key = (cost.window, _full(cost.epsilon, share))
+    if cost.division == "budget":
+        return {key: entry.window_spent}
+    return {key: cost.epsilon if entry.window_users > 0 else 0.0}
+
+
+def _full(epsilon: float, share: float) -> float:
+    """The class's full budget from a mechanism's share of it (rounded to 12 significant
+    digits, so ``(ε·s)/s`` of every mechanism names the same class)."""
+    return float(f"{epsilon / share:.12g}")
+
+
+@dataclass
+class PopulationAccountant:
+    """Composed spend of one stream's population (kept in the operator's snapshotted state).
+
+    ``last`` is the composed window spend per class after the last charged slot, and
+    ``worst`` the class closest to its limit (for the ledger entries and the metrics).
+    """
+
+    evaluation: bool = False
+    last: dict[ClassKey, float] = field(default_factory=dict)
+
+    def charge(self, slot: int, spends: Sequence[Mapping[ClassKey, float]]) -> None:
+        """Compose the mechanisms' window spends at ``slot``; refuse an overspend (before
+        release) unless this is an evaluation."""
+        total: dict[ClassKey, float] = {}
+        for spend in spends:
+            for key, value in spend.items():
+                total[key] = total.get(key, 0.0) + value
+        if not self.evaluation:
+            for (window, epsilon), value in total.items():
+                if value > budget_limit(epsilon):
+                    raise PrivacyBudgetExceeded(
+                        f"the stream's mechanisms together charged {value:.6g} > ε={epsilon:g} "
+                        f"over the window of w={window} ending at slot {slot}: the population "
+                        "budget is overspent (split it with --budget-split)"
+                    )
+        self.last = total
+
+    def worst(self) -> tuple[int, float, float] | None:
+        """``(w_c, ε_c, composed spend)`` of the class closest to (or furthest past) its limit."""
+        if not self.last:
+            return None
+        (window, epsilon), spent = max(self.last.items(), key=lambda kv: kv[1] / kv[0][1])
+        return window, epsilon, spent

@@ -1,0 +1,142 @@
+"""The public gauges of the population's composed budget and of the run (``operators.metrics``),
+and the split between the public default registry and the ``INTERNAL`` one."""
+
+from __future__ import annotations
+
+import math
+
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from privstream.operators.metrics import (
+    BOARD,
+    EVENTS,
+    INTERNAL,
+    INTERNAL_PREFIX,
+    LATE_EVENTS,
+    PUBLIC_METRICS,
+    REJECTED,
+    STEP_SECONDS,
+    LedgerBoard,
+    exposed_name,
+)
+
+POPULATION = (
+    "privstream_population_epsilon",
+    "privstream_population_window",
+    "privstream_population_window_budget_spent",
+    "privstream_population_window_budget_remaining",
+    "privstream_population_mechanisms",
+)
+
+
+def scrape(board: LedgerBoard) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """Family name → sorted label pairs → value, as a scrape of ``board`` alone reads it."""
+    registry = CollectorRegistry()
+    registry.register(board)
+    text = generate_latest(registry).decode()
+    return {
+        exposed_name(family): {tuple(sorted(s.labels.items())): s.value for s in family.samples}
+        for family in text_string_to_metric_families(text)
+    }
+
+
+def test_population_gauges_show_the_composed_budget_per_stream() -> None:
+    board = LedgerBoard()
+    board.update_population("sin", epsilon=2.0, window=20, window_spent=1.5, mechanisms=3)
+    board.update_population("lns", epsilon=1.0, window=10, window_spent=0.0, mechanisms=1)
+    got = scrape(board)
+    sin, lns = (("stream", "sin"),), (("stream", "lns"),)
+    assert {name: got[name][sin] for name in POPULATION} == {
+        "privstream_population_epsilon": 2.0,
+        "privstream_population_window": 20.0,
+        "privstream_population_window_budget_spent": 1.5,
+        "privstream_population_window_budget_remaining": 0.5,
+        "privstream_population_mechanisms": 3.0,
+    }
+    assert got["privstream_population_window_budget_remaining"][lns] == 1.0
+    assert all(set(got[name]) == {sin, lns} for name in POPULATION)  # label {stream} only
+
+
+def test_population_spend_is_clamped_within_the_ledger_slack_only() -> None:
+    board = LedgerBoard()
+    board.update_population("a", epsilon=1.0, window=5, window_spent=1.0 + 1e-12, mechanisms=2)
+    board.update_population("b", epsilon=1.0, window=5, window_spent=1.25, mechanisms=2)
+    got = scrape(board)
+    spent = got["privstream_population_window_budget_spent"]
+    remaining = got["privstream_population_window_budget_remaining"]
+    assert spent[(("stream", "a"),)] == 1.0  # rounding of summed shares: exactly ε
+    assert spent[(("stream", "b"),)] == 1.25  # a real overspend is shown as it is
+    assert remaining == {(("stream", "a"),): 0.0, (("stream", "b"),): 0.0}
+
+
+def test_a_later_update_replaces_the_stream_and_non_finite_values_are_left_out() -> None:
+    board = LedgerBoard()
+    board.update_population("sin", epsilon=1.0, window=5, window_spent=0.2, mechanisms=2)
+    board.update_population("sin", epsilon=math.inf, window=5, window_spent=0.4, mechanisms=2)
+    got = scrape(board)
+    assert got["privstream_population_epsilon"] == {}
+    assert got["privstream_population_window_budget_spent"] == {(("stream", "sin"),): 0.4}
+
+
+def test_run_gauges_are_zero_by_default_and_set_by_set_run() -> None:
+    board = LedgerBoard()
+    assert scrape(board)["privstream_insecure_seed"] == {(): 0.0}
+    assert scrape(board)["privstream_evaluation"] == {(): 0.0}
+    board.set_run(insecure_seed=True, evaluation=False)
+    assert scrape(board)["privstream_insecure_seed"] == {(): 1.0}
+    assert scrape(board)["privstream_evaluation"] == {(): 0.0}
+    board.set_run(insecure_seed=False, evaluation=True)
+    assert scrape(board)["privstream_insecure_seed"] == {(): 0.0}
+    assert scrape(board)["privstream_evaluation"] == {(): 1.0}
+
+
+def test_clear_forgets_the_populations_and_resets_the_run_flags() -> None:
+    board = LedgerBoard()
+    board.update_population("sin", epsilon=1.0, window=5, window_spent=0.2, mechanisms=2)
+    board.set_run(insecure_seed=True, evaluation=True)
+    board.clear()
+    got = scrape(board)
+    assert all(got[name] == {} for name in POPULATION)
+    assert got["privstream_insecure_seed"] == got["privstream_evaluation"] == {(): 0.0}
+
+
+def test_every_family_of_the_board_is_an_allow_listed_public_metric() -> None:
+    board = LedgerBoard()
+    board.update_population("sin", epsilon=1.0, window=5, window_spent=0.2, mechanisms=2)
+    assert set(scrape(board)) == PUBLIC_METRICS
+    assert REGISTRY.get_sample_value("privstream_evaluation") is not None  # BOARD is public
+    assert INTERNAL.get_sample_value("privstream_evaluation") is None
+
+
+def test_operational_metrics_live_in_the_internal_registry_only() -> None:
+    EVENTS.labels("unit").inc(3)
+    REJECTED.labels("unit", "late_event").inc()
+    LATE_EVENTS.labels("unit").inc()
+    STEP_SECONDS.labels("unit", "LBU").observe(0.01)
+    internal = {exposed_name(f) for f in INTERNAL.collect()}
+    assert internal == {
+        INTERNAL_PREFIX + "events_total",
+        INTERNAL_PREFIX + "events_rejected_total",
+        INTERNAL_PREFIX + "late_events_total",
+        INTERNAL_PREFIX + "step_seconds",
+    }
+    assert (
+        INTERNAL.get_sample_value(INTERNAL_PREFIX + "events_total", {"stream": "unit"}) or 0
+    ) >= 3
+    public = {exposed_name(f) for f in REGISTRY.collect() if f.name.startswith("privstream_")}
+    assert public == PUBLIC_METRICS and not public & internal
+
+
+def test_the_process_board_is_served_by_the_public_registry() -> None:
+    BOARD.set_run(insecure_seed=True, evaluation=True)
+    BOARD.update_population("unit", epsilon=1.0, window=4, window_spent=0.5, mechanisms=2)
+    try:
+        assert REGISTRY.get_sample_value("privstream_insecure_seed") == 1.0
+        assert REGISTRY.get_sample_value("privstream_evaluation") == 1.0
+        remaining = "privstream_population_window_budget_remaining"
+        assert REGISTRY.get_sample_value(remaining, {"stream": "unit"}) == 0.5
+    finally:
+        BOARD.clear()
+    assert REGISTRY.get_sample_value("privstream_insecure_seed") == 0.0
+    assert REGISTRY.get_sample_value("privstream_population_epsilon", {"stream": "unit"}) is None
