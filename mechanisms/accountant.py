@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from privstream.mechanisms.contract import LedgerEntry, PrivacyCost
 from privstream.mechanisms.errors import PrivacyBudgetExceeded
-from privstream.mechanisms.ledger import budget_limit
+from privstream.mechanisms.ledger import RELATIVE_TOLERANCE, budget_limit
 
 ClassKey = tuple[int, float]
 """A privacy class of the population: its window ``w_c`` and full budget ``ε_c``."""
@@ -83,12 +83,16 @@ class BudgetSplit:
         return cls(tuple(w / total for w in weights))
 
 
-def class_spend(entry: LedgerEntry, cost: PrivacyCost, share: float) -> dict[ClassKey, float]:
+def class_spend(
+    entry: LedgerEntry, cost: PrivacyCost, share: float, population_epsilon: float
+) -> dict[ClassKey, float]:
     """What one mechanism charged each population class over the window ending at the entry's
-    slot, keyed by the class's full (unshared) requirement."""
+    slot, keyed by the class's full (unshared) requirement: ``population_epsilon`` for the
+    families with one class, ``ε_c·s / s`` for the personalized classes (whose budgets the
+    mechanism scaled by its share ``s``)."""
     if entry.classes:
         return {(c.window, _full(c.epsilon, share)): c.window_spent for c in entry.classes}
-    key = (cost.window, _full(cost.epsilon, share))
+    key = (cost.window, population_epsilon)
     if cost.division == "budget":
         return {key: entry.window_spent}
     return {key: cost.epsilon if entry.window_users > 0 else 0.0}
@@ -98,6 +102,21 @@ def _full(epsilon: float, share: float) -> float:
     """The class's full budget from a mechanism's share of it (rounded to 12 significant
     digits, so ``(ε·s)/s`` of every mechanism names the same class)."""
     return float(f"{epsilon / share:.12g}")
+
+
+def check_shares(
+    costs: Sequence[tuple[str, PrivacyCost]], split: BudgetSplit, population_epsilon: float
+) -> None:
+    """Refuse mechanisms that were not built with their share ``s·ε`` of the population budget
+    (an evaluation gives each the full ε)."""
+    for (name, cost), share in zip(costs, split.shares, strict=True):
+        given = population_epsilon * share
+        if abs(cost.epsilon - given) > RELATIVE_TOLERANCE * given:
+            raise ValueError(
+                f"mechanism {name} runs with ε={cost.epsilon:g} but its share of the population "
+                f"budget ε={population_epsilon:g} is {share:g} (ε={given:g}); build it with "
+                "its share"
+            )
 
 
 @dataclass

@@ -39,10 +39,13 @@ class SecretError(ValueError):
 
 def secret_bits(text: str) -> float:
     """An upper bound on the entropy ``text`` can hold: its length times the bits per
-    character of the narrowest alphabet it is written in (hex 4, base64 6, printable ASCII
-    log2(95), anything else 8)."""
+    character of the narrowest alphabet it is written in (hex 4, one-case letters log2(26),
+    base64 6, printable ASCII log2(95), anything else 8). Words of a language hold far less
+    than their letters could: generate secrets with ``secrets``, never type them."""
     if _HEX.fullmatch(text):
         per_char = 4.0
+    elif text.isascii() and (text.islower() or text.isupper()) and text.isalpha():
+        per_char = math.log2(26)
     elif _BASE64.fullmatch(text):
         per_char = 6.0
     else:

@@ -71,4 +71,5 @@ def ldp_ids(
         secret=secret,
         slotting=slotting,
         split=split,
+        epsilon=config.epsilon,
     )

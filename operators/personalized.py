@@ -87,4 +87,5 @@ def personalized(
         slotting=slotting,
         trust=TrustedCurator(config.task, preferences),
         split=split,
+        epsilon=config.epsilon,
     )

@@ -46,7 +46,12 @@ from privstream.connectors.events import (
     DeadLetter,
     EventBatch,
 )
-from privstream.mechanisms.accountant import BudgetSplit, PopulationAccountant, class_spend
+from privstream.mechanisms.accountant import (
+    BudgetSplit,
+    PopulationAccountant,
+    check_shares,
+    class_spend,
+)
 from privstream.mechanisms.client import (
     MIN_EPSILON,
     ClientPath,
@@ -263,6 +268,8 @@ class _Plan:
     config: SlottingConfig
     trust: TrustMode
     split: BudgetSplit
+    epsilon: float
+    """The population's budget per window (before the split)."""
 
     def binding(self) -> dict[str, str]:
         """The noise key's fingerprint and every parameter a replay depends on."""
@@ -274,6 +281,7 @@ class _Plan:
             "slotting": f"lateness={cfg.lateness} missing={cfg.missing} "
             f"client_path={cfg.client_path} max_slot_gap={cfg.max_slot_gap}",
             "budget split": repr(self.split),
+            "population epsilon": repr(self.epsilon),
         }
         for name, mechanism in self.mechanisms.items():
             out[f"mechanism {name}"] = repr(mechanism.config)
@@ -694,7 +702,8 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
             entry = next((e for e in events if isinstance(e, LedgerEntry)), None)
             entry = entry or state.tallies[name].last_ledger
             if entry is not None:
-                spends.append(class_spend(entry, mechanism.privacy_cost, self.plan.shares[name]))
+                cost, share = mechanism.privacy_cost, self.plan.shares[name]
+                spends.append(class_spend(entry, cost, share, self.plan.epsilon))
         try:
             state.accountant.charge(slot, spends)
         except PrivacyBudgetExceeded as exc:
@@ -755,15 +764,17 @@ def slotted_mechanism(
     slotting: SlottingConfig | None = None,
     trust: TrustMode | None = None,
     split: BudgetSplit | None = None,
+    epsilon: float | None = None,
 ) -> MechanismOut:
     """Run ``mechanisms`` over every stream of ``up`` (keyed by stream name), slot by slot.
 
     The mechanisms share one slotting of the input (events are parsed, deduplicated and
     buffered once) and each keeps its own ledger; the population accountant composes their
     spend per stream and refuses an overspend before release (``mechanisms.accountant``).
-    ``split`` gives each mechanism's share of the population budget, in order (the
-    mechanisms must have been built with it; one mechanism needs none, several must say how
-    they split — or that they are an evaluation). A stream's state lives in one Bytewax state
+    ``split`` gives each mechanism's share of the population budget ``epsilon`` (default: the
+    first mechanism's ε over its share), in order; every mechanism must have been built with
+    its share (refused otherwise). One mechanism needs no split, several must say how they
+    split — or that they are an evaluation. A stream's state lives in one Bytewax state
     (recovered from snapshots, bound to the noise key's fingerprint and every privacy
     parameter); randomness derives from ``secret`` (a ``NoiseKey``; an int is an insecure seed
     and marks every output), the stream and the slot (design §6), so a replayed slot releases
@@ -781,6 +792,10 @@ def slotted_mechanism(
     if len(split.shares) != len(names):
         raise ValueError(f"step {step_id!r}: {len(split.shares)} budget shares for {names}")
     key = NoiseKey.coerce(secret)
+    costs = [(m.name, m.privacy_cost) for m in mechanisms]
+    if epsilon is None:
+        epsilon = costs[0][1].epsilon / split.shares[0]
+    check_shares(costs, split, epsilon)
     plan = _Plan(
         mechanisms={m.name: m for m in mechanisms},
         shares=dict(zip(names, split.shares, strict=True)),
@@ -790,6 +805,7 @@ def slotted_mechanism(
         config=cfg,
         trust=trust or LdpClients(task, cfg.client_path),
         split=split,
+        epsilon=epsilon,
     )
     BOARD.set_run(insecure_seed=key.insecure, evaluation=split.evaluation)
 

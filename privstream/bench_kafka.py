@@ -10,7 +10,9 @@ topic, then two readers take turns, ``repeats`` times each:
 * **flow** — the LDP-IDS flow (``flows.ldp_ids.build`` with ``KafkaIO(until_slot=slots)``) on one
   worker, timed from the runner's start until it returns. It stops once it has released slot
   ``slots``, which needs the last message of the topic (the end-of-slot marker of the last
-  slot), so it too has read every message.
+  slot), so it too has read every message. Its noise is keyed by a fresh random secret (the
+  production path; nothing of it is kept), and several mechanisms run side by side as an
+  evaluation (``compare``: the full ε each, every output marked ``evaluation``).
 
 The end is known by counting: the topic holds ``users × slots`` events plus one end-of-slot
 marker per slot (Tansu 0.6 reports wrong high watermarks, so neither reader looks at lag).
@@ -25,6 +27,7 @@ is far below its wall time waits for the broker; one whose CPU is close to it is
 
 from __future__ import annotations
 
+import secrets
 import statistics
 import sys
 import time
@@ -49,10 +52,12 @@ from privstream.connectors.kafka import (
 from privstream.connectors.producer import produce_synthetic, slot_messages
 from privstream.flows.io import KafkaIO, Source, resolve_source
 from privstream.flows.ldp_ids import build
+from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.ldp_ids import LdpIdsConfig, mechanism_names
 from privstream.mechanisms.ldp_ids import build as build_mechanism
+from privstream.mechanisms.seeding import NoiseKey
 from privstream.operators.metrics import BOARD, INTERNAL
-from privstream.operators.slotting import SlottingConfig, _SlottedLogic
+from privstream.operators.slotting import LdpClients, SlottingConfig, _Plan, _SlottedLogic
 
 TARGET: Final = 0.70
 """The flow should reach this fraction of the raw consumer's rate on one worker."""
@@ -61,6 +66,12 @@ READ_TIMEOUT: Final = 600.0
 """Seconds a reader may take before the benchmark gives up (a message went missing)."""
 
 RunFlow = Callable[[Any, int, str | None], None]
+
+
+def _noise_key() -> NoiseKey:
+    """A fresh random secret for every flow run: the benchmark measures the production noise
+    path, and its releases (of synthetic data) are never meant to be reproduced."""
+    return NoiseKey.from_text(secrets.token_hex(32), origin="the benchmark's random secret")
 
 
 def _log(msg: str) -> None:
@@ -154,6 +165,8 @@ def run_flow_once(
         seed=SEED,
         kafka=KafkaIO(settings, events_topic, releases_topic, until_slot=slots,
                       batch_size=batch_size),
+        secret=_noise_key(),
+        compare=len(mechanisms) > 1,
     )  # fmt: skip
     started, cpu = time.perf_counter(), time.thread_time()
     run_flow(flow, 1, None)  # one worker: Bytewax runs it on this thread
@@ -201,15 +214,19 @@ def stage_times(
     ``parse`` (``parse_raw_batch`` per poll) and ``slotting`` (the slotting operator's
     ``on_batch``: user directory, dedup, buffering, closing slots and the mechanism steps)."""
     config = LdpIdsConfig(1.0, 20, users, task=source.task)
-    logic = _SlottedLogic(
-        "bench",
-        [build_mechanism(name, config) for name in mechanisms],
-        source.task,
-        users,
-        SEED,
-        SlottingConfig(close_on_eof=False),
-        None,
+    slotting = SlottingConfig(close_on_eof=False)
+    split = BudgetSplit.parse(None, len(mechanisms), compare=len(mechanisms) > 1)
+    plan = _Plan(
+        mechanisms={name: build_mechanism(name, config) for name in mechanisms},
+        shares=dict.fromkeys(mechanisms, 1.0),
+        task=source.task,
+        population=users,
+        key=_noise_key(),
+        config=slotting,
+        trust=LdpClients(source.task, slotting.client_path),
+        split=split,
     )
+    logic = _SlottedLogic("bench", plan, None)
     parse = slotting = 0.0
     messages = events = 0
     for raw in _raw_batches(source, slots, batch_size, "bench"):

@@ -617,6 +617,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     from privstream.connectors.broker import BrokerError
     from privstream.connectors.kafka import TopicMissing
+    from privstream.mechanisms.errors import IncompatibleState
 
     commands = {
         "run": run_flow,
@@ -632,7 +633,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     try:
         return commands[args.command](args)
-    except (ValueError, FileNotFoundError, TopicMissing, BrokerError, ConnectionError) as exc:
+    except (
+        ValueError,
+        FileNotFoundError,
+        TopicMissing,
+        BrokerError,
+        ConnectionError,
+        IncompatibleState,
+    ) as exc:
         print(f"privstream: error: {exc}", file=sys.stderr)
         return 2
 

@@ -74,3 +74,12 @@ def test_the_raw_reader_uses_the_flow_sources_consumer_configuration(
     KafkaEventSource(settings, "events").build_part("kafka_in", "partition-0", None)
     assert seen == [consumer_config(settings)]
     assert seen[0]["fetch.wait.max.ms"] == "5"  # client properties win over the defaults
+
+
+def test_the_offline_stage_timing_runs_several_mechanisms() -> None:
+    from privstream.bench_kafka import stage_times
+    from privstream.flows.io import resolve_source
+
+    source = resolve_source("sin", 500, 4, 1)
+    stages = stage_times(source, 500, 4, ["LBU", "LPA"], 700)
+    assert (stages["messages"], stages["events"]) == (500 * 4 + 4, 500 * 4)

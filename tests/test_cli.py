@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 from pathlib import Path
 
 import pytest
@@ -19,11 +20,25 @@ def read(path: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def secret_file(tmp_path: Path) -> Path:
+    """A fresh 256-bit secret noise key, as the README says to make one."""
+    path = tmp_path / "noise.key"
+    path.write_text(secrets.token_hex(32) + "\n")
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _no_ambient_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PRIVSTREAM_SECRET", raising=False)
+
+
 def test_run_ldp_ids_writes_one_release_per_slot(tmp_path: Path) -> None:
     out = tmp_path / "releases.jsonl"
     argv = ["run", "ldp-ids", "--mechanism", "LPA", "--dataset", "sin", "--users", "5000", "--slots", "60",
             "--epsilon", "1", "--window", "20", "--seed", "1", "--out", str(out), "--no-progress"]  # fmt: skip
-    assert main(argv) == 0
+    reproducible = [*argv, "--insecure-seed", "7"]
+    assert main(reproducible) == 0
     releases = read(out)
     assert [r["slot"] for r in releases] == list(range(1, 61))
     for r in releases:
@@ -32,7 +47,15 @@ def test_run_ldp_ids_writes_one_release_per_slot(tmp_path: Path) -> None:
         assert r["epsilon"] == 1.0 and r["window"] == 20 and len(r["estimate"]) == 2  # type: ignore[arg-type]
         assert r["epsilon_m1"] == 1.0  # LPA's M1 users report with the full ε
         assert r["users_m1"] == 5000 // 2 // 20
-    assert main(argv) == 0 and read(out) == releases, "same seed, same releases"
+        assert r["insecure_seed"] is True and r["evaluation"] is False  # a public noise seed
+    assert main(reproducible) == 0 and read(out) == releases, "same seed, same releases"
+
+    # a run keyed by a secret is private output: unmarked, and not the public seed's noise
+    assert main([*argv, "--secret-file", str(secret_file(tmp_path))]) == 0
+    private = read(out)
+    assert [r["slot"] for r in private] == list(range(1, 61))
+    assert not any(r["insecure_seed"] for r in private)
+    assert [r["estimate"] for r in private] != [r["estimate"] for r in releases]
 
 
 @pytest.mark.parametrize("suffix", ["csv", "jsonl"])
@@ -47,24 +70,61 @@ def test_run_on_a_users_own_file(tmp_path: Path, suffix: str) -> None:
         )
     out, dead = tmp_path / "r.jsonl", tmp_path / "dead.jsonl"
     argv = ["run", "ldp-ids", "--mechanism", "LBU,LPU", "--dataset", f"file:{src}", "--users", "200",
-            "--domain", "3", "--window", "5", "--out", str(out), "--dead-letter-out", str(dead), "--no-progress"]  # fmt: skip
+            "--domain", "3", "--window", "5", "--out", str(out), "--dead-letter-out", str(dead), "--no-progress",
+            "--secret-file", str(secret_file(tmp_path)), "--budget-split", "equal"]  # fmt: skip
     assert main(argv) == 0
     releases = read(out)
     assert sorted((r["mechanism"], r["slot"]) for r in releases) == sorted(
         (m, t) for m in ("LBU", "LPU") for t in range(1, 11)
     )
     assert all(r["stream"] == "file" and len(r["estimate"]) == 3 for r in releases)  # type: ignore[arg-type]
+    assert {r["epsilon"] for r in releases} == {0.5}  # two mechanisms share ε = 1 equally
     assert dead.read_text() == ""
 
 
-def test_bad_arguments_are_rejected_clearly(capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_arguments_are_rejected_clearly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit):
         main(["run", "ldp-ids", "--epsilon", "-1"])
     assert "positive" in capsys.readouterr().err
     assert main(["run", "ldp-ids", "--mechanism", "XYZ", "--no-progress"]) == 2
     assert "unknown mechanism" in capsys.readouterr().err
-    assert main(["run", "ldp-ids", "--dataset", "file:/nonexistent.csv", "--no-progress"]) == 2
+    key = ["--secret-file", str(secret_file(tmp_path))]
+    assert main(["run", "ldp-ids", "--dataset", "file:/nonexistent.csv", "--no-progress", *key]) == 2
     assert "does not exist" in capsys.readouterr().err
+    # no secret noise key, a guessable one, or both a secret and a public seed: refused
+    out = str(tmp_path / "r.jsonl")
+    assert main(["run", "ldp-ids", "--slots", "3", "--out", out, "--no-progress"]) == 2
+    assert "without a secret noise key" in capsys.readouterr().err
+    weak = tmp_path / "weak.key"
+    weak.write_text("password123\n")
+    assert main(["run", "ldp-ids", "--out", out, "--no-progress", "--secret-file", str(weak)]) == 2
+    err = capsys.readouterr().err
+    assert "bits of entropy" in err and "password123" not in err
+    assert main(["run", "ldp-ids", "--out", out, "--no-progress", *key, "--insecure-seed", "1"]) == 2
+    assert "not both" in capsys.readouterr().err
+    # several mechanisms compose: they must split the budget or be an evaluation
+    several = ["run", "ldp-ids", "--mechanism", "LBU,LPA", "--out", out, "--no-progress", *key]
+    assert main(several) == 2
+    assert "--budget-split" in capsys.readouterr().err
+    assert main([*several, "--budget-split", "1,2,3"]) == 2
+    assert "2 positive finite weights" in capsys.readouterr().err
+    assert main([*several, "--budget-split", "equal", "--compare"]) == 2
+    assert "drop --budget-split" in capsys.readouterr().err
+    assert not Path(out).exists() or Path(out).read_text() == ""
+
+
+def test_compare_marks_every_output_as_an_evaluation(tmp_path: Path) -> None:
+    out, ledger = tmp_path / "r.jsonl", tmp_path / "l.jsonl"
+    argv = ["run", "ldp-ids", "--mechanism", "LBU,LPA", "--users", "2000", "--slots", "30",
+            "--out", str(out), "--ledger-out", str(ledger), "--no-progress", "--compare",
+            "--secret-file", str(secret_file(tmp_path))]  # fmt: skip
+    assert main(argv) == 0
+    releases, entries = read(out), read(ledger)
+    assert len(releases) == len(entries) == 2 * 30
+    assert all(r["evaluation"] is True and r["epsilon"] == 1.0 for r in releases)  # full ε each
+    assert all(e["evaluation"] is True and not e["insecure_seed"] for e in entries)
 
 
 def test_bench_ldp_ids_writes_the_documented_json(
@@ -100,17 +160,25 @@ def test_run_personalized_writes_releases_and_class_ledgers(tmp_path: Path) -> N
     out, ledger = tmp_path / "r.jsonl", tmp_path / "l.jsonl"
     argv = ["run", "personalized", "--mechanism", "PBD,BA", "--dataset", "log", "--users", "2000",
             "--slots", "150", "--epsilon", "0.6", "--window", "40", "--out", str(out),
-            "--ledger-out", str(ledger), "--no-progress"]  # fmt: skip
+            "--ledger-out", str(ledger), "--no-progress", "--budget-split", "equal",
+            "--secret-file", str(secret_file(tmp_path))]  # fmt: skip
     assert main(argv) == 0
     releases = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted((r["mechanism"], r["slot"]) for r in releases) == sorted(
         (m, t) for m in ("PBD", "BA") for t in range(1, 151)
     )
+    # central DP noise is exact discrete Laplace: the released counts are whole numbers
+    assert all(float(x).is_integer() for r in releases for x in r["estimate"])  # type: ignore[attr-defined]
     entry = json.loads(ledger.read_text().splitlines()[-1])
-    # spec §6.3: types draw ε_i from {0.6, ..., 1.0} and w_i from {40}, the grid values ≤ w
+    # spec §6.3: types draw ε_i from {0.6, ..., 1.0} and w_i from {40}, the grid values ≤ w;
+    # each of the two mechanisms charges a class its half of ε_i
     assert {c["window"] for c in entry["classes"]} == {40}
-    assert all(c["epsilon"] >= 0.6 for c in entry["classes"])
+    assert all(c["epsilon"] >= 0.6 / 2 for c in entry["classes"])
     assert sum(c["users"] for c in entry["classes"]) == 2000
+    # the population accountant: both mechanisms together stay within the full requirement
+    assert entry["population_epsilon"] >= 0.6
+    assert 0 < entry["population_window_spent"] <= entry["population_epsilon"] * (1 + 1e-9)
+    assert not entry["insecure_seed"] and not entry["evaluation"]
 
 
 def test_bench_personalized_writes_the_documented_json(

@@ -304,7 +304,11 @@ def test_lockstep_runs_do_not_depend_on_companions_or_share_state() -> None:
 
 
 def test_harness_releases_what_the_dataflow_releases(tmp_path: Path) -> None:
-    """Same dataset, seed and stream name: the engine-free harness and the Bytewax flow agree."""
+    """Same dataset, seed and stream name: the engine-free harness and the Bytewax flow agree.
+
+    The harness draws its noise from the public seed (an int ``SlotRandomness`` key) and runs
+    the mechanisms side by side with the full ε each, so the flow must be asked for exactly
+    that: ``insecure_seed`` and ``compare`` (and its outputs say both)."""
     from bytewax.testing import run_main
 
     from privstream.flows.ldp_ids import build
@@ -312,12 +316,14 @@ def test_harness_releases_what_the_dataflow_releases(tmp_path: Path) -> None:
     out = tmp_path / "releases.jsonl"
     names = ["LBA", "LPD"]
     flow = build(
-        dataset="sin", mechanisms=names, users=1_500, slots=25, window=5, seed=3, out=str(out)
-    )
+        dataset="sin", mechanisms=names, users=1_500, slots=25, window=5, seed=3, out=str(out),
+        insecure_seed=3, compare=True,
+    )  # fmt: skip
     run_main(flow)  # type: ignore[no-untyped-call]
     released: dict[str, dict[int, list[float]]] = {n: {} for n in names}
     for line in out.read_text().splitlines():
         r = json.loads(line)
+        assert r["insecure_seed"] is True and r["evaluation"] is True and r["epsilon"] == 1.0
         released[r["mechanism"]][r["slot"]] = r["estimate"]
     runs = ex.run_mechanisms(names, load_dataset("sin", 1_500, 25, 3), 1.0, 5, seed=3)
     for name in names:

@@ -60,6 +60,8 @@ def test_every_slot_of_every_stream_is_released_once(mechanism: str) -> None:
     ids = [json.loads(line)["release_id"] for line in out["releases"]]
     assert sorted(ids) == sorted(f"{s}/{mechanism}/{t}" for s in "ab" for t in range(1, T + 1))
     assert len(out["ledger"]) == 2 * T and out["dead_letters"] == []
+    # an int secret is a public seed: every output says it is not private
+    assert all(json.loads(line)["insecure_seed"] for line in out["releases"] + out["ledger"])
 
 
 def test_recovery_round_trip_is_byte_identical(tmp_path: Path) -> None:
@@ -191,25 +193,55 @@ def test_a_violated_invariant_halts_only_that_stream_before_release() -> None:
 
 
 def test_resuming_from_an_incompatible_snapshot_fails_loudly() -> None:
+    from privstream.mechanisms.accountant import BudgetSplit
     from privstream.mechanisms.errors import IncompatibleState
     from privstream.mechanisms.ldp_ids import build
-    from privstream.operators.slotting import StreamState, _SlottedLogic
+    from privstream.mechanisms.seeding import NoiseKey
+    from privstream.operators.slotting import LdpClients, StreamState, _Plan, _SlottedLogic
 
     config = LdpIdsConfig(1.0, W, N, task=FrequencyTask(2))
     mech = build("LPA", config)
 
-    def resume(state: StreamState) -> None:
-        _SlottedLogic("step", [mech], config.task, N, 1, SlottingConfig(), state)
+    def plan(key: NoiseKey, mechanism: Any = mech) -> _Plan:
+        return _Plan(
+            mechanisms={mechanism.name: mechanism},
+            shares={mechanism.name: 1.0},
+            task=config.task,
+            population=N,
+            key=key,
+            config=SlottingConfig(),
+            trust=LdpClients(config.task),
+            split=BudgetSplit.parse(None, 1),
+        )
 
-    resume(StreamState("a", {"LPA": mech.initial_state()}, np.full(N, np.nan)))  # compatible
+    key = NoiseKey.from_text("3f9a0c5e7b2d48e1a6c4f0b9d2e7a153")
+    bound = plan(key).binding()
+
+    def state(mechanisms: dict[str, Any], **kw: Any) -> StreamState:
+        return StreamState("a", mechanisms, np.full(N, np.nan), binding=dict(bound), **kw)
+
+    def resume(state: StreamState, key: NoiseKey = key, mechanism: Any = mech) -> None:
+        _SlottedLogic("step", plan(key, mechanism), state)
+
+    resume(state({"LPA": mech.initial_state()}))  # compatible
     with pytest.raises(IncompatibleState, match="version"):
-        resume(StreamState("a", {"LPA": mech.initial_state()}, np.full(N, np.nan), version=0))
+        resume(state({"LPA": mech.initial_state()}, version=0))
     with pytest.raises(IncompatibleState, match="LBD"):
-        resume(StreamState("a", {"LBD": build("LBD", config).initial_state()}, np.full(N, np.nan)))
+        resume(state({"LBD": build("LBD", config).initial_state()}))
     stale = mech.initial_state()
     stale.version = 99
     with pytest.raises(IncompatibleState, match="version"):
-        resume(StreamState("a", {"LPA": stale}, np.full(N, np.nan)))
+        resume(state({"LPA": stale}))
+    # the snapshot is bound to the noise key (by fingerprint, never the key) and the parameters
+    other_key = NoiseKey.from_text("c81d6e02f94b37a5e0d9b2c6a17f845e")
+    with pytest.raises(IncompatibleState, match="another secret") as refused:
+        resume(state({"LPA": mech.initial_state()}), key=other_key)
+    assert "3f9a0c5e7b2d48e1a6c4f0b9d2e7a153" not in str(refused.value)
+    with pytest.raises(IncompatibleState, match="another secret"):
+        resume(state({"LPA": mech.initial_state()}), key=NoiseKey.insecure_seed(1))
+    wider = build("LPA", LdpIdsConfig(2.0, W, N, task=FrequencyTask(2)))
+    with pytest.raises(IncompatibleState, match="epsilon=2.0"):
+        resume(state({"LPA": wider.initial_state()}), mechanism=wider)
 
 
 def test_a_halted_mechanism_does_not_stop_its_neighbours() -> None:
@@ -217,15 +249,19 @@ def test_a_halted_mechanism_does_not_stop_its_neighbours() -> None:
     from privstream.mechanisms.ldp_ids import build
     from privstream.operators.slotting import slotted_mechanism
 
-    config = LdpIdsConfig(1.0, W, N, task=FrequencyTask(2))
+    from privstream.mechanisms.accountant import BudgetSplit
+
+    # two mechanisms over one population split its budget (each runs with ε/2)
+    config = LdpIdsConfig(0.5, W, N, task=FrequencyTask(2))
     flow = Dataflow("halting_one")
     keyed = op.key_on(
         "by_stream", op.input("in", flow, TestingSource(two_streams(6))), lambda b: b.stream
     )
     mechanisms = [_BreaksAtSlot3(config), build("LPD", config)]
     out = slotted_mechanism(
-        "m", keyed, mechanisms=mechanisms, task=config.task, population=N, secret=1
-    )
+        "m", keyed, mechanisms=mechanisms, task=config.task, population=N, secret=1,
+        split=BudgetSplit.parse("equal", 2),
+    )  # fmt: skip
     releases: list[Release] = []
     dead: list[Any] = []
     op.output("r", out.releases, TestingSink(releases))
@@ -237,14 +273,34 @@ def test_a_halted_mechanism_does_not_stop_its_neighbours() -> None:
 
 
 def test_the_ready_flow_runs_under_bytewax_run_from_the_checkout(tmp_path: Path) -> None:
+    import os
+    import secrets
     import subprocess
     import sys
 
     out = tmp_path / "r.jsonl"
-    spec = f"privstream.flows.ldp_ids:build(dataset='log', mechanisms='LBA,LPD', users=3000, slots=30, out='{out}')"
+    spec = f"privstream.flows.ldp_ids:build(dataset='log', mechanisms='LBA,LPD', users=3000, slots=30, out='{out}', budget_split='equal')"
     checkout = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PRIVSTREAM_SECRET": secrets.token_hex(32)}
     subprocess.run(
-        [sys.executable, "-m", "bytewax.run", spec], cwd=checkout, check=True, timeout=120
+        [sys.executable, "-m", "bytewax.run", spec], cwd=checkout, check=True, timeout=120, env=env
     )
-    ids = sorted(json.loads(line)["release_id"] for line in out.read_text().splitlines())
+    releases = [json.loads(line) for line in out.read_text().splitlines()]
+    ids = sorted(r["release_id"] for r in releases)
     assert ids == sorted(f"log/{m}/{t}" for m in ("LBA", "LPD") for t in range(1, 31))
+    # the secret came from the environment, and the two mechanisms split ε = 1
+    assert all(r["epsilon"] == 0.5 and not r["insecure_seed"] for r in releases)
+    assert not any(r["evaluation"] for r in releases)
+
+
+def test_the_ready_flow_refuses_to_run_without_a_secret_or_a_split(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from privstream.flows.ldp_ids import build
+    from privstream.mechanisms.seeding import SecretError
+
+    monkeypatch.delenv("PRIVSTREAM_SECRET", raising=False)
+    with pytest.raises(SecretError, match="secret"):
+        build(dataset="log", mechanisms="LPA", users=100, slots=3)
+    with pytest.raises(ValueError, match="--budget-split"):
+        build(dataset="log", mechanisms="LBA,LPD", users=100, slots=3, insecure_seed=1)

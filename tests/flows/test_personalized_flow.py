@@ -1,5 +1,5 @@
 """The personalized family as Bytewax flows: every mechanism over keyed streams, recovery round
-trips, per-class ledger invariants, users' requirements from events and preferences tables."""
+trips, per-class ledger invariants, users' requirements fixed by the registration table."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from privstream.connectors.events import EventBatch, parse_json_lines
 from privstream.connectors.files import load_preferences
 from privstream.connectors.jsonl import to_json
 from privstream.flows.personalized import build
+from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.personalized import MECHANISMS, PersonalizedConfig
 from privstream.operators.personalized import personalized
 from privstream.operators.slotting import Preferences
@@ -114,7 +115,9 @@ def event(user: str, t: int, value: int, **req: Any) -> str:
     return json.dumps({"stream": "s", "user": user, "slot": t, "value": value, **req})
 
 
-def test_requirements_come_from_events_and_cannot_change(tmp_path: Path) -> None:
+def test_requirements_are_registered_before_the_data_and_cannot_change() -> None:
+    # the registration table fixes who is counted and with which requirement, before any data
+    table = {f"u{u}": (2.0, 4) if u < 20 else (1.0, 6) for u in range(60)}
     lines = []
     for t in range(1, 13):
         for u in range(60):
@@ -122,7 +125,9 @@ def test_requirements_come_from_events_and_cannot_change(tmp_path: Path) -> None
             lines.append(event(f"u{u}", t, (u + t) % 2, **stated))
         lines.append(json.dumps({"stream": "s", "end_of_slot": t}))
     lines.insert(200, event("u5", 4, 1, epsilon=0.5, window=4))  # u5 registered (2.0, 4)
-    lines.insert(300, event("u30", 6, 1, window=2))  # u30 registered with the default
+    lines.insert(300, event("u30", 6, 1, window=2))  # u30 registered (1.0, 6)
+    # an unregistered user stating a requirement does not register by sending data
+    lines.insert(400, event("u77", 7, 1, epsilon=2.0, window=4))
     flow = Dataflow("req")
     parsed = op.flat_map_batch(
         "parse", op.input("in", flow, TestingSource(lines, 50)), parse_json_lines
@@ -132,7 +137,7 @@ def test_requirements_come_from_events_and_cannot_change(tmp_path: Path) -> None
     )
     out = personalized(
         "p", keyed, mechanism="PBD", config=PersonalizedConfig(population=60, epsilon=1.0, window=6),
-        secret=3,
+        secret=3, preferences=Preferences(by_user=table),
     )  # fmt: skip
     ledger: list[Any] = []
     dead: list[Any] = []
@@ -142,22 +147,60 @@ def test_requirements_come_from_events_and_cannot_change(tmp_path: Path) -> None
     assert [(d.reason, json.loads(d.payload)["user"]) for d in dead] == [
         ("requirement_changed", "u5"),
         ("requirement_changed", "u30"),
+        ("unregistered_user", "u77"),
     ]
     classes = {(c.window, c.epsilon, c.users) for c in ledger[-1].classes}
     assert classes == {(4, 2.0, 20), (6, 1.0, 40)}
+    assert all(entry.insecure_seed for entry in ledger)  # secret=3 is a public seed
 
 
-def test_the_ready_flow_takes_a_preferences_table(tmp_path: Path) -> None:
+def test_who_is_counted_does_not_depend_on_who_sent_data() -> None:
+    # the same registration with and without the data of some users: the same classes are
+    # counted and charged (silent registered users are still members of their class)
+    table = {f"u{u}": (2.0, 4) if u < 10 else (1.0, 6) for u in range(30)}
+
+    def classes(senders: range) -> set[tuple[int, float, int]]:
+        lines = [
+            event(f"u{u}", t, (u + t) % 2) for t in range(1, 7) for u in senders
+        ] + [json.dumps({"stream": "s", "end_of_slot": 6})]
+        flow = Dataflow("who")
+        parsed = op.flat_map_batch(
+            "parse", op.input("in", flow, TestingSource(lines, 50)), parse_json_lines
+        )
+        keyed = op.key_on(
+            "k", op.filter("ok", parsed, lambda x: isinstance(x, EventBatch)), lambda b: b.stream
+        )
+        config = PersonalizedConfig(population=30, epsilon=1.0, window=6)
+        out = personalized(
+            "p", keyed, mechanism="PBD", config=config, secret=3,
+            preferences=Preferences(by_user=table),
+        )  # fmt: skip
+        ledger: list[Any] = []
+        op.output("l", out.ledger, TestingSink(ledger))
+        run_main(flow)
+        return {(c.window, c.epsilon, c.users) for c in ledger[-1].classes}
+
+    assert classes(range(30)) == classes(range(5, 25)) == {(4, 2.0, 10), (6, 1.0, 20)}
+
+
+def test_the_ready_flow_takes_a_registration_table(tmp_path: Path) -> None:
     table = tmp_path / "prefs.csv"
-    table.write_text("user,epsilon,window\nu1,3.0,5\nu2,3.0,5\n")
+    table.write_text(
+        "user,epsilon,window\nu1,3.0,5\nu2,3.0,5\n"
+        + "".join(f"u{u},1.0,6\n" for u in (0, *range(3, 10)))
+    )
     events = tmp_path / "events.jsonl"
     events.write_text(
-        "\n".join(event(f"u{u}", t, (u * t) % 2) for t in range(1, 9) for u in range(10)) + "\n"
+        "\n".join(event(f"u{u}", t, (u * t) % 2) for t in range(1, 9) for u in range(10))
+        + "\n"
+        + event("u10", 3, 1)  # not registered
+        + "\n"
     )
-    out, ledger = tmp_path / "r.jsonl", tmp_path / "l.jsonl"
+    out, ledger, dead = tmp_path / "r.jsonl", tmp_path / "l.jsonl", tmp_path / "d.jsonl"
     flow = build(
         dataset=f"file:{events}", mechanisms="PBA", users=10, epsilon=1.0, window=6,
-        stream="s", out=str(out), ledger_out=str(ledger), preferences=load_preferences(table),
+        stream="s", out=str(out), ledger_out=str(ledger), dead_letter_out=str(dead),
+        preferences=load_preferences(table), secret="8c1f4e6a92b3d5704ef1a2c9b68d3e57",
     )  # fmt: skip
     run_main(flow)
     last = json.loads(ledger.read_text().splitlines()[-1])
@@ -165,7 +208,21 @@ def test_the_ready_flow_takes_a_preferences_table(tmp_path: Path) -> None:
         (5, 3.0, 2),
         (6, 1.0, 8),
     }
-    assert len(out.read_text().splitlines()) == 8
+    releases = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(releases) == 8
+    assert not any(r["insecure_seed"] or r["evaluation"] for r in releases)
+    # central DP releases carry exact discrete Laplace noise: whole counts
+    assert all(float(x).is_integer() for r in releases for x in r["estimate"])
+    assert [json.loads(line)["reason"] for line in dead.read_text().splitlines()] == [
+        "unregistered_user"
+    ]
+
+
+def test_file_input_needs_a_registration_table(tmp_path: Path) -> None:
+    events = tmp_path / "events.jsonl"
+    events.write_text(event("u1", 1, 1) + "\n")
+    with pytest.raises(ValueError, match="registration table"):
+        build(dataset=f"file:{events}", mechanisms="PBA", users=10, insecure_seed=1)
 
 
 def test_preferences_tables_are_validated(tmp_path: Path) -> None:
@@ -189,12 +246,16 @@ def test_a_user_stricter_than_the_stream_halts_a_uniform_baseline_before_any_rel
     strict = Preferences(epsilons=np.full(N, 0.5), windows=np.full(N, W))
     keyed = op.key_on("k", op.input("in", flow, TestingSource(streams(5))), lambda b: b.stream)
     config = PersonalizedConfig(population=N, epsilon=EPS, window=W)
-    out = personalized("p", keyed, mechanism="BD,PBD", config=config, secret=1, preferences=strict)
+    out = personalized(
+        "p", keyed, mechanism="BD,PBD", config=config, secret=1, preferences=strict,
+        split=BudgetSplit.parse("equal", 2),
+    )  # fmt: skip
     releases: list[Any] = []
     op.output("r", out.releases, TestingSink(releases))
     run_main(flow)
     assert {r.mechanism for r in releases} == {"PBD"}  # BD refused at slot 1, PBD serves them
     assert len(releases) == 2 * 5
+    assert {r.epsilon for r in releases} == {EPS / 2}  # PBD runs with its share of the budget
 
 
 def test_class_gauges_are_exported() -> None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -65,6 +67,20 @@ class Topics:
 @pytest.fixture
 def topics(kafka: KafkaSettings) -> Topics:
     return Topics(kafka)
+
+
+def write_secret(path: Path) -> Path:
+    """A fresh 256-bit noise key in ``path`` (mode 600), made as the README says."""
+    path.write_text(secrets.token_hex(32) + "\n")
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture
+def secret_file(tmp_path: Path) -> Path:
+    """The test's secret noise key: every run of one test shares it (same noise, same
+    releases; a recovery store is bound to it)."""
+    return write_secret(tmp_path / "noise.key")
 
 
 def cli_env(**extra: str) -> dict[str, str]:

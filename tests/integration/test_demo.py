@@ -19,7 +19,13 @@ def test_demo_runs_the_main_job_over_kafka(tmp_path: Path) -> None:
     assert all(0 < r["mre"] < 5 for r in result["results"].values())
     releases = (out / "releases.jsonl").read_text().splitlines()
     assert len(releases) == 7 * 30  # one per release id, read back from the output topic
+    # seven mechanisms side by side with the full ε each: an evaluation, keyed by a fresh secret
+    for line in releases:
+        release = json.loads(line)
+        assert release["evaluation"] is True and release["insecure_seed"] is False
+        assert release["epsilon"] == 1.0
     metrics = (out / "metrics.txt").read_text()
+    assert "privstream_evaluation 1.0" in metrics and "privstream_insecure_seed 0.0" in metrics
     assert 'privstream_privacy_violations_total{mechanism="LPA",stream="sin"} 0.0' in metrics
     assert 'privstream_last_released_slot{mechanism="LBU",stream="sin"} 30.0' in metrics
     assert (out / "sin.png").stat().st_size > 10_000

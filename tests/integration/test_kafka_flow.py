@@ -4,6 +4,7 @@ bad input, SIGTERM and SIGKILL with recovery, step-id stability."""
 from __future__ import annotations
 
 import json
+import secrets
 import signal
 import subprocess
 from collections import Counter, defaultdict
@@ -22,7 +23,7 @@ from privstream.connectors.kafka import (
 )
 from privstream.flows.ldp_ids import KafkaIO, build
 
-from .conftest import PRIVSTREAM, Topics, cli_env, read_all, read_json, run_cli
+from .conftest import PRIVSTREAM, Topics, cli_env, read_all, read_json, run_cli, write_secret
 
 EPSILON, WINDOW = 1.0, 5
 
@@ -51,11 +52,15 @@ def good_events(users: int, slots: int) -> list[bytes]:
     return lines
 
 
-def run_flags(topics: Topics, kafka: KafkaSettings, users: int, slots: int, mech: str) -> list[str]:
+def run_flags(
+    topics: Topics, kafka: KafkaSettings, users: int, slots: int, mech: str, secret: Path
+) -> list[str]:
+    """A production run: keyed by ``secret``; several mechanisms split ε equally."""
+    split = ["--budget-split", "equal"] if "," in mech else []
     return [
         "run", "ldp-ids", "--mechanism", mech, "--users", str(users), "--epsilon", str(EPSILON),
         "--window", str(WINDOW), "--seed", "7", "--slots", str(slots), "--no-progress",
-        *topics.run_flags(kafka),
+        "--secret-file", str(secret), *split, *topics.run_flags(kafka),
     ]  # fmt: skip
 
 
@@ -71,22 +76,26 @@ def by_id(messages: list[Any]) -> dict[str, list[bytes]]:
 
 
 def test_kafka_flow_equals_the_file_flow_on_the_same_events(
-    kafka: KafkaSettings, topics: Topics, tmp_path: Path
+    kafka: KafkaSettings, topics: Topics, tmp_path: Path, secret_file: Path
 ) -> None:
     users, slots = 400, 12
     lines = good_events(users, slots)
     produce_lines(kafka, topics.events, lines)
-    done = run_cli(*run_flags(topics, kafka, users, slots, "LBU,LPA"))
+    done = run_cli(*run_flags(topics, kafka, users, slots, "LBU,LPA", secret_file))
     assert "slot 12 released" in done.stderr
 
     releases = read_json(kafka, topics.releases, 2 * slots)
     assert len(releases) == 2 * slots
     keys = by_id(wait_for_messages(kafka, topics.releases, lambda got: len(got) >= 2 * slots))
     assert sorted(keys) == sorted(f"sin/{m}/{t}" for m in ("LBU", "LPA") for t in range(1, 13))
+    assert all(r["epsilon"] == EPSILON / 2 and not r["insecure_seed"] for r in releases)
     ledger = read_json(kafka, topics.ledger, 2 * slots)
     assert {(e["mechanism"], e["slot"]) for e in ledger} == {
         (m, t) for m in ("LBU", "LPA") for t in range(1, 13)
     }
+    # the population accountant: both mechanisms together stay within ε
+    assert all(e["population_epsilon"] == EPSILON for e in ledger)
+    assert all(0 < e["population_window_spent"] <= EPSILON * (1 + 1e-9) for e in ledger)
 
     # The same events from a file through the file source give byte-identical releases.
     path = tmp_path / "events.jsonl"
@@ -95,16 +104,20 @@ def test_kafka_flow_equals_the_file_flow_on_the_same_events(
     run_cli(
         "run", "ldp-ids", "--mechanism", "LBU,LPA", "--users", str(users), "--epsilon", "1.0",
         "--window", str(WINDOW), "--seed", "7", "--dataset", f"file:{path}", "--stream", "sin",
-        "--out", str(out), "--no-progress",
+        "--out", str(out), "--no-progress", "--secret-file", str(secret_file),
+        "--budget-split", "equal",
     )  # fmt: skip
     from_file = sorted(out.read_bytes().splitlines())
     assert from_file == sorted(v for vs in keys.values() for v in vs)
 
 
-def test_a_missing_topic_is_an_error_not_created(kafka: KafkaSettings, topics: Topics) -> None:
+def test_a_missing_topic_is_an_error_not_created(
+    kafka: KafkaSettings, topics: Topics, secret_file: Path
+) -> None:
     done = subprocess.run(
         [*PRIVSTREAM, "run", "ldp-ids", "--users", "10", "--bootstrap", kafka.bootstrap,
-         "--input-topic", "no-such-topic", "--output-topic", topics.releases, "--slots", "1"],
+         "--input-topic", "no-such-topic", "--output-topic", topics.releases, "--slots", "1",
+         "--secret-file", str(secret_file)],
         capture_output=True, text=True, timeout=60, env=cli_env(),
     )  # fmt: skip
     assert done.returncode == 2
@@ -186,7 +199,7 @@ def with_bad(users: int, slots: int) -> tuple[list[bytes], list[tuple[bytes, str
 
 
 def test_bad_input_goes_to_the_dead_letter_topic_and_changes_no_release(
-    kafka: KafkaSettings, broker: Any
+    kafka: KafkaSettings, broker: Any, secret_file: Path
 ) -> None:
     users, slots = 60, 8
     clean, dirty = Topics(kafka), Topics(kafka)
@@ -194,8 +207,8 @@ def test_bad_input_goes_to_the_dead_letter_topic_and_changes_no_release(
     lines, expected = with_bad(users, slots)
     produce_lines(kafka, dirty.events, lines)
     limit = ["--max-event-bytes", str(MAX_BYTES)]
-    run_cli(*run_flags(clean, kafka, users, slots, "LBA,LPD"), *limit)
-    run_cli(*run_flags(dirty, kafka, users, slots, "LBA,LPD"), *limit)
+    run_cli(*run_flags(clean, kafka, users, slots, "LBA,LPD", secret_file), *limit)
+    run_cli(*run_flags(dirty, kafka, users, slots, "LBA,LPD", secret_file), *limit)
 
     want = by_id(wait_for_messages(kafka, clean.releases, lambda got: len(got) >= 2 * slots))
     got = by_id(wait_for_messages(kafka, dirty.releases, lambda got: len(got) >= 2 * slots))
@@ -242,22 +255,24 @@ def check_output(
     unique = {rid: payloads[0] for rid, payloads in releases.items()}
     for m in mechs:
         rows = [json.loads(unique[f"sin/{m}/{t}"]) for t in range(1, slots + 1)]
+        share = EPSILON / len(mechs)  # the mechanisms split ε equally
+        assert {r["epsilon"] for r in rows} == {share}
         for start in range(slots - WINDOW + 1):
             window = rows[start : start + WINDOW]
             if m.startswith("LB"):  # budget division: a user's spend over any w slots
-                assert sum(r["epsilon_m1"] + r["epsilon_m2"] for r in window) <= EPSILON + 1e-9
+                assert sum(r["epsilon_m1"] + r["epsilon_m2"] for r in window) <= share + 1e-9
             else:  # population division: distinct reporters over any w slots
                 assert sum(r["users_m1"] + r["users_m2"] for r in window) <= users
     return unique
 
 
 def test_sigterm_stops_cleanly_and_a_restart_continues(
-    kafka: KafkaSettings, topics: Topics, tmp_path: Path
+    kafka: KafkaSettings, topics: Topics, tmp_path: Path, secret_file: Path
 ) -> None:
     users, slots = 3000, 200
     run_cli("produce", "--bootstrap", kafka.bootstrap, "--topic", topics.events,
             "--users", str(users), "--slots", str(slots), "--no-progress")  # fmt: skip
-    flags = run_flags(topics, kafka, users, slots, "LBU,LPA")
+    flags = run_flags(topics, kafka, users, slots, "LBU,LPA", secret_file)
     unbounded = flags[: flags.index("--slots")] + flags[flags.index("--slots") + 2 :]
     proc = start_run(unbounded, tmp_path / "rec")
     before = wait_releases(kafka, topics.releases, 40, proc)
@@ -274,7 +289,7 @@ def test_sigterm_stops_cleanly_and_a_restart_continues(
 
 
 def test_sigkill_mid_run_then_restart_releases_every_slot_once_in_effect(
-    kafka: KafkaSettings, tmp_path: Path
+    kafka: KafkaSettings, tmp_path: Path, secret_file: Path
 ) -> None:
     users, slots, mechs = 5000, 240, ["LBU", "LPA"]
     crashed, reference = Topics(kafka), Topics(kafka)
@@ -282,20 +297,21 @@ def test_sigkill_mid_run_then_restart_releases_every_slot_once_in_effect(
         run_cli("produce", "--bootstrap", kafka.bootstrap, "--topic", t.events,
                 "--users", str(users), "--slots", str(slots), "--no-progress")  # fmt: skip
 
-    proc = start_run(run_flags(crashed, kafka, users, slots, ",".join(mechs)), tmp_path / "rec")
+    flags = run_flags(crashed, kafka, users, slots, ",".join(mechs), secret_file)
+    proc = start_run(flags, tmp_path / "rec")
     before = wait_releases(kafka, crashed.releases, 60, proc)
     proc.kill()  # SIGKILL: no snapshot, no flush, no goodbye
     proc.communicate(timeout=30)
     assert proc.returncode == -signal.SIGKILL
     assert before < len(mechs) * slots
 
-    again = start_run(run_flags(crashed, kafka, users, slots, ",".join(mechs)), tmp_path / "rec")
+    again = start_run(flags, tmp_path / "rec")
     _out, err = again.communicate(timeout=300)
     assert again.returncode == 0, err
     recovered = check_output(kafka, crashed.releases, users, slots, mechs)
 
     # Replays are byte-identical, so the crashed run equals an uninterrupted one.
-    run_cli(*run_flags(reference, kafka, users, slots, ",".join(mechs)))
+    run_cli(*run_flags(reference, kafka, users, slots, ",".join(mechs), secret_file))
     assert recovered == check_output(kafka, reference.releases, users, slots, mechs)
 
 
@@ -331,32 +347,63 @@ def persisted_step_ids(flow: Any) -> list[str]:
 def test_persisted_step_ids_are_stable(kind: str, expected: list[str], tmp_path: Path) -> None:
     """Renaming one of these orphans its state in existing recovery stores: change them only
     with a migration."""
+    key = secrets.token_hex(32)
     if kind == "synthetic":
-        flow = build(dataset="sin", users=1000, slots=2, out=str(tmp_path / "r"))
+        flow = build(dataset="sin", users=1000, slots=2, out=str(tmp_path / "r"), secret=key)
     elif kind == "file":
         path = tmp_path / "e.jsonl"
         path.write_text("")
         flow = build(dataset=f"file:{path}", users=1000, out=str(tmp_path / "r"),
-                     ledger_out=str(tmp_path / "l"), dead_letter_out=str(tmp_path / "d"))  # fmt: skip
+                     ledger_out=str(tmp_path / "l"), dead_letter_out=str(tmp_path / "d"),
+                     secret=key)  # fmt: skip
     else:
         io = KafkaIO(KafkaSettings(("127.0.0.1:1",)), "e", "r", "d", "l")
-        flow = build(dataset="sin", users=1000, kafka=io)
+        flow = build(dataset="sin", users=1000, kafka=io, secret=key)
     assert persisted_step_ids(flow) == [f"privstream_ldp_ids.{s}" for s in expected]
 
 
 def test_flow_rejects_a_recovery_store_of_another_topic(
-    kafka: KafkaSettings, topics: Topics, tmp_path: Path
+    kafka: KafkaSettings, topics: Topics, tmp_path: Path, secret_file: Path
 ) -> None:
     produce_lines(kafka, topics.events, good_events(20, 2))
-    run_cli(*run_flags(topics, kafka, 20, 2, "LBU"), "--recovery-dir", str(tmp_path / "rec"))
+    rec = ["--recovery-dir", str(tmp_path / "rec")]
+    run_cli(*run_flags(topics, kafka, 20, 2, "LBU", secret_file), *rec)
     other = Topics(kafka)
     produce_lines(kafka, other.events, good_events(20, 2))
     done = subprocess.run(
-        [*PRIVSTREAM, *run_flags(other, kafka, 20, 2, "LBU"), "--recovery-dir", str(tmp_path / "rec")],
+        [*PRIVSTREAM, *run_flags(other, kafka, 20, 2, "LBU", secret_file), *rec],
         capture_output=True, text=True, timeout=120, env=cli_env(),
     )  # fmt: skip
     assert done.returncode != 0
     assert "use a new recovery directory" in done.stderr
+
+
+def test_flow_rejects_a_recovery_store_of_another_secret_or_budget(
+    kafka: KafkaSettings, topics: Topics, tmp_path: Path, secret_file: Path
+) -> None:
+    """A store is bound to the noise key (by fingerprint) and the privacy parameters: resuming
+    it with another would release replayed slots with other noise or reset budgets."""
+    produce_lines(kafka, topics.events, good_events(20, 2))
+    produce_lines(kafka, topics.events, [event(u, 3, u % 2) for u in range(20)] + [marker(3)])
+    rec = ["--recovery-dir", str(tmp_path / "rec")]
+    run_cli(*run_flags(topics, kafka, 20, 2, "LBU", secret_file), *rec)
+    same = run_flags(topics, kafka, 20, 3, "LBU", secret_file)
+    other_key = write_secret(tmp_path / "other.key")
+    for changed, why in [
+        (run_flags(topics, kafka, 20, 3, "LBU", other_key), "another secret"),
+        ([*same, "--epsilon", "2"], "epsilon=2.0"),
+    ]:
+        done = subprocess.run(
+            [*PRIVSTREAM, *changed, *rec], capture_output=True, text=True, timeout=120,
+            env=cli_env(),
+        )  # fmt: skip
+        assert done.returncode != 0
+        assert "IncompatibleState" in done.stderr and why in done.stderr, done.stderr[-3000:]
+        assert "new recovery directory" in done.stderr
+        for key in (secret_file, other_key):
+            assert key.read_text().strip() not in done.stderr
+    # the same secret and configuration resume where the store left off
+    assert "slot 3 released" in run_cli(*same, *rec).stderr
 
 
 def test_broker_command_serves_until_sigterm() -> None:

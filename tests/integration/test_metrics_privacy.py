@@ -409,7 +409,7 @@ def test_metrics_of_a_kafka_flow_disclose_nothing_private(
     command = [
         *PRIVSTREAM, "run", "ldp-ids", "--dataset", "sin", "--mechanism", ",".join(MECHANISMS),
         "--users", str(USERS), "--window", str(WINDOW), "--epsilon", str(EPSILON),
-        "--recovery-dir", str(recovery), "--snapshot-interval", "0.5",
+        "--recovery-dir", str(recovery), "--snapshot-interval", "0.5", "--budget-split", "equal",
         "--internal-metrics-port", str(internal_port), *topics.run_flags(kafka),
     ]  # fmt: skip
     expected = {f"sin/{m}/{t}" for m in MECHANISMS for t in range(1, SLOTS + 1)}
@@ -439,6 +439,10 @@ def test_metrics_of_a_kafka_flow_disclose_nothing_private(
     families = text_string_to_metric_families(exposition)
     assert {exposed_name(f) for f in families if f.name.startswith(PREFIX)} == PUBLIC_METRICS
     assert sample_values(exposition, PREFIX + "insecure_seed") == {(): 0.0}  # a real secret
+    assert sample_values(exposition, PREFIX + "evaluation") == {(): 0.0}  # a split budget
+    assert sample_values(exposition, PREFIX + "population_epsilon") == {
+        (("stream", "sin"),): EPSILON
+    }
 
     synthetic = SyntheticStream("sin", USERS, SLOTS, seed=DATA_SEED)
     policy = Disclosure(

@@ -1,8 +1,9 @@
 """A real Prometheus scrapes a running Kafka flow; PromQL must agree with what the flow published
 (design §7, §9, §10 item 6).
 
-A synthetic Sin stream goes to Kafka, ``privstream run ldp-ids`` runs three mechanisms over it
-without ``--slots`` (so it keeps running like a production flow), and Prometheus scrapes its
+A synthetic Sin stream goes to Kafka, ``privstream run ldp-ids`` runs three mechanisms over it,
+splitting ε equally, without ``--slots`` (so it keeps running like a production flow), and
+Prometheus scrapes its
 ``/metrics`` every second, and its internal endpoint (``--internal-metrics-port``, loopback).
 Once every release is on the output topic, the privacy spend and the publication counters are
 checked through Prometheus's query API against the releases and ledger entries read back from
@@ -23,6 +24,7 @@ from .conftest import PRIVSTREAM, Topics, cli_env, run_cli
 from .prometheus import FlowProcess, PrometheusServer, read_keyed
 
 USERS, SLOTS, EPSILON, WINDOW = 5000, 60, 1.0, 20
+SHARE = EPSILON / 3  # each mechanism's ε under --budget-split equal
 DATA_SEED, NOISE_SECRET = 7, "prometheus-test-secret"
 MECHANISMS = ("LBU", "LPA", "LBA")
 STREAM = "sin"
@@ -62,7 +64,7 @@ def test_promql_matches_the_releases_and_the_spend_stays_within_epsilon(
         *PRIVSTREAM, "run", "ldp-ids", "--dataset", STREAM, "--mechanism", ",".join(MECHANISMS),
         "--users", str(USERS), "--epsilon", str(EPSILON), "--window", str(WINDOW),
         "--no-progress", "--internal-metrics-port", str(internal_port),
-        *topics.run_flags(kafka),
+        "--budget-split", "equal", *topics.run_flags(kafka),
     ]  # fmt: skip
     targets = [f"127.0.0.1:{metrics_port}", f"127.0.0.1:{internal_port}"]
     expected = {f"{STREAM}/{m}/{t}" for m in MECHANISMS for t in range(1, SLOTS + 1)}
@@ -93,10 +95,14 @@ def test_promql_matches_the_releases_and_the_spend_stays_within_epsilon(
 
         # The ledger's own account at every slot (Prometheus samples only every second).
         for entry in ledger.values():
+            assert entry["epsilon"] == SHARE, entry
             if entry["division"] == "budget":
-                assert 0 < entry["window_spent"] <= budget_limit(EPSILON), entry
+                assert 0 < entry["window_spent"] <= budget_limit(SHARE), entry
             else:
                 assert 0 <= entry["window_users"] <= USERS, entry
+            # composed over the three mechanisms, no user spent more than the population's ε
+            assert entry["population_epsilon"] == EPSILON, entry
+            assert 0 < entry["population_window_spent"] <= budget_limit(EPSILON), entry
 
         def counters(strategy: str) -> dict[str, float]:
             return prom.by_mechanism(COUNTERS[strategy] + JOB)
@@ -111,9 +117,10 @@ def test_promql_matches_the_releases_and_the_spend_stays_within_epsilon(
 
         prom.wait_until(final_state_scraped, f"slot {SLOTS} and the final counters", 30)
 
-        # Privacy spend: at every scraped instant, no user spent more than ε in any window.
+        # Privacy spend: at every scraped instant, no user spent more than a mechanism's share
+        # of ε in any window, nor more than ε over all of them.
         epsilon = prom.by_mechanism("privstream_epsilon" + JOB)
-        assert epsilon == dict.fromkeys(MECHANISMS, EPSILON)
+        assert epsilon == dict.fromkeys(MECHANISMS, SHARE)
         peak = prom.by_mechanism(f"max_over_time(privstream_window_budget_spent{JOB}[10m])")
         assert peak.keys() == set(MECHANISMS), peak
         for mechanism, spent in peak.items():
@@ -124,7 +131,26 @@ def test_promql_matches_the_releases_and_the_spend_stays_within_epsilon(
         )
         assert over == [], over
         remaining = prom.by_mechanism("min_over_time(privstream_window_budget_remaining[10m])")
-        assert all(0 <= r <= EPSILON for r in remaining.values()), remaining
+        assert all(0 <= r <= SHARE for r in remaining.values()), remaining
+        population = f'{{job="privstream",stream="{STREAM}"}}'
+        assert [s.value for s in prom.query("privstream_population_epsilon" + population)] == [
+            EPSILON
+        ]
+        assert [s.value for s in prom.query("privstream_population_mechanisms" + population)] == [
+            3.0
+        ]
+        composed = prom.query(
+            f"max_over_time(privstream_population_window_budget_spent{population}[10m])"
+        )
+        assert len(composed) == 1 and 0 < composed[0].value <= budget_limit(EPSILON), composed
+        over = prom.query(
+            f"max_over_time(privstream_population_window_budget_spent{population}[10m])"
+            f" > on(stream) privstream_population_epsilon{population}"
+        )
+        assert over == [], over
+        # a production run: a real secret, and a split budget rather than an evaluation
+        assert [s.value for s in prom.query("privstream_insecure_seed" + JOB)] == [0.0]
+        assert [s.value for s in prom.query("privstream_evaluation" + JOB)] == [0.0]
 
         # No refused charge, no halted mechanism, ever.
         violations = prom.by_mechanism("privstream_privacy_violations_total" + JOB)

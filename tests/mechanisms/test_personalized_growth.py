@@ -349,14 +349,17 @@ def test_bd_looks_back_over_its_own_window() -> None:
 # -- state ----------------------------------------------------------------------------------------
 
 
-def test_state_version_2_and_older_states_are_refused() -> None:
+@pytest.mark.parametrize("old", [1, 2])
+def test_state_version_3_refuses_older_states(old: int) -> None:
+    """Version 3: integer releases of the discrete sampler; a float-noise state of version 2
+    (or the version 1 layout) must not be continued."""
     mech = build("PBA", config(2))
     state = mech.initial_state()
-    assert state.version == STATE_VERSION == 2 and mech.state_version == 2
+    assert state.version == STATE_VERSION == 3 and mech.state_version == 3
     assert state.ledger is not None and state.ledger.classes == 0 and state.sizes.shape == (0,)
-    state.version = 1
+    state.version = old
     port = SimulatedCurator(np.zeros(2), mech.config.task, Requirements(population=2))
-    with pytest.raises(IncompatibleState, match="version=1"):
+    with pytest.raises(IncompatibleState, match=f"version={old}"):
         mech.step(state, Slot("g", 1, port, SlotRandomness(3, "g", 1)))
 
 

@@ -326,7 +326,9 @@ def exact_pbd(case: Case, result: Run, uniform: bool) -> Schedule:
                 for p, (w, eps) in zip(proposal, schedules, strict=True)
             )
         assert published <= (case.decisions[t] and present[t].any())
-        E2.append(proposal if published else [Fraction(0)] * len(schedules))
+        floor = Fraction(personalized.MIN_SLOT_EPSILON)  # a vanishing remainder is not spent
+        spent = [p if p >= floor else Fraction(0) for p in proposal]
+        E2.append(spent if published else [Fraction(0)] * len(schedules))
         strategies.append("publish" if published else "skip")
         for k, (w, _) in enumerate(schedules):
             window[k] += E2[t][k]

@@ -32,6 +32,8 @@ import pytest
 from randomgen import ChaCha
 
 from privstream.mechanisms.noise import discrete_laplace_mechanism, public_scale
+from privstream.mechanisms.seeding import NoiseKey
+from privstream.mechanisms.tasks import FrequencyTask
 
 GRID = 2**53  # u = k / 2**53
 HALF = 2**52  # u = 1/2
@@ -115,3 +117,42 @@ def test_discrete_laplace_releases_are_reachable_and_bounded(
             # from both neighbours, and the privacy loss is at most ε at this very release
             assert abs(log_ratio(v, count, neighbour, b)) <= Fraction(sensitivity) / b <= bound
     assert len(set(releases.tolist())) > 1
+
+
+def test_the_audits_mechanisms_release_only_integers() -> None:
+    """The audit's run (Uniform, BD, PBD, plus the other central mechanisms): every released
+    estimate is an integer vector and every ``dissimilarity·d`` an integer, i.e. post-processing
+    of integer counts plus integer noise whose support is all of ℤ, so each release is
+    reachable from both neighbouring counts (the pointwise ε bound is checked above)."""
+    import math as _math
+
+    from privstream.connectors.events import EventBatch
+    from privstream.mechanisms.accountant import BudgetSplit
+    from privstream.mechanisms.personalized import PersonalizedConfig
+    from privstream.operators.personalized import personalized
+    from privstream.operators.slotting import Preferences
+    from tests.attacks.helpers import run_operator
+
+    n, t_max, d = 500, 40, 4
+    rng = np.random.default_rng(6)
+    items = [
+        EventBatch("s", np.full(n, t), np.arange(n), rng.integers(0, d, n).astype(float), None, t)
+        for t in range(1, t_max + 1)
+    ]
+    names = ["Uniform", "BD", "PBD", "BA", "PBA", "PU", "Sample"]
+    config = PersonalizedConfig(population=n, epsilon=0.6, window=10, task=FrequencyTask(d))
+    kind = np.arange(n) % 2
+    prefs = Preferences(epsilons=np.array([0.6, 1.2])[kind], windows=np.array([10, 5])[kind])
+    out = run_operator(
+        items,
+        lambda keyed: personalized(
+            "p", keyed, mechanism=names, config=config, secret=NoiseKey.from_text("7f3a9c1e5b2d8f4a6c0e9b1d3f5a7c2e"),
+            preferences=prefs, split=BudgetSplit.parse("equal", len(names)),
+        ),
+    )  # fmt: skip
+    releases = out["releases"]
+    assert len(releases) == len(names) * t_max
+    for r in releases:
+        assert all(float(x).is_integer() for x in r["estimate"]), r
+        if r["dissimilarity"] is not None:
+            assert _math.isclose(r["dissimilarity"] * d, round(r["dissimilarity"] * d), abs_tol=1e-9)
