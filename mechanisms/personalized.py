@@ -237,12 +237,12 @@ def noisy_dissimilarity(
     divided by ``d`` afterwards, is the paper's ``Lap(Δ/(d·ε))`` on the mean made immune to
     floating-point attacks. A non-integer ``r_last`` is refused.
     """
-    d = r_last.shape[0]
+    d = int(r_last.shape[0])
     gap = np.abs(np.asarray(counts, dtype=np.float64) - r_last)
     total = float(gap.sum())
     if not np.all(gap == np.rint(gap)) or total >= 2.0**53:
         raise ValueError("the dissimilarity needs integer counts and an integer last release")
-    return (int(total) + int(discrete_noise(rng, epsilon, 1)[0])) / d
+    return float(int(total) + int(discrete_noise(rng, epsilon, 1)[0])) / d
 
 
 def dissimilarity_calculation(
@@ -552,7 +552,7 @@ class PersonalizedMechanism(Mechanism[PersonalizedConfig, PersonalizedState]):
         discrete Laplace mechanism on the integer histogram (ε-DP, immune to floating-point
         attacks; spec §2.1, §9.6)."""
         noise = discrete_noise(slot.randomness("pub/noise"), eps, self.config.task.d)
-        self.publish(state, slot, hist.total + noise)
+        self.publish(state, slot, (hist.total + noise).astype(np.float64))
 
     def _release(
         self, state: PersonalizedState, slot: Slot, hist: ClassHistogram, o: _Outcome

@@ -134,6 +134,8 @@ class StreamState:
     ``binding`` names what the state belongs to — the noise key's fingerprint (never the key)
     and every privacy parameter — so a resume with another secret or configuration is refused
     (design §6). ``accountant`` composes the mechanisms' spend over the stream's population.
+    ``newcomers`` holds, per open slot, the reports of named users who are not registered yet
+    (``ldp-simulated``): they register when the slot closes, in user-id order.
     """
 
     stream: str
@@ -152,6 +154,7 @@ class StreamState:
     watermarks: PartitionWatermarks | None = None
     binding: dict[str, str] = field(default_factory=dict)
     accountant: PopulationAccountant = field(default_factory=PopulationAccountant)
+    newcomers: dict[int, dict[str, tuple[float, str, bytes | None]]] = field(default_factory=dict)
 
     def registered(self) -> NDArray[np.bool_] | None:
         """Mask of registered users (None: all ``n``, as with dense user indices)."""
@@ -180,12 +183,12 @@ class Preferences:
         """Refuse requirements outside the limits at start (never naming a user)."""
         for k, (eps, win) in enumerate(self.by_user.values(), start=1):
             check_requirement(eps, win, f"registration entry {k}")
-        eps_set = self.epsilons[~np.isnan(self.epsilons)] if self.epsilons is not None else []
-        win_set = self.windows[self.windows != 0] if self.windows is not None else []
-        for eps in np.unique(eps_set).tolist():
-            check_requirement(eps, 1, "a registered requirement")
-        for win in np.unique(win_set).tolist():
-            check_requirement(MIN_EPSILON, win, "a registered requirement")
+        if self.epsilons is not None:
+            for eps in np.unique(self.epsilons[~np.isnan(self.epsilons)]).tolist():
+                check_requirement(eps, 1, "a registered requirement")
+        if self.windows is not None:
+            for win in np.unique(self.windows[self.windows != 0]).tolist():
+                check_requirement(MIN_EPSILON, win, "a registered requirement")
 
 
 class TrustMode:
@@ -485,7 +488,8 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
     def _user_index(
         self, state: StreamState, batch: EventBatch, ok: NDArray[np.bool_]
     ) -> tuple[NDArray[np.int64], str]:
-        """Dense user indices of the rows (−1 where unknown) and the batch's id kind."""
+        """Dense user indices of the rows (−1 where unknown: not registered yet) and the
+        batch's id kind."""
         if batch.users.dtype.kind in "iu":
             idx = batch.users.astype(np.int64)
             return np.where((idx >= 0) & (idx < self.n), idx, -1), "dense"
@@ -496,12 +500,6 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
         known = np.fromiter(
             map(directory.get, users, itertools.repeat(-1)), dtype=np.int64, count=len(users)
         )
-        if not self.trust.fixed_population:
-            for k in np.flatnonzero(known < 0).tolist():  # new users, first come first served
-                j = directory.get(users[k], -1)
-                if j < 0 and len(directory) < self.n:
-                    j = directory[users[k]] = len(directory)
-                known[k] = j
         if every:
             return known, "named"
         idx = np.full(len(batch), -1, dtype=np.int64)
@@ -532,15 +530,19 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
         if late is not None:
             code[late] = _CODE[LATE]
         idx, kind = self._user_index(state, batch, code == 0)
-        unknown = OUT_OF_DOMAIN if kind == "dense" else POPULATION_FULL
-        if kind == "named" and self.trust.fixed_population:
-            unknown = UNREGISTERED
-        code[(code == 0) & (idx < 0)] = _CODE[unknown]
+        held = np.zeros(size, dtype=bool)
+        if kind == "named" and not self.trust.fixed_population:
+            held = (code == 0) & (idx < 0)  # new users register when their slot closes
+            self._hold_newcomers(state, batch, np.flatnonzero(held), code)
+        unknown = UNREGISTERED if kind == "named" else OUT_OF_DOMAIN
+        code[(code == 0) & (idx < 0) & ~held] = _CODE[unknown]
         if self.trust.tracks_requirements:
             self._requirements(state, batch, idx, code)
-        ok = np.flatnonzero(code == 0)
+        ok = np.flatnonzero((code == 0) & ~held)
         ok_slots = slots[ok]
         lo, hi = (int(ok_slots.min()), int(ok_slots.max())) if ok.size else (0, -1)
+        if held.any():
+            hi = max(hi, int(slots[held & (code == 0)].max(initial=hi)))
         for slot in [lo] if lo == hi else np.unique(ok_slots).tolist():
             rows = ok if lo == hi else ok[ok_slots == slot]
             users = idx[rows]
@@ -591,6 +593,43 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
             for i, c in zip(rejected.tolist(), code[rejected].tolist(), strict=True)
         ]
 
+    def _hold_newcomers(
+        self, state: StreamState, batch: EventBatch, rows: NDArray[np.intp], code: NDArray[np.int8]
+    ) -> None:
+        """Keep the rows of users not registered yet until their slot closes (first report of a
+        user in a slot wins). Registering them then, in user-id order, makes every user's dense
+        index — and so which users a mechanism samples — independent of how the input
+        partitions interleave."""
+        for i in rows.tolist():
+            held = state.newcomers.setdefault(int(batch.slots[i]), {})
+            user = batch.users[i]
+            if user in held:
+                code[i] = _CODE[DUPLICATE]
+            else:
+                held[user] = (float(batch.values[i]), batch.row_text(i), batch.row_original(i))
+
+    def _admit_newcomers(self, state: StreamState, slot: int, out: list[Output]) -> None:
+        """Register the users first seen in ``slot``, in user-id order, and put their reports
+        in the slot; past the population ``n`` they are ``population_full`` dead letters."""
+        held = state.newcomers.pop(slot, None)
+        if not held:
+            return
+        directory = state.directory
+        target = state.open_slots.get(slot)
+        if target is None:
+            target = state.open_slots[slot] = np.full(self.n, np.nan)
+        for user in sorted(held):
+            value, text, original = held[user]
+            j = directory.get(user, -1)
+            if j < 0 and len(directory) >= self.n:
+                detail = f"registered population of {self.n} users is full"
+                letter = DeadLetter(POPULATION_FULL, state.stream, text, detail, original)
+                out.append(("dead_letter", letter))
+                continue
+            if j < 0:
+                j = directory[user] = len(directory)
+            target[j] = value  # held first: it wins over a later report of the same slot
+
     def _requirement_arrays(self, state: StreamState) -> None:
         if state.epsilons is None or state.windows is None:
             state.epsilons = np.full(self.n, np.nan)
@@ -621,9 +660,9 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
     def _close_through(self, state: StreamState, target: int, out: list[Output]) -> None:
         """Release every slot up to ``target`` that is not released yet, in order."""
         if state.last_closed is None:
-            if not state.open_slots:
+            if not state.open_slots and not state.newcomers:
                 return
-            start = min(state.open_slots)
+            start = min(state.open_slots.keys() | state.newcomers.keys())
         else:
             start = state.last_closed + 1
         for slot in range(start, target + 1):
@@ -638,6 +677,7 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
         mechanism that fails (a ledger refusal or any other error) halts alone, with its reason
         in the log and the ``halted`` metric, and the others go on.
         """
+        self._admit_newcomers(state, slot, out)
         values = self._slot_values(state, slot)
         state.last_closed = slot
         stepped: dict[str, tuple[Any, list[Release | LedgerEntry]]] = {}

@@ -214,7 +214,7 @@ def stage_times(
     ``parse`` (``parse_raw_batch`` per poll) and ``slotting`` (the slotting operator's
     ``on_batch``: user directory, dedup, buffering, closing slots and the mechanism steps)."""
     config = LdpIdsConfig(1.0, 20, users, task=source.task)
-    slotting = SlottingConfig(close_on_eof=False)
+    cfg = SlottingConfig(close_on_eof=False)
     split = BudgetSplit.parse(None, len(mechanisms), compare=len(mechanisms) > 1)
     plan = _Plan(
         mechanisms={name: build_mechanism(name, config) for name in mechanisms},
@@ -222,9 +222,10 @@ def stage_times(
         task=source.task,
         population=users,
         key=_noise_key(),
-        config=slotting,
-        trust=LdpClients(source.task, slotting.client_path),
+        config=cfg,
+        trust=LdpClients(source.task, cfg.client_path),
         split=split,
+        epsilon=config.epsilon,
     )
     logic = _SlottedLogic("bench", plan, None)
     parse = slotting = 0.0

@@ -305,6 +305,12 @@ def _parser() -> argparse.ArgumentParser:
     bpers.add_argument("--seeds", type=_positive_int, default=1, help="seeds 1..K (default 1)")
     bpers.add_argument("--json", help="write the results as JSON to this file")
     bpers.add_argument("--no-progress", action="store_true")
+    bnoise = bench_family.add_parser(
+        "noise", help="cost of the keyed AES-CTR stream and the exact discrete Laplace"
+    )
+    bnoise.add_argument("--users", type=_positive_int, default=1_000_000)
+    bnoise.add_argument("--repeats", type=_positive_int, default=5)
+    bnoise.add_argument("--json", help="write the results as JSON to this file")
     bkafka = bench_family.add_parser(
         "kafka", help="flow events/s against a plain confluent-kafka consumer, same messages"
     )
@@ -558,6 +564,15 @@ def bench_kafka(args: argparse.Namespace) -> int:
     return _report(result, args.json)
 
 
+def bench_noise(args: argparse.Namespace) -> int:
+    from privstream.bench_noise import bench_noise as run
+    from privstream.bench_noise import format_noise
+
+    result = run(users=args.users, repeats=args.repeats)
+    print(format_noise(result))
+    return _report(result, args.json)
+
+
 def bench_personalized(args: argparse.Namespace) -> int:
     from privstream import personalized_experiments as pe
     from privstream.mechanisms.personalized import mechanism_names
@@ -626,6 +641,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "produce": produce,
         "bench": {
             "kafka": bench_kafka,
+            "noise": bench_noise,
             "personalized": bench_personalized,
             "ldp-ids": bench_ldp_ids,
         }.get(getattr(args, "family", ""), bench_ldp_ids),

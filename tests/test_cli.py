@@ -91,7 +91,9 @@ def test_bad_arguments_are_rejected_clearly(
     assert main(["run", "ldp-ids", "--mechanism", "XYZ", "--no-progress"]) == 2
     assert "unknown mechanism" in capsys.readouterr().err
     key = ["--secret-file", str(secret_file(tmp_path))]
-    assert main(["run", "ldp-ids", "--dataset", "file:/nonexistent.csv", "--no-progress", *key]) == 2
+    assert (
+        main(["run", "ldp-ids", "--dataset", "file:/nonexistent.csv", "--no-progress", *key]) == 2
+    )
     assert "does not exist" in capsys.readouterr().err
     # no secret noise key, a guessable one, or both a secret and a public seed: refused
     out = str(tmp_path / "r.jsonl")
@@ -102,7 +104,9 @@ def test_bad_arguments_are_rejected_clearly(
     assert main(["run", "ldp-ids", "--out", out, "--no-progress", "--secret-file", str(weak)]) == 2
     err = capsys.readouterr().err
     assert "bits of entropy" in err and "password123" not in err
-    assert main(["run", "ldp-ids", "--out", out, "--no-progress", *key, "--insecure-seed", "1"]) == 2
+    assert (
+        main(["run", "ldp-ids", "--out", out, "--no-progress", *key, "--insecure-seed", "1"]) == 2
+    )
     assert "not both" in capsys.readouterr().err
     # several mechanisms compose: they must split the budget or be an evaluation
     several = ["run", "ldp-ids", "--mechanism", "LBU,LPA", "--out", out, "--no-progress", *key]

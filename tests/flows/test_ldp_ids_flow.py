@@ -212,6 +212,7 @@ def test_resuming_from_an_incompatible_snapshot_fails_loudly() -> None:
             config=SlottingConfig(),
             trust=LdpClients(config.task),
             split=BudgetSplit.parse(None, 1),
+            epsilon=mechanism.config.epsilon,
         )
 
     key = NoiseKey.from_text("3f9a0c5e7b2d48e1a6c4f0b9d2e7a153")
@@ -240,16 +241,15 @@ def test_resuming_from_an_incompatible_snapshot_fails_loudly() -> None:
     with pytest.raises(IncompatibleState, match="another secret"):
         resume(state({"LPA": mech.initial_state()}), key=NoiseKey.insecure_seed(1))
     wider = build("LPA", LdpIdsConfig(2.0, W, N, task=FrequencyTask(2)))
-    with pytest.raises(IncompatibleState, match="epsilon=2.0"):
+    with pytest.raises(IncompatibleState, match=r"epsilon=2\.0"):
         resume(state({"LPA": wider.initial_state()}), mechanism=wider)
 
 
 def test_a_halted_mechanism_does_not_stop_its_neighbours() -> None:
+    from privstream.mechanisms.accountant import BudgetSplit
     from privstream.mechanisms.contract import Release
     from privstream.mechanisms.ldp_ids import build
     from privstream.operators.slotting import slotted_mechanism
-
-    from privstream.mechanisms.accountant import BudgetSplit
 
     # two mechanisms over one population split its budget (each runs with ε/2)
     config = LdpIdsConfig(0.5, W, N, task=FrequencyTask(2))

@@ -160,9 +160,9 @@ def test_who_is_counted_does_not_depend_on_who_sent_data() -> None:
     table = {f"u{u}": (2.0, 4) if u < 10 else (1.0, 6) for u in range(30)}
 
     def classes(senders: range) -> set[tuple[int, float, int]]:
-        lines = [
-            event(f"u{u}", t, (u + t) % 2) for t in range(1, 7) for u in senders
-        ] + [json.dumps({"stream": "s", "end_of_slot": 6})]
+        lines = [event(f"u{u}", t, (u + t) % 2) for t in range(1, 7) for u in senders] + [
+            json.dumps({"stream": "s", "end_of_slot": 6})
+        ]
         flow = Dataflow("who")
         parsed = op.flat_map_batch(
             "parse", op.input("in", flow, TestingSource(lines, 50)), parse_json_lines

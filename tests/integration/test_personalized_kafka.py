@@ -35,7 +35,12 @@ def events() -> tuple[list[bytes], list[tuple[str, str]]]:
     lines: list[bytes] = []
     for t in range(1, SLOTS + 1):
         for u in range(USERS):
-            rec: dict[str, Any] = {"stream": "sin", "user": f"u{u}", "slot": t, "value": (u * t) % 2}
+            rec: dict[str, Any] = {
+                "stream": "sin",
+                "user": f"u{u}",
+                "slot": t,
+                "value": (u * t) % 2,
+            }
             if u % 3 == 0:
                 eps, win = requirement(u)
                 rec |= {"epsilon": eps, "window": win}
