@@ -33,6 +33,8 @@ def budget_limit(epsilon: float) -> float:
     relative, so sums of ``ε/w`` shares that round up are accepted at every scale of ε (an
     absolute slack refuses correct streams at ε ≈ 10³ and is loose at tiny ε)."""
     return epsilon * (1.0 + RELATIVE_TOLERANCE)
+
+
 NEVER = np.iinfo(np.int64).min // 2  # "last report slot" of a user who never reported
 
 

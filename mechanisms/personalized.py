@@ -47,8 +47,8 @@ import copy
 import functools
 import math
 from collections.abc import Sequence
-from fractions import Fraction
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any, ClassVar, Final, Literal
 
 import numpy as np

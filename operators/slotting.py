@@ -539,10 +539,40 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
         if self.trust.tracks_requirements:
             self._requirements(state, batch, idx, code)
         ok = np.flatnonzero((code == 0) & ~held)
-        ok_slots = slots[ok]
+        self._buffer(state, batch, idx, code, ok)
+        accepted = int((code == 0).sum())
+        if accepted:
+            hi = int(slots[code == 0].max())
+            EVENTS.labels(state.stream).inc(accepted)
+            state.id_kind = kind
+            state.max_seen = hi if state.max_seen is None else max(state.max_seen, hi)
+        rejected = np.flatnonzero(code)
+        if rejected.size == 0:
+            return []
+        details = self._details(state, batch, late is not None)
+        return [
+            DeadLetter(
+                _REASON[c],
+                batch.stream,
+                batch.row_text(i),
+                details[_REASON[c]],
+                batch.row_original(i),
+            )
+            for i, c in zip(rejected.tolist(), code[rejected].tolist(), strict=True)
+        ]
+
+    def _buffer(
+        self,
+        state: StreamState,
+        batch: EventBatch,
+        idx: NDArray[np.int64],
+        code: NDArray[np.int8],
+        ok: NDArray[np.intp],
+    ) -> None:
+        """Write the accepted rows ``ok`` into their open slots; a user's second report of a
+        slot (in the batch or since the slot opened) becomes a duplicate."""
+        ok_slots = batch.slots[ok]
         lo, hi = (int(ok_slots.min()), int(ok_slots.max())) if ok.size else (0, -1)
-        if held.any():
-            hi = max(hi, int(slots[held & (code == 0)].max(initial=hi)))
         for slot in [lo] if lo == hi else np.unique(ok_slots).tolist():
             rows = ok if lo == hi else ok[ok_slots == slot]
             users = idx[rows]
@@ -560,20 +590,18 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
                 code[rows[seen]] = _CODE[DUPLICATE]
                 rows, users = rows[~seen], users[~seen]
             target[users] = batch.values[rows]
-        accepted = int((code == 0).sum())
-        if accepted:
-            EVENTS.labels(state.stream).inc(accepted)
-            state.id_kind = kind
-            state.max_seen = hi if state.max_seen is None else max(state.max_seen, hi)
-        rejected = np.flatnonzero(code)
-        if rejected.size == 0:
-            return []
-        details = {
-            OUT_OF_DOMAIN: f"value or user outside the domain (d={self.task.d}, n={self.n})",
-            LATE: f"slot already released (last released slot {state.last_closed})"
-            if late is None
+
+    def _details(self, state: StreamState, batch: EventBatch, by_partition: bool) -> dict[str, str]:
+        """The dead-letter detail of each reason the slotting gives."""
+        late = (
+            f"slot already released (last released slot {state.last_closed})"
+            if not by_partition
             else f"slot already passed by its input partition {batch.partition} (by a later "
-            f"slot beyond the lateness of {self.cfg.lateness} or an end-of-slot marker)",
+            f"slot beyond the lateness of {self.cfg.lateness} or an end-of-slot marker)"
+        )
+        return {
+            OUT_OF_DOMAIN: f"value or user outside the domain (d={self.task.d}, n={self.n})",
+            LATE: late,
             FAR_FUTURE: f"slot more than {self.cfg.max_slot_gap} slots ahead of the stream",
             DUPLICATE: "user already reported in this slot (first report wins)",
             POPULATION_FULL: f"registered population of {self.n} users is full",
@@ -582,16 +610,6 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
             USER_ID_KIND: "user ids must be all strings or all dense indices within a stream",
             UNREGISTERED: "the user is not in the stream's registration table",
         }
-        return [
-            DeadLetter(
-                _REASON[c],
-                batch.stream,
-                batch.row_text(i),
-                details[_REASON[c]],
-                batch.row_original(i),
-            )
-            for i, c in zip(rejected.tolist(), code[rejected].tolist(), strict=True)
-        ]
 
     def _hold_newcomers(
         self, state: StreamState, batch: EventBatch, rows: NDArray[np.intp], code: NDArray[np.int8]

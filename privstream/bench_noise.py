@@ -19,6 +19,7 @@ import secrets
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -64,11 +65,11 @@ def central_noise(repeats: int) -> dict[str, Any]:
     """µs per draw of the discrete Laplace against float Laplace, at d = 2 and d = 10⁴."""
     out: dict[str, Any] = {}
     key = NoiseKey.from_text(secrets.token_hex(32))
+    scale = public_scale(1 / 0.005)  # Uniform at ε = 0.6, w = 120
     for d in (2, 10_000):
         rng = derive_rng(key, "s", d, "noise")
-        scale = public_scale(1 / 0.005)  # Uniform at ε = 0.6, w = 120
-        new = _median_seconds(lambda: discrete_laplace(rng, scale, d), repeats * 20)
-        old = _median_seconds(lambda: rng.laplace(0.0, 200.0, d), repeats * 20)
+        new = _median_seconds(partial(discrete_laplace, rng, scale, d), repeats * 20)
+        old = _median_seconds(partial(rng.laplace, 0.0, 200.0, d), repeats * 20)
         out[f"d={d}"] = {
             "discrete_us_per_draw": 1e6 * new / d,
             "float_us_per_draw": 1e6 * old / d,

@@ -28,7 +28,6 @@ import numpy as np
 
 from privstream import experiments
 from privstream.connectors.broker import EmbeddedBroker, free_port
-from privstream.connectors.secret import ENV_SECRET
 from privstream.connectors.kafka import (
     RELEASE_TOPIC_CONFIG,
     KafkaSettings,
@@ -37,6 +36,7 @@ from privstream.connectors.kafka import (
     wait_for_messages,
 )
 from privstream.connectors.producer import produce_synthetic
+from privstream.connectors.secret import ENV_SECRET
 from privstream.connectors.synthetic import SyntheticStream
 from privstream.flows.ldp_ids import KafkaIO, build
 from privstream.mechanisms.ldp_ids import MECHANISMS

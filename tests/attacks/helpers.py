@@ -28,7 +28,9 @@ def run_operator(
     keyed = op.key_on("by_stream", op.input("in", flow, TestingSource(items)), lambda b: b.stream)
     out = operator(keyed)
     sinks: dict[str, list[Any]] = {"releases": [], "ledger": [], "dead_letters": []}
-    op.output("releases_out", op.map("r_json", out.releases, to_json), TestingSink(sinks["releases"]))
+    op.output(
+        "releases_out", op.map("r_json", out.releases, to_json), TestingSink(sinks["releases"])
+    )
     op.output("ledger_out", op.map("l_json", out.ledger, to_json), TestingSink(sinks["ledger"]))
     op.output("dead_out", out.dead_letters, TestingSink(sinks["dead_letters"]))
     run_main(flow)

@@ -20,8 +20,8 @@ from prometheus_client import REGISTRY
 
 from privstream.connectors.events import EventBatch
 from privstream.mechanisms.accountant import BudgetSplit, PopulationAccountant
-from privstream.mechanisms.errors import PrivacyBudgetExceeded
 from privstream.mechanisms.contract import PrivacyCost
+from privstream.mechanisms.errors import PrivacyBudgetExceeded
 from privstream.mechanisms.ldp_ids import LBU, MECHANISMS, LdpIdsConfig, build
 from privstream.mechanisms.ledger import budget_limit
 from privstream.mechanisms.personalized import PersonalizedConfig
@@ -64,7 +64,8 @@ def composed(out: Outputs) -> dict[int, float]:
 def run_ldp(split: BudgetSplit) -> Outputs:
     config = LdpIdsConfig(epsilon=EPS, window=W, population=N)
     return run_operator(
-        batches(), lambda keyed: ldp_ids("l", keyed, mechanism=ALL, config=config, secret=3, split=split)
+        batches(),
+        lambda keyed: ldp_ids("l", keyed, mechanism=ALL, config=config, secret=3, split=split),
     )
 
 
@@ -98,7 +99,8 @@ def test_weights_divide_the_budget() -> None:
     assert split.shares == (0.75, 0.25)
     config = LdpIdsConfig(epsilon=EPS, window=W, population=N)
     out = run_operator(
-        batches(), lambda k: ldp_ids("l", k, mechanism=["LBU", "LPA"], config=config, secret=3, split=split)
+        batches(),
+        lambda k: ldp_ids("l", k, mechanism=["LBU", "LPA"], config=config, secret=3, split=split),
     )
     eps = {r["mechanism"]: r["epsilon"] for r in out["releases"]}
     assert eps == {"LBU": pytest.approx(0.75), "LPA": pytest.approx(0.25)}
@@ -164,7 +166,10 @@ def test_several_mechanisms_must_say_how_they_share() -> None:
         BudgetSplit.parse("equal", 2, compare=True)
     config = LdpIdsConfig(epsilon=EPS, window=W, population=N)
     with pytest.raises(ValueError, match="compose"):
-        run_operator(batches(t_max=1), lambda k: ldp_ids("l", k, mechanism=["LBU", "LPA"], config=config, secret=3))
+        run_operator(
+            batches(t_max=1),
+            lambda k: ldp_ids("l", k, mechanism=["LBU", "LPA"], config=config, secret=3),
+        )
 
 
 def test_personalized_classes_compose_per_class() -> None:

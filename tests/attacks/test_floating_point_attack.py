@@ -155,4 +155,6 @@ def test_the_audits_mechanisms_release_only_integers() -> None:
     for r in releases:
         assert all(float(x).is_integer() for x in r["estimate"]), r
         if r["dissimilarity"] is not None:
-            assert _math.isclose(r["dissimilarity"] * d, round(r["dissimilarity"] * d), abs_tol=1e-9)
+            assert _math.isclose(
+                r["dissimilarity"] * d, round(r["dissimilarity"] * d), abs_tol=1e-9
+            )

@@ -67,7 +67,12 @@ def test_an_unexpected_error_halts_one_mechanism_on_one_stream(
         )  # fmt: skip
     got = {(r["stream"], r["mechanism"]) for r in out["releases"]}
     counts = {k: sum(1 for r in out["releases"] if (r["stream"], r["mechanism"]) == k) for k in got}
-    assert counts == {("a", "LBU_crash"): 3, ("a", "LPA"): T, ("b", "LBU_crash"): T, ("b", "LPA"): T}
+    assert counts == {
+        ("a", "LBU_crash"): 3,
+        ("a", "LPA"): T,
+        ("b", "LBU_crash"): T,
+        ("b", "LPA"): T,
+    }
     assert "ArithmeticError: scale overflow" in caplog.text and "halted" in caplog.text
     labels = {"stream": "a", "mechanism": "LBU_crash"}
     assert REGISTRY.get_sample_value("privstream_halted", labels) == 1.0

@@ -156,7 +156,9 @@ def test_the_noise_stream_is_keyed_aes_ctr_not_pcg64() -> None:
     rng = derive_rng(key, "s", 1, "p")
     assert isinstance(rng.bit_generator, AESCounter)
     # Equal tuples replay bit-identically; a different key or slot gives another stream.
-    assert np.array_equal(rng.integers(0, 2**62, 8), derive_rng(key, "s", 1, "p").integers(0, 2**62, 8))
+    assert np.array_equal(
+        rng.integers(0, 2**62, 8), derive_rng(key, "s", 1, "p").integers(0, 2**62, 8)
+    )
     other = NoiseKey.from_text(secrets.token_hex(32))
     assert not np.array_equal(
         derive_rng(key, "s", 1, "p").integers(0, 2**62, 8),

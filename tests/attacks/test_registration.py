@@ -35,12 +35,16 @@ def table() -> dict[str, tuple[float, int]]:
     return {u: ((1.0, 6) if i % 3 else (2.0, 3)) for i, u in enumerate(USERS)}
 
 
-def events(first_of_x: int, extra: list[str] = ()) -> list[EventBatch]:  # type: ignore[assignment]
+def events(
+    first_of_x: int,
+    extra: list[str] = (),  # type: ignore[assignment]
+    t_max: int = T,
+) -> list[EventBatch]:
     """Every registered user reports every slot, except ``u7`` whose first event is at
     ``first_of_x``; ``extra`` users (not registered) report too."""
     rng = np.random.default_rng(2)
     out = []
-    for t in range(1, T + 1):
+    for t in range(1, t_max + 1):
         registered = (rng.random(N) < 0.5).astype(float)
         keep = [i for i, u in enumerate(USERS) if u != "u7" or t >= first_of_x]
         users = [USERS[i] for i in keep] + list(extra)
@@ -124,3 +128,29 @@ def test_events_cannot_change_a_registered_requirement() -> None:
     assert len(out["dead_letters"]) == stating.sum()
     assert {d.reason for d in out["dead_letters"]} == {"requirement_changed"}
     assert len(out["releases"]) == T
+
+
+def public_metric_samples(names: tuple[str, ...]) -> dict[tuple[str, tuple[Any, ...]], float]:
+    from prometheus_client import REGISTRY
+
+    out = {}
+    for family in REGISTRY.collect():
+        for sample in family.samples:
+            if sample.name in names and sample.labels.get("stream") == "s":
+                out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def test_neighbouring_first_events_export_the_same_population_metrics() -> None:
+    """The public metrics of a cdp stream that do not follow from noisy decisions — class
+    sizes, users available or used, population, budgets — are the same for neighbours."""
+    names = (
+        "privstream_class_users", "privstream_users_available", "privstream_window_users_used",
+        "privstream_population", "privstream_epsilon", "privstream_window",
+        "privstream_population_epsilon",
+    )  # fmt: skip
+    run(events(15, t_max=15))  # scraped right after slot 15: X sent data or not yet
+    at15 = public_metric_samples(names)
+    run(events(16, t_max=15))
+    at16 = public_metric_samples(names)
+    assert at15 == at16 and len(at15) > 5 * len(MECHANISMS)
