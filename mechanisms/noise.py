@@ -25,7 +25,7 @@ note for their samplers); the released values depend on nothing but the drawn in
 ``Bernoulli(exp(−1))`` the draws of ``Bernoulli(1/k)`` for ``k = 2…5`` are the mixed-radix digits
 of one uniform integer in ``[0, 5!)`` (independent and uniform, so the distribution is unchanged).
 
-Callers pass a ``numpy.random.Generator`` (in production a keyed ChaCha bit generator, design
+Callers pass a ``numpy.random.Generator`` (in production the keyed AES-CTR generator, design
 §6), so a replayed slot draws identical noise; nothing here seeds or keeps a generator. The same
 generator state gives identical draws; draws for different ``size`` need not share a prefix.
 

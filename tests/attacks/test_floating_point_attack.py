@@ -29,10 +29,9 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from randomgen import ChaCha
 
 from privstream.mechanisms.noise import discrete_laplace_mechanism, public_scale
-from privstream.mechanisms.seeding import NoiseKey
+from privstream.mechanisms.seeding import NoiseKey, derive_rng
 from privstream.mechanisms.tasks import FrequencyTask
 
 GRID = 2**53  # u = k / 2**53
@@ -106,7 +105,7 @@ def log_ratio(v: int, count: int, neighbour: int, b: Fraction) -> Fraction:
 def test_discrete_laplace_releases_are_reachable_and_bounded(
     epsilon: float, sensitivity: int, count: int
 ) -> None:
-    rng = np.random.Generator(ChaCha(key=0xA7_7AC4, rounds=20))
+    rng = derive_rng(b"attack-test-key", "s", count, "pub/noise")
     releases = discrete_laplace_mechanism(np.full(RELEASES, count), sensitivity, epsilon, rng)
     assert releases.dtype == np.int64
     b = public_scale(Fraction(sensitivity) / Fraction(epsilon))

@@ -31,7 +31,6 @@ from typing import Any, cast
 import numpy as np
 import opendp.prelude as dp
 import pytest
-from randomgen import ChaCha
 from scipy import stats
 
 import privstream.mechanisms.noise as noise_module
@@ -48,6 +47,7 @@ from privstream.mechanisms.noise import (
     laplace_variance,
     public_scale,
 )
+from privstream.mechanisms.seeding import derive_rng
 
 Z = 4.0
 N = 200_000
@@ -59,8 +59,9 @@ KEY = 0x5EED_0F_C0FFEE_2020_CA17_0BAD_F00D
 NDArray = np.ndarray[Any, Any]
 
 
-def chacha(key: int = KEY) -> np.random.Generator:
-    return np.random.Generator(ChaCha(key=key, rounds=20))
+def keyed_rng(key: int = KEY) -> np.random.Generator:
+    """The production stream: keyed AES-CTR (``derive_rng``), here with a fixed test key."""
+    return derive_rng(key.to_bytes(16, "little"), "noise-tests", 0, "draws")
 
 
 def dlap_pmf(b: float) -> Callable[[NDArray], NDArray]:
@@ -260,7 +261,7 @@ def binomial_ok(hits: int, n: int, p: float) -> bool:
 
 @pytest.mark.parametrize(("num", "den"), [(0, 1), (3, 10), (1, 1), (27, 10), (0, 7)])
 def test_bernoulli_exp_probability(num: int, den: int) -> None:
-    draws = bernoulli_exp(chacha(num * 100 + den), np.full(N, num, dtype=np.int64), den)
+    draws = bernoulli_exp(keyed_rng(num * 100 + den), np.full(N, num, dtype=np.int64), den)
     assert draws.dtype == np.bool_ and draws.shape == (N,)
     p = math.exp(-num / den)
     if num == 0:
@@ -272,7 +273,7 @@ def test_bernoulli_exp_probability(num: int, den: int) -> None:
 def test_bernoulli_exp_mixed_gammas_in_one_call() -> None:
     gammas = [Fraction(0), Fraction(1, 3), Fraction(1), Fraction(5, 3), Fraction(13, 3)]
     num = np.repeat([int(g * 3) for g in gammas], N // 5).astype(np.int64)
-    draws = bernoulli_exp(chacha(11), num.reshape(len(gammas), N // 5), 3)
+    draws = bernoulli_exp(keyed_rng(11), num.reshape(len(gammas), N // 5), 3)
     assert draws.shape == (len(gammas), N // 5)
     for g, row in zip(gammas, draws, strict=True):
         p = math.exp(-float(g))
@@ -291,7 +292,7 @@ def test_bernoulli_exp_mixed_gammas_in_one_call() -> None:
     ],
 )
 def test_bernoulli_exp_huge_denominators(num: int, den: int) -> None:
-    draws = bernoulli_exp(chacha(num % 1000), np.full(N, num, dtype=np.int64), den)
+    draws = bernoulli_exp(keyed_rng(num % 1000), np.full(N, num, dtype=np.int64), den)
     assert binomial_ok(int(draws.sum()), N, math.exp(-num / den))
 
 
@@ -301,7 +302,7 @@ def test_bernoulli_exp_huge_denominators(num: int, den: int) -> None:
 )
 def test_bernoulli_exp_rejects(num: Any, den: Any) -> None:
     with pytest.raises(ValueError, match="gamma"):
-        bernoulli_exp(chacha(), num, den)
+        bernoulli_exp(keyed_rng(), num, den)
 
 
 # --- discrete Laplace --------------------------------------------------------------------------
@@ -311,7 +312,7 @@ DLAP_SCALES = [Fraction(5, 3), public_scale(1 / 0.6), Fraction(7, 2), Fraction(2
 
 @pytest.mark.parametrize("scale", DLAP_SCALES, ids=str)
 def test_discrete_laplace_matches_the_exact_pmf(scale: Fraction) -> None:
-    x = discrete_laplace(chacha(scale.numerator), scale, N)
+    x = discrete_laplace(keyed_rng(scale.numerator), scale, N)
     assert x.dtype == np.int64 and x.shape == (N,)
     assert chi2_gof(x, dlap_pmf(float(scale))) > P_MIN
 
@@ -321,7 +322,7 @@ def test_discrete_laplace_moments(scale: Fraction) -> None:
     b = float(scale)
     var, fourth = moments(dlap_pmf(b), math.ceil(80 * b))
     assert var == pytest.approx(discrete_laplace_variance(scale), rel=1e-9)
-    assert_moments(discrete_laplace(chacha(3 + scale.numerator), scale, N), var, fourth)
+    assert_moments(discrete_laplace(keyed_rng(3 + scale.numerator), scale, N), var, fourth)
 
 
 def test_discrete_laplace_variance_formula() -> None:
@@ -341,21 +342,21 @@ def test_discrete_laplace_variance_formula() -> None:
 )
 def test_discrete_laplace_rejects_bad_scale(scale: Any) -> None:
     with pytest.raises(ValueError, match="scale"):
-        discrete_laplace(chacha(), scale, 3)
+        discrete_laplace(keyed_rng(), scale, 3)
 
 
 @pytest.mark.parametrize("size", [-1, 2.0, True])
 def test_samplers_reject_bad_size(size: Any) -> None:
     with pytest.raises(ValueError, match="size"):
-        discrete_laplace(chacha(), Fraction(2), size)
+        discrete_laplace(keyed_rng(), Fraction(2), size)
     with pytest.raises(ValueError, match="size"):
-        discrete_gaussian(chacha(), Fraction(2), size)
+        discrete_gaussian(keyed_rng(), Fraction(2), size)
 
 
 def test_size_zero_draws_nothing() -> None:
-    assert discrete_laplace(chacha(), Fraction(2), 0).shape == (0,)
-    assert discrete_gaussian(chacha(), Fraction(2), 0).shape == (0,)
-    assert bernoulli_exp(chacha(), np.zeros(0, dtype=np.int64), 3).shape == (0,)
+    assert discrete_laplace(keyed_rng(), Fraction(2), 0).shape == (0,)
+    assert discrete_gaussian(keyed_rng(), Fraction(2), 0).shape == (0,)
+    assert bernoulli_exp(keyed_rng(), np.zeros(0, dtype=np.int64), 3).shape == (0,)
 
 
 # --- the mechanism -----------------------------------------------------------------------------
@@ -363,23 +364,23 @@ def test_size_zero_draws_nothing() -> None:
 
 def test_mechanism_releases_integer_counts_with_the_rounded_up_scale() -> None:
     counts = np.arange(12, dtype=np.int64).reshape(3, 4) * 1000
-    out = discrete_laplace_mechanism(counts, 3, 0.7, chacha(5))
+    out = discrete_laplace_mechanism(counts, 3, 0.7, keyed_rng(5))
     assert out.dtype == np.int64 and out.shape == (3, 4)
     # the same draws as DLap(b) with b = ⌈(3/0.7)·2²⁰⌉/2²⁰ computed exactly, in row-major order
     b = public_scale(Fraction(3) / Fraction(0.7))
     assert b >= Fraction(3) / Fraction(0.7)
-    expected_noise = discrete_laplace(chacha(5), b, 12).reshape(3, 4)
+    expected_noise = discrete_laplace(keyed_rng(5), b, 12).reshape(3, 4)
     assert np.array_equal(out - counts, expected_noise)
     assert np.array_equal(
-        discrete_laplace_mechanism(counts.astype(np.float64), 3, 0.7, chacha(5)), out
+        discrete_laplace_mechanism(counts.astype(np.float64), 3, 0.7, keyed_rng(5)), out
     )
-    assert np.array_equal(discrete_laplace_mechanism(counts.tolist(), 3, 0.7, chacha(5)), out)
+    assert np.array_equal(discrete_laplace_mechanism(counts.tolist(), 3, 0.7, keyed_rng(5)), out)
 
 
 def test_mechanism_noise_is_independent_across_coordinates() -> None:
     n, d = 40_000, 6
     counts = np.tile(np.arange(d) * 7, (n, 1))
-    noise = (discrete_laplace_mechanism(counts, 1, 0.5, chacha(6)) - counts).astype(np.float64)
+    noise = (discrete_laplace_mechanism(counts, 1, 0.5, keyed_rng(6)) - counts).astype(np.float64)
     b = float(public_scale(2.0))
     var, fourth = moments(dlap_pmf(b), 200)
     for column in noise.T:
@@ -393,7 +394,7 @@ def test_mechanism_noise_is_independent_across_coordinates() -> None:
 )
 def test_mechanism_rejects_non_integer_counts(counts: Any) -> None:
     with pytest.raises(ValueError, match="counts"):
-        discrete_laplace_mechanism(counts, 1, 1.0, chacha())
+        discrete_laplace_mechanism(counts, 1, 1.0, keyed_rng())
 
 
 @pytest.mark.parametrize(
@@ -410,7 +411,7 @@ def test_mechanism_rejects_non_integer_counts(counts: Any) -> None:
 )
 def test_mechanism_rejects_bad_parameters(sensitivity: Any, epsilon: float, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        discrete_laplace_mechanism([1, 2], sensitivity, epsilon, chacha())
+        discrete_laplace_mechanism([1, 2], sensitivity, epsilon, keyed_rng())
 
 
 # --- discrete Gaussian -------------------------------------------------------------------------
@@ -421,7 +422,7 @@ SIGMA2 = [Fraction(1), Fraction(10), Fraction(9, 4), Fraction(9 * 2**68 + 1, 2**
 
 @pytest.mark.parametrize("sigma2", SIGMA2, ids=str)
 def test_discrete_gaussian_matches_the_exact_pmf(sigma2: Fraction) -> None:
-    x = discrete_gaussian(chacha(sigma2.numerator % 997), sigma2, N)
+    x = discrete_gaussian(keyed_rng(sigma2.numerator % 997), sigma2, N)
     assert x.dtype == np.int64 and x.shape == (N,)
     assert chi2_gof(x, dgauss_pmf(float(sigma2))) > P_MIN
 
@@ -431,7 +432,7 @@ def test_discrete_gaussian_moments(sigma2: Fraction) -> None:
     pmf = dgauss_pmf(float(sigma2))
     var, fourth = moments(pmf, math.ceil(40 * math.sqrt(sigma2)) + 10)
     assert var == pytest.approx(discrete_gaussian_variance(sigma2), rel=1e-12)
-    assert_moments(discrete_gaussian(chacha(17 + sigma2.numerator), sigma2, N), var, fourth)
+    assert_moments(discrete_gaussian(keyed_rng(17 + sigma2.numerator), sigma2, N), var, fourth)
 
 
 def test_discrete_gaussian_variance_is_close_to_sigma2() -> None:
@@ -446,7 +447,7 @@ def test_discrete_gaussian_variance_is_close_to_sigma2() -> None:
 @pytest.mark.parametrize("sigma2", [0, -2, math.inf, 2.0**41])
 def test_discrete_gaussian_rejects_bad_sigma2(sigma2: Any) -> None:
     with pytest.raises(ValueError, match="sigma2"):
-        discrete_gaussian(chacha(), sigma2, 3)
+        discrete_gaussian(keyed_rng(), sigma2, 3)
 
 
 # --- agreement with OpenDP ---------------------------------------------------------------------
@@ -465,7 +466,7 @@ def opendp_samples(kind: str, scale: float, n: int) -> NDArray:
 
 @pytest.mark.parametrize("scale", [1 / 0.6, 200.0])
 def test_discrete_laplace_agrees_with_opendp(scale: float) -> None:
-    ours = discrete_laplace(chacha(23), public_scale(scale), N_OPENDP)
+    ours = discrete_laplace(keyed_rng(23), public_scale(scale), N_OPENDP)
     theirs = opendp_samples("laplace", scale, N_OPENDP)
     assert chi2_two_sample(ours, theirs, dlap_pmf(scale), math.ceil(60 * scale)) > P_MIN_OPENDP
 
@@ -473,7 +474,7 @@ def test_discrete_laplace_agrees_with_opendp(scale: float) -> None:
 @pytest.mark.parametrize("sigma", [1.0, 1.5])
 def test_discrete_gaussian_agrees_with_opendp(sigma: float) -> None:
     sigma2 = Fraction(sigma) ** 2
-    ours = discrete_gaussian(chacha(29), sigma2, N_OPENDP)
+    ours = discrete_gaussian(keyed_rng(29), sigma2, N_OPENDP)
     theirs = opendp_samples("gaussian", sigma, N_OPENDP)
     pmf = dgauss_pmf(float(sigma2))
     assert chi2_two_sample(ours, theirs, pmf, math.ceil(20 * sigma)) > P_MIN_OPENDP
@@ -484,8 +485,8 @@ def test_discrete_gaussian_agrees_with_opendp(sigma: float) -> None:
 )
 def test_two_sample_check_detects_a_wrong_scale(b: Fraction, wrong: Fraction) -> None:
     """The OpenDP comparison has power: 8% more scale is rejected at these sample sizes."""
-    ours = discrete_laplace(chacha(31), b, N_OPENDP)
-    wider = discrete_laplace(chacha(37), wrong, N_OPENDP)
+    ours = discrete_laplace(keyed_rng(31), b, N_OPENDP)
+    wider = discrete_laplace(keyed_rng(37), wrong, N_OPENDP)
     pmf = dlap_pmf(float(b))
     assert chi2_two_sample(ours, wider, pmf, math.ceil(60 * b)) < P_MIN_OPENDP
 
@@ -506,7 +507,7 @@ class IntegersOnly:
 
 
 def test_samplers_draw_only_uniform_integers() -> None:
-    spy = IntegersOnly(chacha())
+    spy = IntegersOnly(keyed_rng())
     rng = cast(np.random.Generator, spy)
     discrete_laplace(rng, public_scale(1 / 0.6), 500)
     discrete_gaussian(rng, SIGMA2[-1], 500)
@@ -525,6 +526,6 @@ def test_same_key_same_draws() -> None:
             discrete_laplace_mechanism(np.arange(50), 1, 0.3, rng),
         ]
 
-    first, again, other = draw(chacha(41)), draw(chacha(41)), draw(chacha(43))
+    first, again, other = draw(keyed_rng(41)), draw(keyed_rng(41)), draw(keyed_rng(43))
     assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
     assert not any(np.array_equal(a, c) for a, c in zip(first[:2], other[:2], strict=True))
