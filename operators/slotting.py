@@ -351,19 +351,32 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
             if state.all_halted():
                 out.extend(self._reject_all(batch, STREAM_HALTED, "; ".join(state.halted.values())))
                 continue
-            out.extend(("dead_letter", d) for d in self._ingest(state, batch))
-            if batch.complete_through is not None:
-                marks.mark(batch.partition, batch.complete_through)
-            if self.cfg.partitions > 1:  # a slot closes once every partition has passed it
-                target = marks.closable(self.cfg.lateness)
-                if target is not None:
-                    self._close_through(state, target, out)
-                continue
-            if state.max_seen is not None:  # one partition: its order is the stream's order
-                self._close_through(state, state.max_seen - self.cfg.lateness - 1, out)
-            if batch.complete_through is not None:
-                self._close_through(state, batch.complete_through, out)
+            try:
+                self._take(state, batch, marks, out)
+            except Exception as exc:  # a broken stream halts; the process serves the others
+                reason = f"slotting failed: {type(exc).__name__}: {str(exc)[:500]}"
+                for name in self.mechanisms:
+                    if name not in state.halted:
+                        self._halt(state, name, reason, False)
+                out.extend(self._reject_all(batch, STREAM_HALTED, reason))
         return out, StatefulBatchLogic.RETAIN
+
+    def _take(
+        self, state: StreamState, batch: EventBatch, marks: PartitionWatermarks, out: list[Output]
+    ) -> None:
+        """Ingest one batch and release every slot it lets close."""
+        out.extend(("dead_letter", d) for d in self._ingest(state, batch))
+        if batch.complete_through is not None:
+            marks.mark(batch.partition, batch.complete_through)
+        if self.cfg.partitions > 1:  # a slot closes once every partition has passed it
+            target = marks.closable(self.cfg.lateness)
+            if target is not None:
+                self._close_through(state, target, out)
+            return
+        if state.max_seen is not None:  # one partition: its order is the stream's order
+            self._close_through(state, state.max_seen - self.cfg.lateness - 1, out)
+        if batch.complete_through is not None:
+            self._close_through(state, batch.complete_through, out)
 
     def _late_rows(
         self, state: StreamState, batch: EventBatch, usable: NDArray[np.bool_]

@@ -143,3 +143,34 @@ def test_a_vanishing_publication_budget_skips_instead_of_crashing() -> None:
         release = events[0]
         assert release.strategy == "publish" or release.epsilon_m2 == 0.0
     assert release.strategy == "skip" and MIN_SLOT_EPSILON > 0
+
+
+def test_a_failure_in_the_slotting_halts_only_that_stream(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Anything that breaks while a batch is taken (here: the ingest of stream "a" at slot 5)
+    halts that stream with its reason; its later events are ``stream_halted`` dead letters and
+    stream "b" goes on."""
+    from privstream.operators import slotting
+
+    original = slotting._SlottedLogic._ingest
+
+    def breaking(self: Any, state: Any, batch: EventBatch) -> Any:
+        if batch.stream == "a" and int(batch.slots[0]) == 5:
+            raise MemoryError("ring of 2^62 slots")
+        return original(self, state, batch)
+
+    monkeypatch.setattr(slotting._SlottedLogic, "_ingest", breaking)
+    config = LdpIdsConfig(epsilon=1.0, window=W, population=N)
+    with caplog.at_level(logging.ERROR):
+        out = run_operator(
+            batches(), lambda keyed: slotted_mechanism(
+                "m", keyed, mechanisms=[build("LBU", config)], task=config.task, population=N,
+                secret=2,
+            ),
+        )  # fmt: skip
+    slots = {s: sorted(r["slot"] for r in out["releases"] if r["stream"] == s) for s in "ab"}
+    assert slots == {"a": [1, 2, 3, 4], "b": list(range(1, T + 1))}
+    assert {d.reason for d in out["dead_letters"]} == {"stream_halted"}
+    assert len(out["dead_letters"]) == (T - 4) * N
+    assert "MemoryError: ring of 2^62 slots" in caplog.text
