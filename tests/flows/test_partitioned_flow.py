@@ -163,6 +163,7 @@ def test_resume_with_another_partition_count_is_refused(tmp_path: Path) -> None:
 def test_named_users_register_independently_of_the_interleaving() -> None:
     """Named users get their dense index when their first slot closes, in id order, so the
     users a mechanism samples by index do not depend on the interleaving either."""
+
     def named(items: list[EventBatch]) -> list[EventBatch]:
         return [replace(b, users=np.array([f"u{u}" for u in b.users], dtype=object)) for b in items]
 

@@ -215,9 +215,7 @@ def min_population(name: str, beta: float, w: int) -> int:
     # LPD and LPA refuse a dissimilarity group ⌊βn/w⌋ = 0 (they would never publish), and LPA's
     # unit m_u = ⌊(1−β)n/w⌋ must be >= 1 (see test_lpa_small_population_capacity)
     n = 50
-    while math.floor(beta * n / w) < 1 or (
-        name == "LPA" and math.floor((1 - beta) * n / w) < 1
-    ):
+    while math.floor(beta * n / w) < 1 or (name == "LPA" and math.floor((1 - beta) * n / w) < 1):
         n += 1
     return n
 
