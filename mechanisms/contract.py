@@ -172,6 +172,24 @@ class LedgerEntry:
 
 
 @dataclass(frozen=True)
+class Halt:
+    """A mechanism stopped on a stream at ``slot``: it releases nothing from this slot on.
+
+    Written to the ledger output (``kind = "halt"``) so an auditor can tell a halted mechanism
+    from lost releases. ``reason`` names the refused charge or the error, never a user or value.
+    """
+
+    stream: str
+    mechanism: str
+    slot: int
+    reason: str
+    kind: str = "halt"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class PrivacyCost:
     """What a mechanism guarantees: w-event ε-LDP (or CDP) by budget or population division."""
 

@@ -404,6 +404,13 @@ LATE_EVENTS = Counter(
     ["stream"],
     registry=INTERNAL,
 )
+MARKERS_IGNORED = Counter(
+    INTERNAL_PREFIX + "markers_ignored",
+    "End-of-slot markers that closed nothing, by reason: already_released (the slot was "
+    "released), far_future (beyond the gap limit; also a dead letter), before_any_event.",
+    ["stream", "reason"],
+    registry=INTERNAL,
+)
 STEP_SECONDS = Histogram(
     INTERNAL_PREFIX + "step_seconds",
     "Wall time of one mechanism step (one slot).",

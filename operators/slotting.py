@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import json
 import logging
 import time
 from collections.abc import Iterable, Sequence
@@ -62,11 +63,11 @@ from privstream.mechanisms.client import (
     SimulatedCurator,
     check_requirement,
 )
-from privstream.mechanisms.contract import LedgerEntry, Mechanism, Release, Slot
+from privstream.mechanisms.contract import Halt, LedgerEntry, Mechanism, Release, Slot
 from privstream.mechanisms.errors import IncompatibleState, PrivacyBudgetExceeded
 from privstream.mechanisms.seeding import NoiseKey, SlotRandomness
 from privstream.mechanisms.tasks import EstimationTask
-from privstream.operators.metrics import BOARD, EVENTS, STEP_SECONDS, Tally
+from privstream.operators.metrics import BOARD, EVENTS, MARKERS_IGNORED, STEP_SECONDS, Tally
 from privstream.operators.watermark import PartitionWatermarks
 
 log = logging.getLogger(__name__)
@@ -355,9 +356,10 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
                 self._take(state, batch, marks, out)
             except Exception as exc:  # a broken stream halts; the process serves the others
                 reason = f"slotting failed: {type(exc).__name__}: {str(exc)[:500]}"
+                slot = -1 if state.last_closed is None else state.last_closed + 1
                 for name in self.mechanisms:
                     if name not in state.halted:
-                        self._halt(state, name, reason, False)
+                        self._halt(state, name, slot, reason, False, out)
                 out.extend(self._reject_all(batch, STREAM_HALTED, reason))
         return out, StatefulBatchLogic.RETAIN
 
@@ -366,8 +368,9 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
     ) -> None:
         """Ingest one batch and release every slot it lets close."""
         out.extend(("dead_letter", d) for d in self._ingest(state, batch))
-        if batch.complete_through is not None:
-            marks.mark(batch.partition, batch.complete_through)
+        marker = self._marker(state, batch, out)
+        if marker is not None:
+            marks.mark(batch.partition, marker)
         if self.cfg.partitions > 1:  # a slot closes once every partition has passed it
             target = marks.closable(self.cfg.lateness)
             if target is not None:
@@ -375,8 +378,30 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
             return
         if state.max_seen is not None:  # one partition: its order is the stream's order
             self._close_through(state, state.max_seen - self.cfg.lateness - 1, out)
-        if batch.complete_through is not None:
-            self._close_through(state, batch.complete_through, out)
+        if marker is not None:
+            self._close_through(state, marker, out)
+
+    def _marker(self, state: StreamState, batch: EventBatch, out: list[Output]) -> int | None:
+        """The batch's end-of-slot marker if it may close slots: markers obey the events' gap
+        limit (a far-future one is a ``far_future_slot`` dead letter: it would step millions of
+        empty slots), and one for an already released slot or before any event is counted."""
+        t = batch.complete_through
+        if t is None:
+            return None
+        if state.max_seen is None:
+            MARKERS_IGNORED.labels(state.stream, "before_any_event").inc()
+            return None
+        if t > state.max_seen + self.cfg.max_slot_gap:
+            MARKERS_IGNORED.labels(state.stream, "far_future").inc()
+            text = json.dumps({"stream": state.stream, "end_of_slot": t}, separators=(",", ":"))
+            detail = (
+                f"end-of-slot marker more than {self.cfg.max_slot_gap} slots ahead of the stream"
+            )
+            out.append(("dead_letter", DeadLetter(FAR_FUTURE, state.stream, text, detail)))
+            return None
+        if state.last_closed is not None and t <= state.last_closed:
+            MARKERS_IGNORED.labels(state.stream, "already_released").inc()
+        return t
 
     def _late_rows(
         self, state: StreamState, batch: EventBatch, usable: NDArray[np.bool_]
@@ -533,8 +558,9 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
             code[:] = _CODE[USER_ID_KIND]
         code[(code == 0) & ~self.task.in_domain(batch.values)] = _CODE[OUT_OF_DOMAIN]
         slots = batch.slots
-        if state.last_closed is not None:
-            code[(code == 0) & (slots <= state.last_closed)] = _CODE[LATE]
+        passed = self._passed_slot(state)
+        if passed is not None:
+            code[(code == 0) & (slots <= passed)] = _CODE[LATE]
         pending = code == 0
         if pending.any():
             reference = state.max_seen if state.max_seen is not None else int(slots[pending].min())
@@ -574,6 +600,16 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
             for i, c in zip(rejected.tolist(), code[rejected].tolist(), strict=True)
         ]
 
+    def _passed_slot(self, state: StreamState) -> int | None:
+        """The last slot an event may no longer enter: the last released one, and with one
+        partition also the watermark (newest slot − lateness − 1) — so events far behind the
+        stream cannot move its start back before its first release."""
+        passed = state.last_closed
+        if self.cfg.partitions == 1 and state.max_seen is not None:
+            watermark = state.max_seen - self.cfg.lateness - 1
+            passed = watermark if passed is None else max(passed, watermark)
+        return passed
+
     def _buffer(
         self,
         state: StreamState,
@@ -607,7 +643,8 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
     def _details(self, state: StreamState, batch: EventBatch, by_partition: bool) -> dict[str, str]:
         """The dead-letter detail of each reason the slotting gives."""
         late = (
-            f"slot already released (last released slot {state.last_closed})"
+            f"slot already released or behind the stream's watermark (last released slot "
+            f"{state.last_closed}, newest slot {state.max_seen}, lateness {self.cfg.lateness})"
             if not by_partition
             else f"slot already passed by its input partition {batch.partition} (by a later "
             f"slot beyond the lateness of {self.cfg.lateness} or an end-of-slot marker)"
@@ -723,14 +760,15 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
                     state.mechanisms[name], Slot(state.stream, slot, port, randomness)
                 )
             except PrivacyBudgetExceeded as exc:
-                self._halt(state, name, f"privacy invariant violated at slot {slot}: {exc}", True)
+                reason = f"privacy invariant violated at slot {slot}: {exc}"
+                self._halt(state, name, slot, reason, True, out)
                 continue
             except Exception as exc:  # one mechanism's failure never takes the process down
                 detail = f"{type(exc).__name__}: {str(exc)[:500]}"
-                self._halt(state, name, f"failed at slot {slot}: {detail}", False)
+                self._halt(state, name, slot, f"failed at slot {slot}: {detail}", False, out)
                 continue
             STEP_SECONDS.labels(state.stream, name).observe(time.perf_counter() - started)
-        if not self._compose(state, slot, stepped):
+        if not self._compose(state, slot, stepped, out):
             return
         for name, (new_state, events) in stepped.items():
             stamped = [self._stamp(state, event) for event in events]
@@ -752,11 +790,22 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
             values[fresh] = reported[fresh]
         return values
 
-    def _halt(self, state: StreamState, name: str, reason: str, violation: bool) -> None:
+    def _halt(
+        self,
+        state: StreamState,
+        name: str,
+        slot: int,
+        reason: str,
+        violation: bool,
+        out: list[Output],
+    ) -> None:
+        """Stop ``name`` on the stream from ``slot`` on: log, metric and a ``Halt`` record on
+        the ledger output (nothing of ``slot`` is released by it)."""
         state.halted[name] = f"{name}: {reason}"
         if violation:
             state.tallies[name].violations += 1
         self._publish(state, name)
+        out.append(("ledger", Halt(state.stream, name, slot, state.halted[name])))
         log.error("step %s: stream %r halted: %s", self.step_id, state.stream, state.halted[name])
 
     def _compose(
@@ -764,6 +813,7 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
         state: StreamState,
         slot: int,
         stepped: dict[str, tuple[Any, list[Release | LedgerEntry]]],
+        out: list[Output],
     ) -> bool:
         """Charge the population accountant with every mechanism's window spend (a halted
         mechanism's last one still counts); on an overspend halt them all before release."""
@@ -779,7 +829,8 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
             state.accountant.charge(slot, spends)
         except PrivacyBudgetExceeded as exc:
             for name in stepped:
-                self._halt(state, name, f"population budget refused slot {slot}: {exc}", True)
+                reason = f"population budget refused slot {slot}: {exc}"
+                self._halt(state, name, slot, reason, True, out)
             return False
         return True
 
@@ -809,8 +860,9 @@ class MechanismOut:
     releases: Stream[Release]
     """Public releases, one per stream per slot."""
 
-    ledger: Stream[LedgerEntry]
-    """Ledger entries (privacy spend), one per stream per slot."""
+    ledger: Stream[LedgerEntry | Halt]
+    """Ledger entries (privacy spend), one per stream, mechanism and slot, and a ``Halt``
+    record where a mechanism stopped."""
 
     dead_letters: Stream[DeadLetter]
     """Inputs the operator could not use, each with its reason."""

@@ -103,6 +103,7 @@ def test_readme_documents_every_exported_metric() -> None:
             "privstream_internal_events_total",
             "privstream_internal_events_rejected_total",
             "privstream_internal_late_events_total",
+            "privstream_internal_markers_ignored_total",
             "privstream_internal_step_seconds",
         }
     )

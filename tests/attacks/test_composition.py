@@ -57,7 +57,8 @@ def per_user_spend(entry: dict[str, Any]) -> float:
 def composed(out: Outputs) -> dict[int, float]:
     total: dict[int, float] = defaultdict(float)
     for entry in out["ledger"]:
-        total[entry["slot"]] += per_user_spend(entry)
+        if entry.get("kind") != "halt":
+            total[entry["slot"]] += per_user_spend(entry)
     return total
 
 
@@ -138,6 +139,9 @@ def test_an_overspend_is_refused_before_release() -> None:
     last = W // 2  # 2·(t/w)·ε ≤ ε up to t = w/2
     assert max(r["slot"] for r in out["releases"]) == last
     assert max(composed(out).values()) <= budget_limit(EPS)
+    halts = [e for e in out["ledger"] if e.get("kind") == "halt"]
+    assert sorted((h["mechanism"], h["slot"]) for h in halts) == [("LBU_a", 3), ("LBU_b", 3)]
+    assert all("population budget refused slot 3" in h["reason"] for h in halts)
     for name in ("LBU_a", "LBU_b"):
         labels = {"stream": "s", "mechanism": name}
         assert REGISTRY.get_sample_value("privstream_privacy_violations_total", labels) == 1.0
