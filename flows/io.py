@@ -187,7 +187,11 @@ def outputs(
     """Write releases, ledger entries and dead letters to Kafka topics or JSON-lines files,
     count dead letters in the metrics, and stop at ``kafka.until_slot``."""
     known = frozenset(streams)
-    releases = mech.releases
+    releases = op.inspect(
+        "handed",
+        mech.releases,
+        lambda _step, release: BOARD.mark_handed(release.stream, release.mechanism, release.slot),
+    )
     if progress is not None:
         op.inspect("progress", releases, lambda _step, release: progress(release))
     dead = (

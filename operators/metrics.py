@@ -37,6 +37,7 @@ reading the input topic.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from collections.abc import Iterable, Iterator
@@ -138,6 +139,8 @@ class _Account:
     population: int
     tally: Tally
     halted: bool
+    handed: int = -1
+    """The last slot whose release was handed to the output sink (``last_released_slot``)."""
 
 
 def _clamp(spent: float, limit: float) -> float:
@@ -225,7 +228,7 @@ def _account_values(account: _Account) -> dict[str, float | None]:
         "remaining": max(limit - spent, 0.0),
         "used": entry.window_users if entry is not None else 0,
         "available": entry.available_users if entry is not None else account.population,
-        "last_slot": tally.last_slot,
+        "last_slot": account.handed,
         "dis": tally.last_dissimilarity,
         "err": tally.last_error,
         "halted": int(account.halted),
@@ -326,6 +329,7 @@ class LedgerBoard(Collector):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._accounts: dict[tuple[str, str], _Account] = {}
+        self._handed: dict[tuple[str, str], int] = {}
         self._populations: dict[str, _Population] = {}
         self._run = (False, False)  # (insecure_seed, evaluation)
 
@@ -339,8 +343,21 @@ class LedgerBoard(Collector):
         halted: bool,
     ) -> None:
         snapshot = Tally(**vars(tally))  # scrapes read a copy, never the live state
+        key = (stream, mechanism)
         with self._lock:
-            self._accounts[(stream, mechanism)] = _Account(cost, population, snapshot, halted)
+            # A resumed state's releases were handed on before its snapshot was taken.
+            handed = self._handed.setdefault(key, tally.last_slot)
+            self._accounts[key] = _Account(cost, population, snapshot, halted, handed)
+
+    def mark_handed(self, stream: str, mechanism: str, slot: int) -> None:
+        """A release of ``slot`` reached the output sink's step: ``last_released_slot`` and
+        ``released_through`` follow what was handed on, not what the operator computed."""
+        key = (stream, mechanism)
+        with self._lock:
+            self._handed[key] = max(self._handed.get(key, -1), slot)
+            account = self._accounts.get(key)
+            if account is not None:
+                self._accounts[key] = dataclasses.replace(account, handed=self._handed[key])
 
     def update_population(
         self, stream: str, epsilon: float, window: int, window_spent: float, mechanisms: int
@@ -361,15 +378,17 @@ class LedgerBoard(Collector):
     def clear(self) -> None:
         with self._lock:
             self._accounts.clear()
+            self._handed.clear()
             self._populations.clear()
             self._run = (False, False)
 
     def released_through(self, pairs: Iterable[tuple[str, str]], slot: int) -> bool:
-        """Whether every (stream, mechanism) has released ``slot`` (or halted)."""
+        """Whether every (stream, mechanism) has handed ``slot``'s release to the sink (or
+        halted)."""
         with self._lock:
             for pair in pairs:
                 account = self._accounts.get(pair)
-                if account is None or not (account.halted or account.tally.last_slot >= slot):
+                if account is None or not (account.halted or account.handed >= slot):
                     return False
         return True
 

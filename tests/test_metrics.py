@@ -119,6 +119,7 @@ def test_operational_metrics_live_in_the_internal_registry_only() -> None:
         INTERNAL_PREFIX + "events_total",
         INTERNAL_PREFIX + "events_rejected_total",
         INTERNAL_PREFIX + "late_events_total",
+        INTERNAL_PREFIX + "markers_ignored_total",
         INTERNAL_PREFIX + "step_seconds",
     }
     assert (
@@ -140,3 +141,28 @@ def test_the_process_board_is_served_by_the_public_registry() -> None:
         BOARD.clear()
     assert REGISTRY.get_sample_value("privstream_insecure_seed") == 0.0
     assert REGISTRY.get_sample_value("privstream_population_epsilon", {"stream": "unit"}) is None
+
+
+def test_the_last_released_slot_is_what_was_handed_to_the_sink() -> None:
+    """A far-future marker once let the gauge say 28,165 while the output topic stopped at
+    1,014: the operator had computed slots the sink never got. The gauge (and the ``--slots``
+    stop) now follow the releases handed to the sink; a resumed state's last slot counts as
+    handed (it was written before its snapshot)."""
+    from privstream.mechanisms.contract import PrivacyCost
+    from privstream.operators.metrics import Tally
+
+    cost = PrivacyCost(1.0, 10, "budget")
+    board = LedgerBoard()
+    tally = Tally()
+    board.update("s", "LBU", cost, 100, tally, False)  # a fresh stream: nothing handed
+    tally.last_slot = 50
+    board.update("s", "LBU", cost, 100, tally, False)  # computed up to slot 50
+    last = (("mechanism", "LBU"), ("stream", "s"))
+    assert scrape(board)["privstream_last_released_slot"][last] == -1
+    board.mark_handed("s", "LBU", 7)
+    assert scrape(board)["privstream_last_released_slot"][last] == 7
+    assert board.released_through([("s", "LBU")], 7)
+    assert not board.released_through([("s", "LBU")], 8)
+    resumed = LedgerBoard()
+    resumed.update("s", "LBU", cost, 100, Tally(last_slot=30), False)
+    assert scrape(resumed)["privstream_last_released_slot"][last] == 30
