@@ -30,10 +30,13 @@ lint: $(STAMP) ## ruff and mypy
 demo: $(STAMP) ## Run the main job: embedded Kafka broker, synthetic events, all seven LDP-IDS mechanisms over Kafka with metrics
 	$(BIN)/privstream demo --out demo-out
 
+chaos: $(STAMP) ## Long chaos round: 60 kills, outages and hostile messages, audited (writes chaos-out/)
+	$(BIN)/python -m tests.integration.chaos --kills 60 --users 5000 --slots 200 --workdir chaos-out
+
 bench: $(STAMP) ## Reproduction and performance benchmarks (writes bench/results/)
 	$(BIN)/python bench/run.py
 
 clean: ## Remove the virtualenv and caches
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis demo-out
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis demo-out chaos-out
 
-.PHONY: help install test lint demo bench clean
+.PHONY: help install test lint demo bench chaos clean

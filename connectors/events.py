@@ -134,6 +134,9 @@ class DeadLetter:
     ``payload`` is the input as text (cut to its first 256 characters when oversized);
     ``original`` keeps the exact input bytes when they are not simply ``payload`` in UTF-8
     (invalid UTF-8, surrounding whitespace, oversized), so a dead-letter topic can carry them.
+    ``topic``/``partition``/``offset`` say where the input was read when the parser of a Kafka
+    poll knows it (None otherwise), so a dead letter whose payload had to be cut points at the
+    original.
     """
 
     reason: str
@@ -141,6 +144,9 @@ class DeadLetter:
     payload: str
     detail: str = ""
     original: bytes | None = None
+    topic: str | None = None
+    partition: int | None = None
+    offset: int | None = None
 
     def payload_bytes(self) -> bytes:
         """The input exactly as it arrived."""

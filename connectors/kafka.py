@@ -9,14 +9,20 @@
   partition per Kafka partition, resumable from the offset in its snapshot, emitting a whole
   poll as one ``RawBatch`` so parsing is batched (design §8). Bytewax's own ``KafkaSource``
   emits one Python object per message and cannot be stopped from inside the flow; this one
-  polls a ``StopSignal``.
-* ``kafka_output`` — Bytewax's ``KafkaSink`` (at-least-once) with releases keyed by
+  polls a ``StopSignal``. Each partition's consumer is watched (``kafka_health``): a topic
+  that disappears mid-run stops the run with ``TopicMissing``.
+* The messages of the outputs (``connectors.kafka_sink`` writes them): releases keyed by
   ``release_id``, ledger entries keyed the same way, and dead letters carrying the original
-  bytes plus machine-readable headers.
+  bytes (a prefix when they are large) plus machine-readable headers that point at the original.
+
+No client of a flow can create a topic: consumers and producers run with
+``allow.auto.create.topics=false`` (Tansu honours it; without it a producer's metadata request
+creates the topic, with 4 partitions and no compaction).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
@@ -25,9 +31,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Final
 
-from bytewax import operators as op
-from bytewax.connectors.kafka import KafkaSink, KafkaSinkMessage
-from bytewax.dataflow import Stream, operator
+from bytewax.connectors.kafka import KafkaSinkMessage
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -43,6 +47,17 @@ from privstream.connectors.events import (
     parse_json_lines,
 )
 from privstream.connectors.jsonl import to_json
+from privstream.connectors.kafka_health import (
+    DEFAULT_STALL_SECONDS,
+    FAULTS,
+    SOURCE,
+    ClientHealth,
+    Probe,
+    probe_interval,
+    raise_if_failed,
+    topic_exists,
+)
+from privstream.connectors.kafka_health import TopicMissing as TopicMissing  # re-exported
 from privstream.mechanisms.contract import LedgerEntry, Release
 
 log = logging.getLogger(__name__)
@@ -71,15 +86,12 @@ def consumer_config(settings: KafkaSettings, *, tail: bool = True) -> dict[str, 
             "group.id": "privstream",  # required by the client; offsets live in snapshots
             "enable.auto.commit": "false",
             "enable.partition.eof": str(not tail).lower(),
+            "allow.auto.create.topics": "false",  # never create the input topic
         }
     )
     for key, value in CONSUMER_DEFAULTS.items():
         config.setdefault(key, value)
     return config
-
-
-class TopicMissing(RuntimeError):
-    """A topic the flow needs does not exist (privstream never auto-creates topics)."""
 
 
 @dataclass(frozen=True)
@@ -217,16 +229,36 @@ def create_topics(
 
 @dataclass(frozen=True)
 class RawBatch:
-    """One poll of one Kafka partition: message values in offset order."""
+    """One poll of one Kafka partition: message values in offset order.
+
+    ``offsets`` holds every message's offset when they are not consecutive from
+    ``first_offset`` (a compacted topic, transaction markers), None when they are."""
 
     topic: str
     partition: int
     first_offset: int
     values: list[bytes]
+    offsets: list[int] | None = None
+
+    def offset(self, i: int) -> int:
+        """The offset of ``values[i]``."""
+        return self.first_offset + i if self.offsets is None else self.offsets[i]
+
+
+@dataclass
+class _Poll:
+    """Where the messages of one ``next_batch`` came from."""
+
+    first: int | None = None
+    offsets: list[int] | None = None  # only once they stop being consecutive
 
 
 class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int]]):
-    """One Kafka partition, read from the offset of the last snapshot."""
+    """One Kafka partition, read from the offset of the last snapshot.
+
+    Its consumer is probed from a thread (``kafka_health.Probe``, started with the first poll)
+    for connectivity and the topic's existence; ``next_batch`` raises ``TopicMissing`` once a
+    probe of this process found a topic of the flow gone."""
 
     _IDLE: Final = timedelta(milliseconds=50)
     _CHUNK: Final = 500  # below the collector's young-generation threshold (700 objects)
@@ -239,6 +271,7 @@ class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int]]):
         offset: int,
         batch_size: int,
         stop: StopSignal | None,
+        stall_seconds: float = DEFAULT_STALL_SECONDS,
     ) -> None:
         self._consumer = Consumer(config)
         self._consumer.assign([TopicPartition(topic, partition, offset)])
@@ -249,6 +282,20 @@ class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int]]):
         self._stop = stop
         self._eof = False
         self._awake: datetime | None = None
+        self._health = ClientHealth(SOURCE, topic, stall_seconds, f"partition {partition}")
+        self._where = str(config.get("bootstrap.servers", "the cluster"))
+        self._probe: Probe | None = None
+
+    def _watch(self) -> None:
+        """Start probing the consumer (once, from the worker's first poll)."""
+        if self._probe is None:
+            consumer, topic = self._consumer, self._topic
+            self._probe = Probe(
+                self._health,
+                lambda timeout: topic_exists(consumer, topic, timeout),
+                self._where,
+                probe_interval(self._health.stall_seconds),
+            ).start()
 
     def next_batch(self) -> list[RawBatch]:
         """Up to ``batch_size`` messages that arrive within 10 ms, as one ``RawBatch``.
@@ -260,26 +307,30 @@ class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int]]):
         """
         if self._eof or (self._stop is not None and self._stop.is_set()):
             raise StopIteration
+        self._watch()
+        raise_if_failed()
         values: list[bytes] = []
-        first: int | None = None
+        poll = _Poll()
         deadline = time.monotonic() + 0.01
         while len(values) < self._batch_size and not self._eof:
             want = min(self._CHUNK, self._batch_size - len(values))
             got = len(values)
             timeout = max(deadline - time.monotonic(), 0.0)
-            first = self._take(self._consumer.consume(want, timeout), values, first)
+            self._take(self._consumer.consume(want, timeout), values, poll)
             if len(values) - got < want:  # the wait is over or the partition ended
                 break
         self._awake = None if values else datetime.now(timezone.utc) + self._IDLE
-        if first is None:
+        if poll.first is None:
             return []
-        return [RawBatch(self._topic, self._partition, first, values)]
+        self._health.progressed()
+        return [RawBatch(self._topic, self._partition, poll.first, values, poll.offsets)]
 
-    def _take(self, messages: list[Any], values: list[bytes], first: int | None) -> int | None:
-        """Append the values of ``messages`` to ``values``; the first offset of the poll.
+    def _take(self, messages: list[Any], values: list[bytes], poll: _Poll) -> None:
+        """Append the values of ``messages`` to ``values``, and where they came from to ``poll``.
 
         Per message only ``error()`` and ``value()`` are read; offsets are read at the ends of
-        the run of good messages (they are consecutive within a partition's fetch)."""
+        the run of good messages, and one by one only once they are not consecutive."""
+        before = len(values)
         good = len(messages)
         for k, message in enumerate(messages):
             error = message.error()
@@ -296,10 +347,13 @@ class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int]]):
         if good:
             start, end = messages[0].offset(), messages[good - 1].offset()
             assert start is not None and end is not None
-            if first is None:
-                first = start
+            if poll.first is None:
+                poll.first = start
+            if poll.offsets is None and (end - start != good - 1 or start != poll.first + before):
+                poll.offsets = list(range(poll.first, poll.first + before))
+            if poll.offsets is not None:
+                poll.offsets.extend(m.offset() for m in messages[:good])
             self._offset = end + 1
-        return first
 
     def next_awake(self) -> datetime | None:
         return self._awake
@@ -308,6 +362,10 @@ class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int]]):
         return (self._topic, self._offset)
 
     def close(self) -> None:
+        if self._probe is not None:
+            self._probe.stop()  # before the consumer goes: the probe uses it
+        else:
+            self._health.close()
         self._consumer.close()
 
 
@@ -321,6 +379,7 @@ class KafkaEventSource(FixedPartitionedSource[RawBatch, tuple[str, int]]):
             partition ends at its end (relies on the broker's high watermark).
         batch_size: most messages per poll (one ``RawBatch``).
         stop: ends every partition when set (clean shutdown, ``--slots``).
+        stall_seconds: warn once a partition has heard nothing from the broker this long.
     """
 
     def __init__(
@@ -331,15 +390,18 @@ class KafkaEventSource(FixedPartitionedSource[RawBatch, tuple[str, int]]):
         tail: bool = True,
         batch_size: int = 5000,
         stop: StopSignal | None = None,
+        stall_seconds: float = DEFAULT_STALL_SECONDS,
     ) -> None:
         self.settings = settings
         self.topic = topic
         self.tail = tail
         self.batch_size = batch_size
         self.stop = stop
+        self.stall_seconds = stall_seconds
 
     def list_parts(self) -> list[str]:
         partitions = require_topics(self.settings, [self.topic])[self.topic]
+        FAULTS.clear()  # the flow starts: whatever an earlier flow of this process lost
         return [f"partition-{i}" for i in range(partitions)]
 
     def build_part(
@@ -356,7 +418,9 @@ class KafkaEventSource(FixedPartitionedSource[RawBatch, tuple[str, int]]):
         index = int(for_part.removeprefix("partition-"))
         config = consumer_config(self.settings, tail=self.tail)
         offset = OFFSET_BEGINNING if resume_state is None else resume_state[1]
-        return _EventPartition(config, self.topic, index, offset, self.batch_size, self.stop)
+        return _EventPartition(
+            config, self.topic, index, offset, self.batch_size, self.stop, self.stall_seconds
+        )
 
 
 def parse_raw_batch(
@@ -367,27 +431,48 @@ def parse_raw_batch(
     max_bytes: int = MAX_EVENT_BYTES,
 ) -> list[EventBatch | DeadLetter]:
     """Parse a poll's messages; an empty message (or tombstone) is a ``malformed_json`` dead
-    letter rather than silently skipped. Every ``EventBatch`` carries the poll's partition."""
+    letter rather than silently skipped. Every ``EventBatch`` carries the poll's partition,
+    every dead letter the topic, partition and offset of its message."""
     values = batch.values
     fast = parse_json_batch(values, streams=streams, max_bytes=max_bytes)
     if fast is not None:  # the usual poll: no blank message (those fail the fast path)
         return _from_partition(fast, batch.partition)
     empty = [i for i, v in enumerate(values) if not v.strip()]
-    if not empty:
-        parsed = parse_json_lines(
-            values, streams=streams, default_stream=default_stream, max_bytes=max_bytes
-        )
-        return _from_partition(parsed, batch.partition)
     skip = set(empty)
+    kept = [i for i in range(len(values)) if i not in skip] if empty else range(len(values))
     parsed = parse_json_lines(
-        [v for i, v in enumerate(values) if i not in skip],
+        [values[i] for i in kept] if empty else values,
         streams=streams,
         default_stream=default_stream,
         max_bytes=max_bytes,
     )
     dead = [DeadLetter(MALFORMED, None, values[i].decode("utf-8", "replace"), "empty message",
-                       values[i] or None) for i in empty]  # fmt: skip
-    return _from_partition(parsed, batch.partition) + list(dead)
+                       values[i] or None, batch.topic, batch.partition, batch.offset(i))
+            for i in empty]  # fmt: skip
+    return _from_partition(_located(parsed, batch, kept), batch.partition) + list(dead)
+
+
+def _located(
+    parsed: list[EventBatch | DeadLetter], batch: RawBatch, kept: Sequence[int]
+) -> list[EventBatch | DeadLetter]:
+    """Stamp every dead letter of ``parsed`` with the coordinates of its message.
+
+    The parser gives at most one dead letter per message, in message order, carrying that
+    message's exact bytes, and the same bytes always meet the same fate: so each dead letter is
+    the next message (of ``kept``, indices into ``batch.values``) with its bytes."""
+    out: list[EventBatch | DeadLetter] = []
+    values, j = batch.values, 0
+    for item in parsed:
+        if isinstance(item, DeadLetter):
+            raw, k = item.payload_bytes(), j
+            while k < len(kept) and values[kept[k]] != raw:
+                k += 1
+            if k < len(kept):
+                offset = batch.offset(kept[k])
+                item = replace(item, topic=batch.topic, partition=batch.partition, offset=offset)
+                j = k + 1
+        out.append(item)
+    return out
 
 
 def _from_partition(
@@ -416,32 +501,56 @@ def ledger_message(entry: LedgerEntry) -> KafkaSinkMessage[bytes, bytes]:
 DEAD_LETTER_REASON_HEADER: Final = "privstream-reason"
 DEAD_LETTER_DETAIL_HEADER: Final = "privstream-detail"
 DEAD_LETTER_STREAM_HEADER: Final = "privstream-stream"
+DEAD_LETTER_LENGTH_HEADER: Final = "privstream-original-length"
+DEAD_LETTER_SHA256_HEADER: Final = "privstream-original-sha256"
+DEAD_LETTER_TRUNCATED_HEADER: Final = "privstream-truncated"
+DEAD_LETTER_TOPIC_HEADER: Final = "privstream-source-topic"
+DEAD_LETTER_PARTITION_HEADER: Final = "privstream-source-partition"
+DEAD_LETTER_OFFSET_HEADER: Final = "privstream-source-offset"
+DEAD_LETTER_MAX_PAYLOAD: Final = MAX_EVENT_BYTES
+"""A dead letter carries its input whole up to this many bytes (64 KiB) ..."""
+DEAD_LETTER_PREFIX: Final = 4096
+"""... and a longer input as its first 4 KiB (the headers say where the whole one is)."""
+DEAD_LETTER_HEADER_BYTES: Final = 256
+"""Every header value is cut to this many bytes (at a UTF-8 character boundary)."""
+
+
+def _header(text: str) -> bytes:
+    data = text.encode("utf-8")
+    if len(data) <= DEAD_LETTER_HEADER_BYTES:
+        return data
+    return data[:DEAD_LETTER_HEADER_BYTES].decode("utf-8", "ignore").encode("utf-8")
 
 
 def dead_letter_message(letter: DeadLetter) -> KafkaSinkMessage[bytes | None, bytes]:
-    """The original event bytes, with the reason, detail and stream as headers."""
+    """A dead letter as a message that any broker accepts, whatever the input was.
+
+    The value is the input's bytes — whole up to ``DEAD_LETTER_MAX_PAYLOAD``, else its first
+    ``DEAD_LETTER_PREFIX`` bytes — so the message stays below 70 KiB. Headers (each value at
+    most ``DEAD_LETTER_HEADER_BYTES``): reason, detail, stream (when known), the input's
+    length and SHA-256, whether the value is cut, and the input's source topic, partition and
+    offset when the parser knew them.
+    """
+    payload = letter.payload_bytes()
+    cut = len(payload) > DEAD_LETTER_MAX_PAYLOAD
     headers = [
-        (DEAD_LETTER_REASON_HEADER, letter.reason.encode()),
-        (DEAD_LETTER_DETAIL_HEADER, letter.detail.encode()),
+        (DEAD_LETTER_REASON_HEADER, _header(letter.reason)),
+        (DEAD_LETTER_DETAIL_HEADER, _header(letter.detail)),
     ]
     if letter.stream is not None:
-        headers.append((DEAD_LETTER_STREAM_HEADER, letter.stream.encode()))
-    return KafkaSinkMessage(None, letter.payload_bytes(), headers=headers)
-
-
-@operator
-def kafka_output(
-    step_id: str,
-    up: Stream[Any],
-    settings: KafkaSettings,
-    topic: str,
-    to_message: Callable[[Any], KafkaSinkMessage[Any, Any]],
-) -> None:
-    """Write every item of ``up`` to ``topic`` (at-least-once: Bytewax ``KafkaSink``)."""
-    messages = op.map("to_message", up, to_message)
-    op.output(
-        "kafka", messages, KafkaSink(list(settings.brokers), topic, dict(settings.properties))
-    )
+        headers.append((DEAD_LETTER_STREAM_HEADER, _header(letter.stream)))
+    headers += [
+        (DEAD_LETTER_LENGTH_HEADER, str(len(payload)).encode()),
+        (DEAD_LETTER_SHA256_HEADER, hashlib.sha256(payload).hexdigest().encode()),
+        (DEAD_LETTER_TRUNCATED_HEADER, b"true" if cut else b"false"),
+    ]
+    if letter.topic is not None:
+        headers += [
+            (DEAD_LETTER_TOPIC_HEADER, _header(letter.topic)),
+            (DEAD_LETTER_PARTITION_HEADER, str(letter.partition).encode()),
+            (DEAD_LETTER_OFFSET_HEADER, str(letter.offset).encode()),
+        ]
+    return KafkaSinkMessage(None, payload[:DEAD_LETTER_PREFIX] if cut else payload, headers=headers)
 
 
 def wait_for_messages(

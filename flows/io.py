@@ -33,11 +33,11 @@ from privstream.connectors.kafka import (
     KafkaSettings,
     RawBatch,
     dead_letter_message,
-    kafka_output,
     ledger_message,
     parse_raw_batch,
     release_message,
 )
+from privstream.connectors.kafka_sink import kafka_output
 from privstream.connectors.sources import SyntheticSource, detect_format, file_source
 from privstream.connectors.synthetic import DATASETS, SyntheticStream
 from privstream.mechanisms.contract import Release
@@ -109,6 +109,8 @@ class KafkaIO:
         partitions: the input topic's partition count (``require_topics`` gives it;
             ``privstream run`` sets it). The slotting closes a slot only once every partition
             has passed it, and refuses events from a partition beyond this count.
+        stall_warning_seconds: warn (rate-limited) once a source partition has heard nothing
+            from the broker, or a sink has had messages waiting undelivered, this long.
     """
 
     settings: KafkaSettings
@@ -120,6 +122,7 @@ class KafkaIO:
     batch_size: int = 5000
     max_event_bytes: int = MAX_EVENT_BYTES
     partitions: int = 1
+    stall_warning_seconds: float = 30.0
 
     def topics(self) -> list[str]:
         names = [self.input_topic, self.output_topic, self.dead_letter_topic, self.ledger_topic]
@@ -144,7 +147,11 @@ def events(
             "kafka_in",
             flow,
             KafkaEventSource(
-                kafka.settings, kafka.input_topic, batch_size=kafka.batch_size, stop=stop
+                kafka.settings,
+                kafka.input_topic,
+                batch_size=kafka.batch_size,
+                stop=stop,
+                stall_seconds=kafka.stall_warning_seconds,
             ),
         )
         streams = [source.stream]
@@ -207,13 +214,16 @@ def outputs(
         if dead_letter_out:
             jsonl_output("dead_letters_out", dead, dead_letter_out)
         return
-    kafka_output("releases_out", releases, kafka.settings, kafka.output_topic, release_message)
+    # Releases and ledger entries are delivered or the epoch fails; dead letters best effort.
+    stall = kafka.stall_warning_seconds
+    kafka_output("releases_out", releases, kafka.settings, kafka.output_topic, release_message,
+                 stall_seconds=stall)  # fmt: skip
     if kafka.ledger_topic:
-        kafka_output("ledger_out", mech.ledger, kafka.settings, kafka.ledger_topic, ledger_message)
+        kafka_output("ledger_out", mech.ledger, kafka.settings, kafka.ledger_topic, ledger_message,
+                     stall_seconds=stall)  # fmt: skip
     if kafka.dead_letter_topic:
-        kafka_output(
-            "dead_letters_out", dead, kafka.settings, kafka.dead_letter_topic, dead_letter_message
-        )
+        kafka_output("dead_letters_out", dead, kafka.settings, kafka.dead_letter_topic,
+                     dead_letter_message, best_effort=True, stall_seconds=stall)  # fmt: skip
     else:
         op.inspect(
             "log_dead_letters",

@@ -1,7 +1,7 @@
 """Prometheus metrics of privacy spend and throughput (design §7), in two registries.
 
-**Public** — ``prometheus_client``'s default registry, which Bytewax serves on its dataflow API
-(``BYTEWAX_DATAFLOW_API_ENABLED``, ``/metrics``, ``--metrics-port``). Prefix ``privstream_``,
+**Public** — ``prometheus_client``'s default registry, served by ``serve_metrics``
+(``--metrics-port``, ``--metrics-addr``, loopback by default; ``/metrics``). Prefix ``privstream_``,
 labels ``{stream, mechanism}`` unless noted. Everything here is safe to show anyone: the
 configuration, the spend the ledger allows, counts of decisions taken from private outputs, the
 de-biased dissimilarity and the publication error of LDP reports. Never a true count, a raw
@@ -26,10 +26,15 @@ to be classified before it can be exported (the privacy audit enforces it).
   when the run's noise comes from a public reproducible seed — its outputs are never private;
   ``privstream_evaluation`` is 1 when the mechanisms run side by side with the full budget each
   as an evaluation (``--compare``), not a release.
+* **Kafka gauge** (``KAFKA_CONNECTED``, label ``{client}`` = ``source``/``sink``, set by
+  ``connectors.kafka_health``): ``privstream_kafka_connected`` is 1 while the flow's clients of
+  that kind reach the broker — operational state that depends on the network, not the data.
 
 **Internal** — the separate registry ``INTERNAL``, prefix ``privstream_internal_``: the counters
-of events in, rejected by reason and late (true event counts), and the step-latency histogram (a
-timing side channel on how many events a slot held). They are ordinary process counters that
+of events in, rejected by reason and late (true event counts), the step-latency histogram (a
+timing side channel on how many events a slot held), the time of the last consumed or delivered
+Kafka batch (it tells when input arrived) and the count of undeliverable dead letters. They are
+ordinary process counters that
 restart at 0 with the process, and are served only by ``serve_internal_metrics``
 (``--internal-metrics-port``, loopback by default): reading them needs the same access as
 reading the input topic.
@@ -42,10 +47,17 @@ import math
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -90,6 +102,8 @@ PUBLIC_METRICS: Final[frozenset[str]] = frozenset(
         # how the run was configured
         "privstream_insecure_seed",
         "privstream_evaluation",
+        # operational, independent of the data: whether the Kafka clients reach the broker
+        "privstream_kafka_connected",
     }
 )
 
@@ -404,6 +418,14 @@ class LedgerBoard(Collector):
 BOARD: Final = LedgerBoard()
 REGISTRY.register(BOARD)
 
+# Set by ``connectors.kafka_health`` from probes of the broker: operational, not data-dependent.
+KAFKA_CONNECTED: Final = Gauge(
+    PREFIX + "kafka_connected",
+    "1 while every Kafka client of this kind (client=source: the input's consumers, "
+    "client=sink: the output producers) reaches the broker; 0 while one does not.",
+    ["client"],
+)
+
 # -- internal: true event counts and timing, never on the public endpoint ------------------------
 
 INTERNAL: Final = CollectorRegistry()
@@ -437,18 +459,55 @@ STEP_SECONDS = Histogram(
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
     registry=INTERNAL,
 )
+# Internal: the time of the last consumed batch tells when input events arrived.
+LAST_PROGRESS: Final = Gauge(
+    INTERNAL_PREFIX + "last_progress_timestamp_seconds",
+    "Unix time of the last consumed input batch (client=source) or delivered output batch "
+    "(client=sink).",
+    ["client"],
+    registry=INTERNAL,
+)
+DEAD_LETTERS_UNDELIVERABLE: Final = Counter(
+    INTERNAL_PREFIX + "dead_letters_undeliverable",
+    "Dead letters that could not be written to the dead-letter topic (logged by reason).",
+    registry=INTERNAL,
+)
 
 
-def serve_internal_metrics(
-    port: int, addr: str = "127.0.0.1"
-) -> tuple[WSGIServer, threading.Thread]:
-    """Serve the ``INTERNAL`` registry on ``http://addr:port/`` from a daemon thread; returns
-    ``(server, thread)`` (``server.shutdown()`` stops it).
+class MetricsServer(NamedTuple):
+    """A running metrics endpoint: the HTTP ``server`` (``server.server_address``) and the
+    daemon ``thread`` serving it. ``close()`` stops it."""
+
+    server: WSGIServer
+    thread: threading.Thread
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop serving, release the port and wait up to ``timeout`` s for the serving thread.
+        Scrapes in flight run on daemon threads and never hold up the process's exit."""
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout)
+
+
+def serve_metrics(
+    port: int, addr: str = "127.0.0.1", registry: CollectorRegistry = REGISTRY
+) -> MetricsServer:
+    """Serve ``registry`` (default: the public one) in the Prometheus text format on
+    ``http://addr:port/metrics`` (any path) with ``prometheus_client``'s own server, from a
+    daemon thread. Scrapes only take the GIL like any Python thread, so they can neither stall
+    the flow nor hold up its exit. ``addr`` defaults to loopback. Raises ``OSError`` when the
+    address cannot be bound."""
+    server, thread = start_http_server(port, addr=addr, registry=registry)
+    return MetricsServer(server, thread)
+
+
+def serve_internal_metrics(port: int, addr: str = "127.0.0.1") -> MetricsServer:
+    """Serve the ``INTERNAL`` registry like ``serve_metrics``.
 
     These metrics reveal true event counts and step timing: expose them only to whoever may
     read the input topic (the default address is loopback).
     """
-    return start_http_server(port, addr=addr, registry=INTERNAL)
+    return serve_metrics(port, addr, INTERNAL)
 
 
 def count_dead_letter(letter: DeadLetter, streams: frozenset[str]) -> None:

@@ -11,15 +11,17 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from privstream.mechanisms.ldp_ids import MECHANISMS
 from privstream.mechanisms.personalized import MECHANISMS as PERSONALIZED
+
+if TYPE_CHECKING:
+    from privstream.operators.metrics import MetricsServer
 
 ALL_LDP_IDS = ",".join(MECHANISMS)
 ALL_PERSONALIZED = ",".join(PERSONALIZED)
@@ -172,7 +174,15 @@ def _run_flags(
     p.add_argument(
         "--metrics-port",
         type=int,
-        help="serve Prometheus metrics on this port (Bytewax dataflow API, /metrics)",
+        metavar="PORT",
+        help="serve the public Prometheus metrics on this port (/metrics)",
+    )
+    p.add_argument(
+        "--metrics-addr",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="address of the public metrics server (default %(default)s: loopback only; "
+        "0.0.0.0 for every interface)",
     )
     p.add_argument(
         "--internal-metrics-port",
@@ -195,6 +205,14 @@ def _run_flags(
         type=_positive_int,
         default=64 * 1024,
         help="larger Kafka messages are 'oversized' dead letters (default %(default)s)",
+    )
+    p.add_argument(
+        "--stall-warning-seconds",
+        type=_positive_float,
+        default=30.0,
+        metavar="S",
+        help="warn when a Kafka source has heard nothing from the broker, or a Kafka output has "
+        "waited undelivered, for S seconds (default %(default)s)",
     )
 
 
@@ -335,6 +353,35 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--epsilon", type=_positive_float, default=1.0)
     demo.add_argument("--window", type=_positive_int, default=20)
     demo.add_argument("--seed", type=int, default=1)
+
+    audit = commands.add_parser(
+        "audit",
+        help="check what a flow published (files or topics): every slot present, no conflicting "
+        "duplicate, every window within budget, recomputed from the per-slot spends; exit 0 when "
+        "all hold, 1 when one fails, 2 on an input error",
+    )
+    audit.add_argument("--releases", metavar="FILE", help="releases (JSON lines, run --out)")
+    audit.add_argument("--ledger", metavar="FILE", help="ledger entries (run --ledger-out)")
+    _kafka_flags(audit)
+    audit.add_argument("--release-topic", help="topic of releases (read from the beginning)")
+    audit.add_argument("--ledger-topic", help="topic of ledger entries (read from the beginning)")
+    audit.add_argument(
+        "--idle-seconds",
+        type=_positive_float,
+        default=2.0,
+        help="a topic has ended once no message arrived for this long (default %(default)s)",
+    )
+    audit.add_argument(
+        "--population", type=_positive_int, metavar="N", help="n: users a window may hold"
+    )
+    audit.add_argument(
+        "--expect-slots",
+        type=_positive_int,
+        metavar="T",
+        help="every (stream, mechanism) runs to slot T unless halted (default: its last slot)",
+    )
+    audit.add_argument("--json", metavar="FILE", help="also write the report to this file")
+    audit.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     return parser
 
 
@@ -344,30 +391,44 @@ def _run_flow(
     recovery_dir: str | None,
     snapshot_interval: float | None = None,
     metrics_port: int | None = None,
+    metrics_addr: str = "127.0.0.1",
 ) -> None:
-    """Run ``flow`` in this process with Bytewax's runner: recovery store, snapshot interval
-    and the metrics endpoint (Bytewax dataflow API) as asked."""
-    from bytewax.recovery import RecoveryConfig, init_db_dir
+    """Run ``flow`` in this process with Bytewax's runner: recovery store (``prepare_store``),
+    snapshot interval and the public metrics endpoint (``serve_metrics`` on
+    ``metrics_addr:metrics_port``, stopped when the run ends) as asked."""
+    from bytewax.recovery import RecoveryConfig
     from bytewax.run import cli_main
+
+    from privstream.recovery import prepare_store
 
     recovery = None
     if recovery_dir:
-        path = Path(recovery_dir)
-        if not path.exists():
-            path.mkdir(parents=True)
-            init_db_dir(path, 1)
-        recovery = RecoveryConfig(path)
-    if metrics_port is not None:
-        os.environ["BYTEWAX_DATAFLOW_API_ENABLED"] = "true"
-        os.environ["BYTEWAX_DATAFLOW_API_PORT"] = str(metrics_port)
-        # Bytewax writes the rendered dataflow (dataflow.json) into this directory, by default
-        # the working directory; keep it out of the user's tree (a read-only cwd would abort).
-        if "BYTEWAX_DATAFLOW_API_CACHE_PATH" not in os.environ:
-            os.environ["BYTEWAX_DATAFLOW_API_CACHE_PATH"] = tempfile.mkdtemp(
-                prefix="privstream-api-"
-            )
+        prepare_store(recovery_dir)  # created atomically, kept, or refused; never reset
+        recovery = RecoveryConfig(Path(recovery_dir))
+    if os.environ.pop("BYTEWAX_DATAFLOW_API_ENABLED", None) is not None:
+        # Its web server answers scrapes from threads that need the GIL, while the main thread
+        # waits for it holding the GIL: a scraped run never exits.
+        log.warning("ignoring BYTEWAX_DATAFLOW_API_ENABLED: its server can hang the exit")
     interval = timedelta(seconds=snapshot_interval) if snapshot_interval else None
-    cli_main(flow, workers_per_process=workers, epoch_interval=interval, recovery_config=recovery)
+    server = None if metrics_port is None else _serve_metrics(metrics_port, metrics_addr)
+    try:
+        cli_main(
+            flow, workers_per_process=workers, epoch_interval=interval, recovery_config=recovery
+        )
+    finally:
+        if server is not None:
+            server.close()
+
+
+def _serve_metrics(port: int, addr: str, internal: bool = False) -> MetricsServer:
+    """The public (or internal) metrics server; a clear error when it cannot listen."""
+    from privstream.operators.metrics import serve_internal_metrics, serve_metrics
+
+    try:
+        return serve_internal_metrics(port, addr) if internal else serve_metrics(port, addr)
+    except OSError as exc:
+        which = "internal metrics" if internal else "metrics"
+        raise ValueError(f"cannot serve {which} on {addr}:{port}: {exc.strerror or exc}") from exc
 
 
 def _kafka_settings(args: argparse.Namespace) -> Any:
@@ -407,6 +468,7 @@ def run_flow(args: argparse.Namespace) -> int:
             args.ledger_topic,
             until_slot=args.slots,
             max_event_bytes=args.max_event_bytes,
+            stall_warning_seconds=args.stall_warning_seconds,
         )
         kafka = kafka.with_partitions(require_topics(settings, kafka.topics()))
     slots = args.slots or 800
@@ -456,12 +518,16 @@ def run_flow(args: argparse.Namespace) -> int:
                 Path(path).touch()
     else:
         control.install_signal_handlers()
+    internal = None
     if args.internal_metrics_port is not None:
-        from privstream.operators.metrics import serve_internal_metrics
-
-        serve_internal_metrics(args.internal_metrics_port, args.internal_metrics_addr)
+        internal = _serve_metrics(args.internal_metrics_port, args.internal_metrics_addr, True)
     started = time.perf_counter()
-    _run_flow(flow, args.workers, args.recovery_dir, args.snapshot_interval, args.metrics_port)
+    try:
+        _run_flow(flow, args.workers, args.recovery_dir, args.snapshot_interval,
+                  args.metrics_port, args.metrics_addr)  # fmt: skip
+    finally:
+        if internal is not None:
+            internal.close()
     if bar is not None:
         bar.close()
     where = f"topic {args.output_topic}" if kafka is not None else args.out
@@ -624,6 +690,13 @@ def demo(args: argparse.Namespace) -> int:
     )
 
 
+def audit(args: argparse.Namespace) -> int:
+    """``privstream audit``: the report on stdout (and ``--json``); 0 ok, 1 a check failed."""
+    from privstream.audit import main as run_audit
+
+    return run_audit(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(
@@ -646,6 +719,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "ldp-ids": bench_ldp_ids,
         }.get(getattr(args, "family", ""), bench_ldp_ids),
         "demo": demo,
+        "audit": audit,
     }
     try:
         return commands[args.command](args)

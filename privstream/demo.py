@@ -4,7 +4,7 @@
 2. create the event, release, dead-letter and ledger topics;
 3. produce the synthetic Sin stream (n = 20,000 users, T = 200 slots by default) as user events;
 4. run all seven LDP-IDS mechanisms (ε = 1, w = 20) side by side as one Bytewax flow over
-   Kafka, with the Prometheus metrics served on the Bytewax API while it runs. Comparing the
+   Kafka, with the Prometheus metrics served on loopback while it runs. Comparing the
    mechanisms on the same users with the full ε each is an evaluation (``compare``): every
    output is marked ``evaluation``, and the noise key is ``$PRIVSTREAM_SECRET`` or a fresh
    random secret that is never stored;

@@ -286,7 +286,7 @@ class FlowProcess:
                 stdout=out,
                 stderr=err,
                 env=env,
-                cwd=workdir,  # Bytewax's dataflow API writes dataflow.json into the cwd
+                cwd=workdir,
             )
 
     def output(self) -> tuple[str, str]:
@@ -302,7 +302,7 @@ class FlowProcess:
             pytest.fail(f"the flow exited early with code {code}:\n{self.output()[1][-3000:]}")
 
     def get(self, path: str, port: int | None = None) -> str:
-        """A page of the flow's Bytewax dataflow API (``/metrics``, ``/dataflow``), or of
+        """A page of the flow's public metrics endpoint (``/metrics``), or of
         another of its servers on ``port`` (``--internal-metrics-port``)."""
         url = f"http://127.0.0.1:{port or self.metrics_port}{path}"
         with urllib.request.urlopen(url, timeout=5) as response:

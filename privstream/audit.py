@@ -1,0 +1,820 @@
+"""``privstream audit``: an independent check of what a flow published.
+
+It reads the releases and ledger entries a flow wrote — JSON-lines files (``privstream run
+--out/--ledger-out``) or Kafka topics, read from the beginning until nothing new arrives for
+``idle_seconds`` (Tansu's high watermarks cannot be trusted) — and checks, from the JSON alone:
+
+1. ``complete_slots``: every (stream, mechanism) has its release and ledger entry at every slot
+   from its first to its last (or to ``expect_slots``), except after a halt record
+   ``{"kind": "halt", "stream", "mechanism", "slot", "reason"}`` in the ledger;
+2. ``unique_payloads``: no release id (``stream/mechanism/slot`` for ledger entries) carries
+   two different payloads; identical copies (at-least-once output) are counted, not failed;
+3. ``window_budget``: every mechanism's per-user spend over every window, recomputed from the
+   per-slot spends, is within its ε (per privacy class for personalized mechanisms), and a
+   population-division window holds at most n reporting users (``population``);
+4. ``population_accountant``: the stream's mechanisms together stay within the population's ε
+   per class key at every slot, unless the entries are marked ``evaluation``;
+5. ``declared_spend``: every ``window_spent``/``window_users``/``population_window_spent`` an
+   entry declares equals the recomputation (1e-9 relative);
+6. ``no_user_ids``: no output carries a raw user id field (``user``, ``user_id``, a list of
+   ``users``); ``well_formed``: every line is a release or ledger entry of the schema.
+
+Nothing of the operators, the mechanisms' ledgers or the population accountant is imported:
+the audit shares no code with what it audits (``privstream.audit_checks`` recomputes all).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import operator
+import sys
+import time
+from collections.abc import Callable, Sequence
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+from numpy.typing import NDArray
+
+from privstream.audit_checks import (
+    F64,
+    I64,
+    MAX_SLOT,
+    PROBLEM_LIMIT,
+    SLOT_BITS,
+    AccountantCounts,
+    Bools,
+    ClassTable,
+    Findings,
+    LedgerTable,
+    Published,
+    SlotCounts,
+    WindowCounts,
+    check_accountant,
+    check_slots,
+    check_windows,
+)
+
+PROGRESS_SECONDS = 2.0
+_UNSET: Any = msgspec.UNSET
+
+
+class _ClassSpend(msgspec.Struct, gc=False):
+    window: int
+    epsilon: float
+    users: int | list[Any]
+    epsilon_dc: float
+    epsilon_pub: float
+    window_spent: float
+    user: Any = _UNSET
+    user_id: Any = _UNSET
+
+
+class _Entry(msgspec.Struct, gc=False):
+    stream: str
+    mechanism: str
+    slot: int
+    division: str
+    epsilon: float
+    window: int
+    epsilon_m1: float
+    epsilon_m2: float
+    window_spent: float
+    users_m1: int
+    users_m2: int
+    window_users: int
+    classes: list[_ClassSpend] | None = None
+    population_epsilon: float | None = None
+    population_window_spent: float | None = None
+    evaluation: bool = False
+    user: Any = _UNSET
+    user_id: Any = _UNSET
+    users: Any = _UNSET
+
+
+class _Halt(msgspec.Struct):
+    kind: str
+    stream: str
+    slot: int
+    mechanism: str | None = None
+    reason: str = ""
+
+
+class _Release(msgspec.Struct, gc=False):
+    release_id: str
+    stream: str
+    mechanism: str
+    slot: int
+    epsilon: float
+    user: Any = _UNSET
+    user_id: Any = _UNSET
+    users: Any = _UNSET
+
+
+_RELEASE = msgspec.json.Decoder(_Release)
+_ENTRY = msgspec.json.Decoder(_Entry)
+_HALT = msgspec.json.Decoder(_Halt)
+
+
+def _raw_id_field(record: Any) -> str | None:
+    """The name of a field of ``record`` that looks like a raw user id, if it has one."""
+    if record.user is not _UNSET:
+        return "user"
+    if record.user_id is not _UNSET:
+        return "user_id"
+    if type(record.users) is list:
+        return "users"
+    return None
+
+
+class Collector:
+    """What the checks need from the published lines, kept as columns while they are read.
+
+    Lines are taken in batches (decoded one by one, their fields extracted and validated as
+    NumPy columns). Only the first copy of each id is kept; a later copy counts as a duplicate,
+    and as a conflicting one when its bytes differ (outputs are canonical JSON, so a replayed
+    release is byte-identical). Problems found while reading are kept per check (the first 50).
+    """
+
+    def __init__(self, batch: int = 8192) -> None:
+        self.batch = batch
+        self.pairs: dict[tuple[str, str], int] = {}
+        self._names: list[tuple[str, str]] = []
+        self._stream_ids: dict[str, int] = {}
+        self._mechanism_ids: dict[str, int] = {}
+        self._pair_table = np.zeros((0, 0), dtype=np.int64)
+        self.lines = {"release": 0, "ledger": 0}
+        self.duplicates = 0
+        self.conflicting = 0
+        self.malformed = 0
+        self.user_fields = 0
+        self.problems: dict[str, list[tuple[str, str, str]]] = {
+            "well_formed": [], "unique_payloads": [], "no_user_ids": []
+        }  # fmt: skip
+        self.notes: list[str] = []
+        self._pending: dict[str, list[bytes]] = {"release": [], "ledger": []}
+        self._seen: dict[str, dict[int, int]] = {"release": {}, "ledger": {}}
+        self._variants: dict[tuple[str, int], set[int]] = {}
+        self._releases: list[dict[str, NDArray[Any]]] = []
+        self._release_epsilon: dict[int, float] = {}
+        self._entries: list[dict[str, NDArray[Any]]] = []
+        self._classes: list[dict[str, NDArray[Any]]] = []
+        self._rows = 0
+        self._halts: dict[tuple[str, str | None], int] = {}
+        self._unknown_kinds: set[str] = set()
+
+    @property
+    def records(self) -> int:
+        """Lines taken so far."""
+        return sum(self.lines.values()) + sum(map(len, self._pending.values()))
+
+    @property
+    def distinct(self) -> dict[str, int]:
+        """Distinct release ids and ledger ids read."""
+        self.flush()
+        return {source: len(seen) for source, seen in self._seen.items()}
+
+    def take(self, source: str, payloads: list[bytes]) -> None:
+        """Take lines of ``source`` (``"release"`` or ``"ledger"``: entries and halt records),
+        each one JSON object with surrounding whitespace stripped."""
+        pending = self._pending[source]
+        pending.extend(payloads)
+        if len(pending) >= self.batch:
+            self._take_releases() if source == "release" else self._take_ledger()
+
+    def flush(self) -> None:
+        """Process the lines still pending."""
+        self._take_releases()
+        self._take_ledger()
+
+    def _problem(self, check: str, kind: str, ident: str, detail: str) -> None:
+        kept = self.problems[check]
+        if len(kept) < PROBLEM_LIMIT:
+            kept.append((kind, ident, detail))
+
+    def _malformed(self, source: str, line: int, detail: str) -> None:
+        self.malformed += 1
+        self._problem("well_formed", "malformed", f"{source} #{line}", detail)
+
+    def _pair(self, stream: str, mechanism: str) -> int:
+        key = (stream, mechanism)
+        index = self.pairs.get(key)
+        if index is None:
+            index = self.pairs[key] = len(self._names)
+            self._names.append(key)
+            s = self._stream_ids.setdefault(stream, len(self._stream_ids))
+            m = self._mechanism_ids.setdefault(mechanism, len(self._mechanism_ids))
+            table = np.full((len(self._stream_ids), len(self._mechanism_ids)), -1, dtype=np.int64)
+            table[: self._pair_table.shape[0], : self._pair_table.shape[1]] = self._pair_table
+            table[s, m] = index
+            self._pair_table = table
+        return index
+
+    def _name(self, pair: int, slot: int) -> str:
+        stream, mechanism = self._names[pair]
+        return f"{stream}/{mechanism}/{slot}"
+
+    def _decode(
+        self, decoder: Any, lines: list[bytes], numbers: list[int], source: str
+    ) -> tuple[list[Any], list[bytes], list[int]]:
+        """The decodable lines' records, bytes and line numbers; the others are malformed."""
+        try:
+            return [decoder.decode(line) for line in lines], lines, numbers
+        except msgspec.DecodeError:
+            pass
+        records, kept, where = [], [], []
+        for number, line in zip(numbers, lines, strict=True):
+            try:
+                records.append(decoder.decode(line))
+            except msgspec.DecodeError as exc:
+                self._malformed(source, number, f"not a {source} record: {exc}")
+                continue
+            kept.append(line)
+            where.append(number)
+        return records, kept, where
+
+    def _first_copies(self, source: str, pair: I64, slot: I64, lines: list[bytes]) -> I64:
+        """Positions of the lines that are the first copy of their id; counts the others as
+        duplicates, conflicting when their bytes differ from an earlier copy's."""
+        seen = self._seen[source]
+        keys = ((pair << SLOT_BITS) | slot).tolist()
+        batch = dict(zip(keys, map(hash, lines), strict=True))
+        if len(batch) == len(keys) and seen.keys().isdisjoint(batch):
+            seen.update(batch)  # the usual batch: no copy of anything
+            return np.arange(len(keys), dtype=np.int64)
+        first = []
+        for i, (key, line) in enumerate(zip(keys, lines, strict=True)):
+            digest, previous = hash(line), seen.get(key)
+            if previous is None:
+                seen[key] = digest
+                first.append(i)
+            else:
+                self._copy(source, key, previous, digest)
+        return np.array(first, dtype=np.int64)
+
+    def _copy(self, source: str, key: int, previous: int, digest: int) -> None:
+        self.duplicates += 1
+        if previous == digest:
+            return
+        variants = self._variants.setdefault((source, key), {previous})
+        if digest not in variants:
+            variants.add(digest)
+            self.conflicting += 1
+            what = "release" if source == "release" else "ledger entry"
+            self._problem(
+                "unique_payloads",
+                "conflicting_duplicate",
+                self._name(key >> SLOT_BITS, key & (MAX_SLOT - 1)),
+                f"{what} published with {len(variants)} different payloads",
+            )
+
+    def _user_fields(
+        self, fields: dict[str, tuple[Any, ...]], records: list[Any], pair: I64, what: str
+    ) -> None:
+        """Count and report records with a field that looks like a raw user id."""
+        for i in _id_field_rows(fields, records):
+            record = records[i]
+            classes = getattr(record, "classes", None) or ()
+            name = next(n for n in map(_raw_id_field, (record, *classes)) if n is not None)
+            self.user_fields += 1
+            detail = f"{what} has a field {name!r} that looks like a raw user id"
+            ident = self._name(int(pair[i]), record.slot)
+            self._problem("no_user_ids", "raw_user_field", ident, detail)
+
+    def _pairs_of(self, streams: tuple[str, ...], mechanisms: tuple[str, ...]) -> I64:
+        """The pair index of every (stream, mechanism), registering new pairs: names are looked
+        up one column at a time (no tuple per record), pairs in a (stream, mechanism) table."""
+        stream = list(map(self._stream_ids.get, streams))
+        mechanism = list(map(self._mechanism_ids.get, mechanisms))
+        if None not in stream and None not in mechanism:
+            pairs = self._pair_table[
+                np.array(stream, dtype=np.int64), np.array(mechanism, dtype=np.int64)
+            ]
+            if pairs.size == 0 or pairs.min() >= 0:
+                return pairs
+        return np.array(
+            [self._pair(*key) for key in zip(streams, mechanisms, strict=True)], dtype=np.int64
+        )
+
+    def _take_releases(self) -> None:
+        lines, self._pending["release"] = self._pending["release"], []
+        if not lines:
+            return
+        first_line = self.lines["release"] + 1
+        self.lines["release"] += len(lines)
+        numbers = list(range(first_line, first_line + len(lines)))
+        records, lines, where = self._decode(_RELEASE, lines, numbers, "release")
+        fields = _fields(_Release, records)
+        slot, epsilon = _ints(fields["slot"]), _floats(fields["epsilon"])
+        ids = map("{}/{}/{}".format, fields["stream"], fields["mechanism"], fields["slot"])
+        named = np.array(list(map(operator.eq, fields["release_id"], ids)), dtype=np.bool_)
+        good = named & (slot >= 0) & (slot < MAX_SLOT) & (epsilon > 0) & (epsilon < math.inf)
+        for i in np.flatnonzero(~good).tolist():
+            self._malformed("release", where[i], (
+                f"release_id {records[i].release_id!r} is not stream/mechanism/slot with "
+                "0 <= slot < 2**40, or ε is not positive and finite"
+            ))  # fmt: skip
+        if not good.all():
+            records, lines = _select(records, good), _select(lines, good)
+            fields, slot, epsilon = _fields(_Release, records), slot[good], epsilon[good]
+        pair = self._pairs_of(fields["stream"], fields["mechanism"])
+        self._user_fields(fields, records, pair, "release")
+        first = self._first_copies("release", pair, slot, lines)
+        self._releases.append({"pair": pair[first], "slot": slot[first]})
+        for p, e in zip(pair[first].tolist(), epsilon[first].tolist(), strict=True):
+            self._release_epsilon.setdefault(p, e)
+
+    def _take_ledger(self) -> None:
+        lines, self._pending["ledger"] = self._pending["ledger"], []
+        if not lines:
+            return
+        first_line = self.lines["ledger"] + 1
+        self.lines["ledger"] += len(lines)
+        numbers = list(range(first_line, first_line + len(lines)))
+        if b'"kind"' in b"\n".join(lines):
+            entries = [
+                (x, n)
+                for x, n in zip(lines, numbers, strict=True)
+                if b'"kind"' not in x or not self._take_record(x)
+            ]
+            lines, numbers = [x for x, _ in entries], [n for _, n in entries]
+        records, lines, where = self._decode(_ENTRY, lines, numbers, "ledger")
+        fields = _fields(_Entry, records)
+        columns, known = _entry_columns(fields)
+        classes, class_ok = _class_columns(fields["classes"], columns["has_classes"])
+        good = _valid_entries(columns, known, classes, class_ok)
+        for i in np.flatnonzero(~good).tolist():
+            r = records[i]
+            problem = _entry_problem(r) or "a field out of range"
+            self._malformed("ledger", where[i], f"{r.stream}/{r.mechanism}/{r.slot}: {problem}")
+        rows = np.flatnonzero(good)
+        if rows.size < good.size:
+            records, lines = _select(records, good), _select(lines, good)
+            fields = _fields(_Entry, records)
+        pair = self._pairs_of(fields["stream"], fields["mechanism"])
+        columns["pair"] = np.full(good.size, -1, dtype=np.int64)
+        columns["pair"][rows] = pair
+        self._user_fields(fields, records, pair, "ledger entry")
+        first = self._first_copies("ledger", pair, columns["slot"][rows], lines)
+        self._keep_entries(columns, classes, rows[first])
+
+    def _keep_entries(
+        self, columns: dict[str, NDArray[Any]], classes: dict[str, NDArray[Any]], keep: I64
+    ) -> None:
+        """Keep the entries at batch positions ``keep`` (valid first copies) and their classes."""
+        row = np.full(columns["slot"].size, -1, dtype=np.int64)
+        row[keep] = self._rows + np.arange(keep.size)
+        self._rows += keep.size
+        self._entries.append({name: column[keep] for name, column in columns.items()})
+        target = row[classes["row"]]
+        kept = target >= 0
+        self._classes.append({name: column[kept] for name, column in classes.items()})
+        self._classes[-1]["row"] = target[kept]
+
+    def _take_record(self, payload: bytes) -> bool:
+        """Take a halt record (or skip another kind of record, with a note); False when the
+        line is no record (an entry that merely mentions "kind")."""
+        try:
+            rec = _HALT.decode(payload)
+        except msgspec.DecodeError:
+            return False
+        if rec.kind == "halt":
+            key = (rec.stream, rec.mechanism)
+            if key not in self._halts and len(self._halts) < PROBLEM_LIMIT:
+                who = f"{rec.stream}/{rec.mechanism}" if rec.mechanism else f"stream {rec.stream}"
+                self.notes.append(f"{who} halted at slot {rec.slot}: {rec.reason}")
+            self._halts[key] = min(rec.slot, self._halts.get(key, rec.slot))
+        elif rec.kind not in self._unknown_kinds:
+            self._unknown_kinds.add(rec.kind)
+            self.notes.append(f"ledger records of kind {rec.kind!r} are not audited")
+        return True
+
+    def finish(self) -> Published:
+        """The collected columns as the checks' tables (pending lines are processed first)."""
+        self.flush()
+        halts: dict[int, int] = {}
+        for (stream, mechanism), slot in self._halts.items():
+            if mechanism is None:
+                targets = [p for (s, _), p in self.pairs.items() if s == stream]
+            else:
+                targets = [self._pair(stream, mechanism)]
+            for p in targets:
+                halts[p] = min(slot, halts.get(p, slot))
+        release_epsilon = np.full(len(self._names), math.nan)
+        for pair, epsilon in self._release_epsilon.items():
+            release_epsilon[pair] = epsilon
+        releases = _concatenate(self._releases, {"pair": np.int64, "slot": np.int64})
+        return Published(
+            pairs=list(self._names),
+            release_pair=releases["pair"],
+            release_slot=releases["slot"],
+            release_epsilon=release_epsilon,
+            ledger=LedgerTable(**_concatenate(self._entries, _ENTRY_DTYPES)),
+            classes=ClassTable(**_concatenate(self._classes, _CLASS_DTYPES)),
+            halts=halts,
+        )
+
+
+_COUNT_LIMIT = 1 << 40
+"""Windows and user counts must stay below this (their int64 window sums cannot overflow)."""
+_ENTRY_DTYPES: dict[str, Any] = {
+    "pair": np.int64, "slot": np.int64, "population_division": np.bool_,
+    "has_classes": np.bool_, "epsilon": np.float64, "window": np.int64, "m1": np.float64,
+    "m2": np.float64, "users1": np.int64, "users2": np.int64, "spent": np.float64,
+    "window_users": np.int64, "pop_epsilon": np.float64, "pop_spent": np.float64,
+    "evaluation": np.bool_,
+}  # fmt: skip
+_CLASS_DTYPES: dict[str, Any] = {
+    "row": np.int64, "window": np.int64, "epsilon": np.float64, "spend": np.float64,
+    "spent": np.float64,
+}  # fmt: skip
+
+
+def _ints(values: Sequence[int]) -> I64:
+    """An int64 column; values beyond ±2**40 (JSON integers may be any size) become −1."""
+    try:
+        return np.array(values, dtype=np.int64)
+    except OverflowError:
+        fitting = [v if -_COUNT_LIMIT < v < _COUNT_LIMIT else -1 for v in values]
+        return np.array(fitting, dtype=np.int64)
+
+
+def _floats(values: Sequence[float]) -> F64:
+    return np.array(values, dtype=np.float64)
+
+
+def _select(items: list[Any], mask: Bools) -> list[Any]:
+    return [x for x, keep in zip(items, mask.tolist(), strict=True) if keep]
+
+
+def _concatenate(chunks: list[dict[str, NDArray[Any]]], dtypes: dict[str, Any]) -> dict[str, Any]:
+    if not chunks:
+        return {name: np.zeros(0, dtype=dtype) for name, dtype in dtypes.items()}
+    return {name: np.concatenate([chunk[name] for chunk in chunks]) for name in dtypes}
+
+
+def _fields(kind: type[msgspec.Struct], records: list[Any]) -> dict[str, tuple[Any, ...]]:
+    """The records' fields as columns."""
+    return {name: tuple(map(operator.attrgetter(name), records)) for name in kind.__struct_fields__}
+
+
+def _optional(values: Sequence[float | None]) -> F64:
+    """A float column where None (a field a run from an earlier version lacks) is NaN."""
+    return np.array(
+        [math.nan if v is None else v for v in values] if None in values else values,
+        dtype=np.float64,
+    )
+
+
+def _entry_columns(fields: dict[str, tuple[Any, ...]]) -> tuple[dict[str, NDArray[Any]], Bools]:
+    """A batch of entries as columns, and which of them name a known division."""
+    division = fields["division"]
+    population = np.array(list(map("population".__eq__, division)), dtype=np.bool_)
+    known = population | np.array(list(map("budget".__eq__, division)), dtype=np.bool_)
+    columns = {
+        "slot": _ints(fields["slot"]),
+        "population_division": population,
+        "has_classes": np.array([c is not None for c in fields["classes"]], dtype=np.bool_),
+        "epsilon": _floats(fields["epsilon"]),
+        "window": _ints(fields["window"]),
+        "m1": _floats(fields["epsilon_m1"]),
+        "m2": _floats(fields["epsilon_m2"]),
+        "users1": _ints(fields["users_m1"]),
+        "users2": _ints(fields["users_m2"]),
+        "spent": _floats(fields["window_spent"]),
+        "window_users": _ints(fields["window_users"]),
+        "pop_epsilon": _optional(fields["population_epsilon"]),
+        "pop_spent": _optional(fields["population_window_spent"]),
+        "evaluation": np.array(fields["evaluation"], dtype=np.bool_),
+    }
+    return columns, known
+
+
+def _class_columns(
+    classes: tuple[list[_ClassSpend] | None, ...], has_classes: Bools
+) -> tuple[dict[str, NDArray[Any]], Bools]:
+    """The classes of a batch's personalized entries (``row``: the entry's batch position),
+    and which of them are in range."""
+    entries = np.flatnonzero(has_classes)
+    lists = [classes[i] or () for i in entries.tolist()]
+    flat = list(chain.from_iterable(lists))
+
+    def column(name: str) -> tuple[Any, ...]:
+        return tuple(map(operator.attrgetter(name), flat))
+
+    dc, pub = _floats(column("epsilon_dc")), _floats(column("epsilon_pub"))
+    columns = {
+        "row": np.repeat(entries, [len(x) for x in lists]).astype(np.int64),
+        "window": _ints(column("window")),
+        "epsilon": _floats(column("epsilon")),
+        "spend": dc + pub,
+        "spent": _floats(column("window_spent")),
+    }
+    window, epsilon = columns["window"], columns["epsilon"]
+    ok = (window >= 1) & (window < _COUNT_LIMIT) & (epsilon > 0) & (epsilon < math.inf)
+    return columns, ok & (np.minimum(np.minimum(dc, pub), columns["spent"]) >= 0)
+
+
+def _any_id_field(records: list[Any]) -> bool:
+    """Whether any of ``records`` has a field that looks like a raw user id (screened in C)."""
+    for name in ("user", "user_id"):
+        if tuple(map(operator.attrgetter(name), records)).count(_UNSET) != len(records):
+            return True
+    return list in map(type, map(operator.attrgetter("users"), records))
+
+
+def _id_field_rows(fields: dict[str, tuple[Any, ...]], records: list[Any]) -> list[int]:
+    """Positions of the records (or their classes) with a field like a raw user id."""
+    candidates: set[int] = set()
+    for name in ("user", "user_id", "users"):
+        column = fields[name]
+        if column.count(_UNSET) != len(column):
+            candidates.update(i for i, v in enumerate(column) if v is not _UNSET)
+    classes = fields.get("classes", ())
+    if _any_id_field(list(chain.from_iterable(c for c in classes if c))):
+        candidates.update(i for i, c in enumerate(classes) if c and any(map(_raw_id_field, c)))
+    return sorted(
+        i
+        for i in candidates
+        if _raw_id_field(records[i]) or any(map(_raw_id_field, records[i].classes or ()))
+    )
+
+
+def _valid_entries(
+    columns: dict[str, NDArray[Any]],
+    known: Bools,
+    classes: dict[str, NDArray[Any]],
+    class_ok: Bools,
+) -> Bools:
+    """Which entries of a batch can be audited (``_entry_problem`` says why not, one by one)."""
+    c = columns
+    ok = known & (c["slot"] >= 0) & (c["slot"] < MAX_SLOT)
+    ok &= (c["epsilon"] > 0) & (c["epsilon"] < math.inf)
+    ok &= (c["m1"] >= 0) & (c["m2"] >= 0) & (c["spent"] >= 0)
+    for name in ("window", "users1", "users2", "window_users"):
+        ok &= (c[name] >= (1 if name == "window" else 0)) & (c[name] < _COUNT_LIMIT)
+    ok &= np.isnan(c["pop_epsilon"]) | ((c["pop_epsilon"] > 0) & (c["pop_epsilon"] < math.inf))
+    ok &= np.isnan(c["pop_spent"]) | (c["pop_spent"] >= 0)
+    ok[classes["row"][~class_ok]] = False
+    return ok
+
+
+def _entry_problem(rec: _Entry) -> str | None:
+    """Why a decoded ledger entry cannot be audited, or None (``_valid_entries``, in words)."""
+    counts = (rec.users_m1, rec.users_m2, rec.window_users)
+    if rec.division not in ("budget", "population"):
+        return f"division {rec.division!r} is neither budget nor population"
+    if not (0 <= rec.slot < MAX_SLOT and 1 <= rec.window < _COUNT_LIMIT):
+        return "slot outside [0, 2**40) or window outside [1, 2**40)"
+    if not 0 < rec.epsilon < math.inf:
+        return "ε is not positive and finite"
+    if min(rec.epsilon_m1, rec.epsilon_m2, rec.window_spent) < 0:
+        return "negative spend"
+    if not (min(counts) >= 0 and max(counts) < _COUNT_LIMIT):
+        return "user counts outside [0, 2**40)"
+    pe, ps = rec.population_epsilon, rec.population_window_spent
+    if (pe is not None and not 0 < pe < math.inf) or (ps is not None and ps < 0):
+        return "population_epsilon not positive and finite, or negative population spend"
+    for c in rec.classes or ():
+        if not (1 <= c.window < _COUNT_LIMIT and 0 < c.epsilon < math.inf):
+            return f"class (w={c.window}, ε={c.epsilon}) out of range"
+        if min(c.epsilon_dc, c.epsilon_pub, c.window_spent) < 0:
+            return f"class (w={c.window}, ε={c.epsilon}) has a negative spend"
+    return None
+
+
+# -- reading -------------------------------------------------------------------------------------
+
+
+class Progress:
+    """A progress line on stderr every ``PROGRESS_SECONDS`` while a long read goes on."""
+
+    def __init__(self) -> None:
+        self.started = self.shown = time.monotonic()
+
+    def __call__(self, collector: Collector) -> None:
+        now = time.monotonic()
+        if now - self.shown >= PROGRESS_SECONDS:
+            self.shown = now
+            rate = collector.records / max(now - self.started, 1e-9)
+            print(
+                f"audit: read {collector.lines['release']:,} release and "
+                f"{collector.lines['ledger']:,} ledger lines ({rate:,.0f}/s)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def read_files(
+    releases: str | Path, ledger: str | Path, progress: Callable[[Collector], None] | None = None
+) -> Collector:
+    """Collect a run's JSON-lines outputs (``FileNotFoundError`` for a missing file)."""
+    for path in (releases, ledger):
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"no such file: {path}")
+    collector = Collector()
+    for path, source in ((releases, "release"), (ledger, "ledger")):
+        with open(path, "rb") as lines:
+            while chunk := lines.readlines(1 << 22):
+                collector.take(source, [x for x in map(bytes.strip, chunk) if x])
+                if progress is not None:
+                    progress(collector)
+    return collector
+
+
+def read_topics(
+    settings: Any,
+    release_topic: str,
+    ledger_topic: str,
+    idle_seconds: float = 2.0,
+    progress: Callable[[Collector], None] | None = None,
+) -> Collector:
+    """Collect a run's release and ledger topics (``settings``: ``KafkaSettings``) from the
+    beginning, until no message has arrived for ``idle_seconds``: the end of a topic is not
+    asked of the broker (Tansu's high watermarks are wrong). A missing topic is
+    ``TopicMissing`` (never created), an unreadable one ``ConnectionError``."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+    from privstream.connectors.kafka import consumer_config, require_topics
+
+    if release_topic == ledger_topic:
+        raise ValueError("the release and ledger topics must differ")
+    partitions = require_topics(settings, [release_topic, ledger_topic])
+    consumer = Consumer(consumer_config(settings))
+    consumer.assign(
+        [TopicPartition(t, p, OFFSET_BEGINNING) for t, n in partitions.items() for p in range(n)]
+    )
+    collector = Collector()
+    sources = {release_topic: "release", ledger_topic: "ledger"}
+    tombstones, quiet_since = 0, time.monotonic()
+    try:
+        while time.monotonic() - quiet_since < idle_seconds:
+            messages = consumer.consume(10_000, min(0.5, idle_seconds))
+            batch: dict[str, list[bytes]] = {"release": [], "ledger": []}
+            for message in messages:
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF or error.retriable():
+                        continue
+                    raise ConnectionError(f"cannot read topic {message.topic()!r}: {error.str()}")
+                value = (message.value() or b"").strip()
+                if value:
+                    batch[sources[message.topic() or ""]].append(value)
+                else:
+                    tombstones += 1
+            for source, values in batch.items():
+                collector.take(source, values)
+            if messages:
+                quiet_since = time.monotonic()
+            if progress is not None:
+                progress(collector)
+    finally:
+        consumer.close()
+    if tombstones:
+        collector.notes.append(f"{tombstones} empty messages (tombstones) skipped")
+    return collector
+
+
+# -- the report ----------------------------------------------------------------------------------
+
+
+def _check(ok: bool, count: int, detail: str) -> dict[str, Any]:
+    return {"ok": ok, "count": count, "detail": detail}
+
+
+def _checks(
+    collector: Collector,
+    pub: Published,
+    slots: SlotCounts,
+    windows: WindowCounts,
+    accountant: AccountantCounts,
+    population: int | None,
+) -> dict[str, dict[str, Any]]:
+    """Every check's verdict, count and detail."""
+    mismatches = windows.mismatches + accountant.mismatches
+    return {
+        "well_formed": _check(collector.malformed == 0, collector.malformed, (
+            f"{collector.lines['release']} release and {collector.lines['ledger']} ledger "
+            f"lines read, {collector.malformed} not of the schema"
+        )),
+        "complete_slots": _check(slots.missing + slots.after_halt == 0, slots.missing + slots.after_halt, (
+            f"{slots.expected} slots expected over {len(pub.pairs)} (stream, mechanism) pairs, "
+            f"{slots.missing} missing, {slots.halted} pairs halted, {slots.after_halt} "
+            "outputs after a halt"
+        )),
+        "unique_payloads": _check(collector.conflicting == 0, collector.conflicting, (
+            f"{collector.duplicates} duplicate copies (at-least-once output), "
+            f"{collector.conflicting} with a payload that differs from an earlier copy"
+        )),
+        "window_budget": _check(windows.over_budget + windows.over_users == 0, windows.over_budget + windows.over_users, (
+            f"{windows.over_budget} windows over a mechanism's or class's ε, "
+            f"{windows.over_users} over n={population} users"
+        )),
+        "declared_spend": _check(mismatches == 0, mismatches, (
+            f"{windows.mismatches} declared window spends or user counts and "
+            f"{accountant.mismatches} population_window_spent differ from the recomputation"
+        )),
+        "population_accountant": _check(accountant.over_budget == 0, accountant.over_budget, (
+            f"{accountant.over_budget} (stream, class, slot) windows over the population's ε"
+        )),
+        "no_user_ids": _check(collector.user_fields == 0, collector.user_fields, (
+            f"{collector.user_fields} outputs with a raw user id field"
+        )),
+    }  # fmt: skip
+
+
+def audit(
+    collector: Collector, *, population: int | None = None, expect_slots: int | None = None
+) -> dict[str, Any]:
+    """Run every check over what ``collector`` read; the report ``privstream audit`` prints.
+
+    ``ok`` holds exactly when every check holds. ``problems`` are the first 50 found (in the
+    order of the checks), ``notes`` say what could not be checked and why.
+    """
+    pub = collector.finish()
+    findings = Findings(notes=list(collector.notes))
+
+    def replay(check: str) -> None:
+        for kind, ident, detail in collector.problems[check]:
+            findings.add(kind, ident, detail)
+
+    replay("well_formed")
+    slots = check_slots(pub, expect_slots, findings)
+    replay("unique_payloads")
+    windows = check_windows(pub, population, findings)
+    accountant = check_accountant(pub, findings)
+    replay("no_user_ids")
+    if population is None and bool(pub.ledger.population_division.any()):
+        findings.notes.append(
+            "population-division windows not checked against n: give --population N"
+        )
+    distinct = collector.distinct
+    if not distinct["release"] and not distinct["ledger"]:
+        findings.notes.append("nothing to audit: no release and no ledger entry was read")
+    checks = _checks(collector, pub, slots, windows, accountant, population)
+    counts = {
+        "releases": distinct["release"],
+        "ledger_entries": distinct["ledger"],
+        "streams": len({stream for stream, _ in pub.pairs}),
+        "mechanisms": len(pub.pairs),
+        "slots_expected": slots.expected,
+        "missing_slots": slots.missing,
+        "halted": slots.halted,
+        "duplicates": collector.duplicates,
+        "conflicting_duplicates": collector.conflicting,
+        "windows_over_budget": windows.over_budget,
+        "windows_over_users": windows.over_users,
+        "population_over_budget": accountant.over_budget,
+        "declared_mismatches": windows.mismatches + accountant.mismatches,
+    }
+    return {
+        "ok": all(c["ok"] for c in checks.values()),
+        "checks": checks,
+        "counts": counts,
+        "problems": findings.problems,
+        "notes": findings.notes,
+    }
+
+
+def collect(args: argparse.Namespace) -> Collector:
+    """Read what ``privstream audit``'s flags name: two files, or two topics."""
+    progress = None if args.no_progress else Progress()
+    files, topics = (args.releases, args.ledger), (args.release_topic, args.ledger_topic)
+    if any(files) and any(topics):
+        raise ValueError("audit files (--releases, --ledger) or topics, not both")
+    if any(files):
+        if not all(files):
+            raise ValueError("a file audit needs both --releases FILE and --ledger FILE")
+        return read_files(args.releases, args.ledger, progress)
+    if not all(topics):
+        raise ValueError(
+            "name what to audit: --releases FILE --ledger FILE, or --release-topic TOPIC "
+            "--ledger-topic TOPIC with --bootstrap"
+        )
+    from privstream.connectors.kafka import KafkaSettings
+
+    settings = KafkaSettings.from_options(args.bootstrap, args.kafka_config)
+    return read_topics(settings, args.release_topic, args.ledger_topic, args.idle_seconds, progress)
+
+
+def main(args: argparse.Namespace) -> int:
+    """``privstream audit``: print the report (and write it to ``--json``); 0 when every check
+    holds, 1 when one fails (input errors raise: the CLI turns them into 2)."""
+    started = time.perf_counter()
+    collector = collect(args)
+    report = audit(collector, population=args.population, expect_slots=args.expect_slots)
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    failed = [name for name, check in report["checks"].items() if not check["ok"]]
+    print(
+        f"audit: {'FAILED ' + ', '.join(failed) if failed else 'ok'} "
+        f"({collector.records:,} lines in {time.perf_counter() - started:.1f} s)",
+        file=sys.stderr,
+    )
+    return 0 if report["ok"] else 1

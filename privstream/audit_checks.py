@@ -1,0 +1,531 @@
+"""The checks of ``privstream audit`` over column tables of what a flow published.
+
+Independent of what it audits: nothing here imports the operators, the mechanisms' ledgers or
+the population accountant. Every spend is recomputed from the per-slot fields of the published
+JSON — sliding window sums through cumulative sums, vectorised per group with NumPy — and
+compared with the budgets and with what the entries declare. A slot without an entry counts 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+RELATIVE = 1e-9
+"""Relative slack of every comparison (a window sum against ε, a declared spend against ours)."""
+ABSOLUTE = 1e-15
+"""Absolute slack of a declared-against-recomputed comparison (sums of float charges near 0)."""
+SLOT_BITS = 40
+MAX_SLOT = 1 << SLOT_BITS
+"""Slots must lie in ``[0, 2**40)``: a slot and its group index share one int64 sort key."""
+PROBLEM_LIMIT = 50
+
+I64 = NDArray[np.int64]
+F64 = NDArray[np.float64]
+Bools = NDArray[np.bool_]
+
+
+@dataclass(frozen=True)
+class LedgerTable:
+    """One row per distinct ledger entry (first copy of each ``stream/mechanism/slot``).
+
+    ``pop_epsilon``/``pop_spent`` are NaN where an entry lacks ``population_epsilon`` /
+    ``population_window_spent`` (runs from before the population accountant).
+    """
+
+    pair: I64
+    slot: I64
+    population_division: Bools
+    has_classes: Bools
+    epsilon: F64
+    window: I64
+    m1: F64
+    m2: F64
+    users1: I64
+    users2: I64
+    spent: F64
+    window_users: I64
+    pop_epsilon: F64
+    pop_spent: F64
+    evaluation: Bools
+
+
+@dataclass(frozen=True)
+class ClassTable:
+    """One row per privacy class of a personalized ledger entry (``row`` indexes the entry)."""
+
+    row: I64
+    window: I64
+    epsilon: F64
+    spend: F64
+    spent: F64
+
+
+@dataclass(frozen=True)
+class Published:
+    """What a flow published, as columns: releases, ledger entries, their classes and halts.
+
+    ``pairs[i]`` is the ``(stream, mechanism)`` of pair index ``i``; ``release_epsilon[i]`` is
+    the ε that pair's first release states (NaN without a release); ``halts`` maps a pair to
+    the earliest slot a halt record names for it.
+    """
+
+    pairs: list[tuple[str, str]]
+    release_pair: I64
+    release_slot: I64
+    release_epsilon: F64
+    ledger: LedgerTable
+    classes: ClassTable
+    halts: dict[int, int]
+
+    def name(self, pair: int, slot: int) -> str:
+        """The release id ``stream/mechanism/slot``."""
+        stream, mechanism = self.pairs[pair]
+        return f"{stream}/{mechanism}/{slot}"
+
+
+@dataclass
+class Findings:
+    """Problems in the order the checks found them: the first ``limit`` are kept with their
+    details (each check counts all of its own), plus notes on what could not be checked."""
+
+    limit: int = PROBLEM_LIMIT
+    problems: list[dict[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, kind: str, ident: str, detail: str) -> None:
+        if len(self.problems) < self.limit:
+            self.problems.append({"kind": kind, "id": ident, "detail": detail})
+
+    def room(self) -> int:
+        return self.limit - len(self.problems)
+
+
+def close(a: Any, b: Any) -> Any:
+    """Elementwise: ``a`` and ``b`` agree within ``RELATIVE`` (plus ``ABSOLUTE`` near 0)."""
+    return np.abs(a - b) <= RELATIVE * np.maximum(np.abs(a), np.abs(b)) + ABSOLUTE
+
+
+def window_sums(
+    group: I64, slot: I64, value: NDArray[Any], at_group: I64, at_slot: I64, at_window: I64
+) -> NDArray[Any]:
+    """For every ``i``: Σ ``value`` over the rows of group ``at_group[i]`` whose slot lies in
+    ``(at_slot[i] − at_window[i], at_slot[i]]`` — a slot without a row counts 0.
+
+    One cumulative sum over the rows sorted by (group, slot) and two binary searches per query,
+    so rows may be sparse and queries anywhere. Exact for integer values; float values are
+    summed in extended precision and returned as float64. Slots lie in ``[0, MAX_SLOT)``.
+    """
+    order = np.lexsort((slot, group))
+    key = (group[order] << SLOT_BITS) | slot[order]
+    integer = value.dtype.kind in "iub"
+    acc = np.cumsum(value[order], dtype=np.int64 if integer else np.longdouble)
+    csum = np.concatenate((np.zeros(1, dtype=acc.dtype), acc))
+    base = at_group << SLOT_BITS
+    hi = np.searchsorted(key, base | at_slot, side="right")
+    lo = np.searchsorted(key, base | np.maximum(at_slot - at_window + 1, 0), side="left")
+    sums: NDArray[Any] = csum[hi] - csum[lo]
+    return sums if integer else sums.astype(np.float64)
+
+
+def _report_rows(findings: Findings, pub: Published, rows: I64, kind: str, detail: Any) -> None:
+    """Add the first ledger rows of ``rows`` as problems; ``detail(i)`` describes row ``i``."""
+    led = pub.ledger
+    for i in rows[: max(findings.room(), 0)].tolist():
+        findings.add(kind, pub.name(int(led.pair[i]), int(led.slot[i])), detail(i))
+
+
+def _report(
+    findings: Findings, pub: Published, rows: I64, mask: Bools, kind: str, detail: Any
+) -> None:
+    """Add the first flagged entries as problems: ``rows[k]`` is the ledger row of local
+    position ``k``, ``mask`` flags the positions, ``detail(k)`` describes one."""
+    led = pub.ledger
+    for k in np.flatnonzero(mask)[: max(findings.room(), 0)].tolist():
+        i = int(rows[k])
+        findings.add(kind, pub.name(int(led.pair[i]), int(led.slot[i])), detail(k))
+
+
+def group_ids(*columns: NDArray[Any]) -> tuple[I64, I64]:
+    """Dense ids of the distinct tuples of ``columns`` (numbered in lexicographic order of the
+    columns, first column most significant) and, per id, the first row holding it."""
+    order = np.lexsort(columns[::-1])
+    change = np.zeros(order.size, dtype=np.bool_)
+    if order.size:
+        change[0] = True
+        for col in columns:
+            c = col[order]
+            change[1:] |= c[1:] != c[:-1]
+    ids = np.empty(order.size, dtype=np.int64)
+    ids[order] = np.cumsum(change) - 1
+    return ids, order[change]
+
+
+# -- check 1: every slot present -------------------------------------------------------------
+
+
+@dataclass
+class SlotCounts:
+    expected: int = 0
+    missing: int = 0
+    halted: int = 0
+    after_halt: int = 0
+
+
+def _slots_by_pair(pair: I64, slot: I64, pairs: int) -> list[I64]:
+    """The sorted distinct slots of every pair index ``0..pairs−1``."""
+    _, first = group_ids(pair, slot)
+    upair, uslot = pair[first], slot[first]
+    bounds = np.searchsorted(upair, np.arange(pairs + 1))
+    return [uslot[bounds[p] : bounds[p + 1]] for p in range(pairs)]
+
+
+def check_slots(pub: Published, expect_slots: int | None, findings: Findings) -> SlotCounts:
+    """Every (stream, mechanism) has a release and a ledger entry at every slot from its first
+    to its last (or to ``expect_slots``), except after a halt: a halt record at slot ``h`` makes
+    slots ``≥ h`` not expected (nothing of a halted slot is released), and anything published
+    after ``h`` is a problem."""
+    counts = SlotCounts(halted=len(pub.halts))
+    n = len(pub.pairs)
+    releases = _slots_by_pair(pub.release_pair, pub.release_slot, n)
+    ledger = _slots_by_pair(pub.ledger.pair, pub.ledger.slot, n)
+    for p in range(n):
+        seen = np.union1d(releases[p], ledger[p])
+        if seen.size == 0:
+            continue
+        first, end = int(seen[0]), int(seen[-1])
+        if expect_slots is not None:
+            end = max(end, expect_slots)
+        halt = pub.halts.get(p)
+        if halt is not None:
+            end = min(end, halt - 1)
+            after = seen[seen > halt]
+            counts.after_halt += int(after.size)
+            for t in after[: max(findings.room(), 0)].tolist():
+                findings.add("published_after_halt", pub.name(p, t), f"halted at slot {halt}")
+        present = np.intersect1d(releases[p], ledger[p], assume_unique=True)
+        present = present[(present >= first) & (present <= end)]
+        expected = max(0, end - first + 1)
+        counts.expected += expected
+        counts.missing += expected - int(present.size)
+        _report_missing(findings, pub, p, present, first, end, (releases[p], ledger[p]))
+    return counts
+
+
+def _report_missing(
+    findings: Findings,
+    pub: Published,
+    pair: int,
+    present: I64,
+    first: int,
+    end: int,
+    sources: tuple[I64, I64],
+) -> None:
+    """Problems for the first slots of ``first..end`` missing from ``present`` (found through
+    the gaps, so a huge range costs nothing)."""
+    edges = np.concatenate(([first - 1], present, [end + 1]))
+    for g in np.flatnonzero(np.diff(edges) > 1).tolist():
+        start, stop = int(edges[g]) + 1, int(edges[g + 1]) - 1
+        for t in range(start, min(stop, start + findings.room() - 1) + 1):
+            absent = [
+                what
+                for what, slots in zip(("release", "ledger entry"), sources, strict=True)
+                if not np.isin(t, slots)
+            ]
+            findings.add("missing_slot", pub.name(pair, t), " and ".join(absent) + " missing")
+        if findings.room() <= 0:
+            return
+
+
+# -- check 3: every mechanism within its window budget ------------------------------------------
+
+
+@dataclass
+class WindowCounts:
+    over_budget: int = 0
+    over_users: int = 0
+    mismatches: int = 0
+
+
+def check_windows(pub: Published, population: int | None, findings: Findings) -> WindowCounts:
+    """Every mechanism's per-user spend over every window, recomputed from its per-slot spends,
+    stays within its ε (budget division), within n reporting users (population division; each
+    reporting user spends ε) and within every privacy class's ε_c over the class's own window
+    (personalized); declared window sums that differ from ours are mismatches."""
+    counts = WindowCounts()
+    _budget_windows(pub, findings, counts)
+    _population_windows(pub, population, findings, counts)
+    _class_windows(pub, findings, counts)
+    return counts
+
+
+def _budget_windows(pub: Published, findings: Findings, counts: WindowCounts) -> None:
+    led = pub.ledger
+    rows = np.flatnonzero(~led.population_division & ~led.has_classes)
+    pair, slot, window = led.pair[rows], led.slot[rows], led.window[rows]
+    sums = window_sums(pair, slot, led.m1[rows] + led.m2[rows], pair, slot, window)
+    epsilon, declared = led.epsilon[rows], led.spent[rows]
+    over = sums > epsilon * (1 + RELATIVE)
+    wrong = ~close(sums, declared)
+    counts.over_budget += int(over.sum())
+    counts.mismatches += int(wrong.sum())
+    _report(findings, pub, rows, over, "window_over_budget", lambda k: (
+        f"per-slot spends sum to {sums[k]:.12g} > ε={epsilon[k]:g} over the window of "
+        f"w={window[k]} ending here"
+    ))  # fmt: skip
+    _report(findings, pub, rows, wrong, "declared_mismatch", lambda k: (
+        f"window_spent {declared[k]:.12g} but the per-slot spends sum to {sums[k]:.12g}"
+    ))  # fmt: skip
+
+
+def _population_windows(
+    pub: Published, population: int | None, findings: Findings, counts: WindowCounts
+) -> None:
+    led = pub.ledger
+    rows = np.flatnonzero(led.population_division & ~led.has_classes)
+    pair, slot, window = led.pair[rows], led.slot[rows], led.window[rows]
+    users = window_sums(pair, slot, led.users1[rows] + led.users2[rows], pair, slot, window)
+    declared = led.window_users[rows]
+    wrong = users != declared
+    over_users = users > population if population is not None else np.zeros_like(wrong)
+    epsilon = led.epsilon[rows]
+    overspent = np.zeros_like(wrong)
+    underspent = np.zeros_like(wrong)
+    for spend, reported in ((led.m1[rows], led.users1[rows]), (led.m2[rows], led.users2[rows])):
+        overspent |= (reported > 0) & (spend > epsilon * (1 + RELATIVE))
+        underspent |= (reported > 0) & ~close(spend, epsilon)
+    underspent &= ~overspent
+    counts.over_users += int(over_users.sum())
+    counts.over_budget += int(overspent.sum())
+    counts.mismatches += int(wrong.sum() + underspent.sum())
+    _report(findings, pub, rows, over_users, "window_over_users", lambda k: (
+        f"{users[k]} users reported over the window of w={window[k]} ending here > n={population}"
+    ))  # fmt: skip
+    _report(findings, pub, rows, overspent, "window_over_budget", lambda k: (
+        f"a reporting user spends more than ε={epsilon[k]:g} at this slot"
+    ))  # fmt: skip
+    _report(findings, pub, rows, wrong | underspent, "declared_mismatch", lambda k: (
+        f"window_users {declared[k]} against {users[k]} reports in the window, or a reporting "
+        f"user's spend differs from ε={epsilon[k]:g}"
+    ))  # fmt: skip
+
+
+def _class_windows(pub: Published, findings: Findings, counts: WindowCounts) -> None:
+    led, cls = pub.ledger, pub.classes
+    pair, slot = led.pair[cls.row], led.slot[cls.row]
+    group, _ = group_ids(pair, cls.window, cls.epsilon)
+    sums = window_sums(group, slot, cls.spend, group, slot, cls.window)
+    over = sums > cls.epsilon * (1 + RELATIVE)
+    wrong = ~close(sums, cls.spent)
+    counts.over_budget += int(over.sum())
+    counts.mismatches += int(wrong.sum())
+    _report(findings, pub, cls.row, over, "class_over_budget", lambda k: (
+        f"class (w={cls.window[k]}, ε={cls.epsilon[k]:g}): per-slot spends sum to "
+        f"{sums[k]:.12g} over its window ending here"
+    ))  # fmt: skip
+    _report(findings, pub, cls.row, wrong, "declared_mismatch", lambda k: (
+        f"class (w={cls.window[k]}, ε={cls.epsilon[k]:g}): window_spent {cls.spent[k]:.12g} "
+        f"but the per-slot spends sum to {sums[k]:.12g}"
+    ))  # fmt: skip
+
+
+# -- check 4: the population accountant --------------------------------------------------------
+
+
+@dataclass
+class AccountantCounts:
+    over_budget: int = 0
+    mismatches: int = 0
+
+
+@dataclass(frozen=True)
+class _Sources:
+    """The accountant's summands: one source per (mechanism, division, window, class budget),
+    with the rows that charge it (``row_*``) and, per source, its attributes."""
+
+    row_group: I64
+    row_slot: I64
+    row_value: F64
+    pair: I64
+    window: I64
+    population: Bools
+    classwise: Bools
+    epsilon: F64
+    """Population division: the mechanism's ε (a user who reports spends it); classes: ε_c·s."""
+
+
+def _sources(pub: Published) -> _Sources:
+    led, cls = pub.ledger, pub.classes
+    plain = np.flatnonzero(~led.has_classes)
+    per_slot = np.where(led.population_division, led.users1 + led.users2, led.m1 + led.m2)
+    pair = np.concatenate((led.pair[plain], led.pair[cls.row]))
+    kind = np.concatenate(
+        (led.population_division[plain].astype(np.int64), np.full_like(cls.row, 2))
+    )
+    window = np.concatenate((led.window[plain], cls.window))
+    epsilon = np.concatenate((np.zeros(plain.size), cls.epsilon))
+    group, first = group_ids(pair, kind, window, epsilon)
+    return _Sources(
+        row_group=group,
+        row_slot=np.concatenate((led.slot[plain], led.slot[cls.row])),
+        row_value=np.concatenate((per_slot[plain].astype(np.float64), cls.spend)),
+        pair=pair[first],
+        window=window[first],
+        population=kind[first] == 1,
+        classwise=kind[first] == 2,
+        epsilon=np.concatenate((led.epsilon[plain], cls.epsilon))[first],
+    )
+
+
+@dataclass(frozen=True)
+class _Stream:
+    """One stream's composition: its ledger rows, slots, sources and their (w, ε) class keys."""
+
+    name: str
+    rows: I64
+    slots: I64
+    members: I64
+    key_window: I64
+    key_epsilon: F64
+
+
+def _shares(pub: Published, pairs: I64, evaluation: bool) -> F64 | None:
+    """Each personalized mechanism's share s of the population budget: 1 in an evaluation,
+    else its releases' ε over the sum of the stream's mechanisms' (a production budget split
+    sums to 1). None when a mechanism has no release to say it."""
+    if evaluation:
+        return np.ones(pairs.size)
+    stated = pub.release_epsilon[np.unique(pairs)]
+    if np.isnan(stated).any():
+        return None
+    shares: F64 = pub.release_epsilon[pairs] / stated.sum()
+    return shares
+
+
+def _stream_plan(
+    pub: Published, src: _Sources, name: str, rows: I64, members: I64, findings: Findings
+) -> _Stream | None:
+    """The class key of every source of one stream — ``(w, population_epsilon)`` for the
+    families with one requirement, ``(w_c, ε_c·s / s)`` per personalized class (12
+    significant digits, so every mechanism names the same class) — or None (with a note)
+    when the entries cannot say it."""
+    led = pub.ledger
+    if np.isnan(led.pop_epsilon[rows]).any() or np.isnan(led.pop_spent[rows]).any():
+        findings.notes.append(
+            f"stream {name!r}: entries without population_epsilon (a run from before the "
+            "population accountant): composition not checked"
+        )
+        return None
+    key_epsilon = np.empty(members.size)
+    plain = ~src.classwise[members]
+    if plain.any():
+        values, seen = np.unique(led.pop_epsilon[rows[~led.has_classes[rows]]], return_counts=True)
+        key_epsilon[plain] = values[np.argmax(seen)]
+    if not plain.all():
+        classwise = members[~plain]
+        shares = _shares(pub, src.pair[classwise], bool(led.evaluation[rows].any()))
+        if shares is None:
+            findings.notes.append(
+                f"stream {name!r}: a personalized mechanism without releases (its budget share "
+                "is unknown): composition not checked"
+            )
+            return None
+        full = src.epsilon[classwise] / shares
+        key_epsilon[~plain] = [float(f"{e:.12g}") for e in full.tolist()]
+    slots = np.unique(led.slot[rows])
+    return _Stream(name, rows, slots, members, src.window[members], key_epsilon)
+
+
+def _plans(pub: Published, src: _Sources, findings: Findings) -> list[_Stream]:
+    names, stream_of_pair = np.unique([s for s, _ in pub.pairs], return_inverse=True)
+    stream_of_pair = stream_of_pair.reshape(-1).astype(np.int64)
+    row_stream = stream_of_pair[pub.ledger.pair]
+    order = np.argsort(row_stream, kind="stable")
+    bounds = np.searchsorted(row_stream[order], np.arange(names.size + 1))
+    src_stream = stream_of_pair[src.pair]
+    plans = []
+    for s, name in enumerate(names.tolist()):
+        rows = order[bounds[s] : bounds[s + 1]]
+        if rows.size:
+            members = np.flatnonzero(src_stream == s)
+            plan = _stream_plan(pub, src, name, rows, members, findings)
+            if plan is not None:
+                plans.append(plan)
+    return plans
+
+
+def check_accountant(pub: Published, findings: Findings) -> AccountantCounts:
+    """At every slot of every stream, the mechanisms' per-user window spends — recomputed; a
+    mechanism past its last entry (halted) keeps its last window spend, as the accountant
+    counts it — summed per class key stay within the key's ε unless the entries are marked
+    ``evaluation``; and every entry's ``population_window_spent`` is the composed spend of the
+    class closest to its limit, whose ε is its ``population_epsilon``."""
+    counts = AccountantCounts()
+    led = pub.ledger
+    src = _sources(pub)
+    plans = _plans(pub, src, findings)
+    if not plans:
+        return counts
+    last = np.full(len(pub.pairs), -1, dtype=np.int64)
+    np.maximum.at(last, led.pair, led.slot)
+    at_group, at_slot, at_window = [], [], []
+    for plan in plans:
+        k, n = plan.members.size, plan.slots.size
+        at_group.append(np.repeat(plan.members, n))
+        until = np.repeat(last[src.pair[plan.members]], n)
+        at_slot.append(np.minimum(np.tile(plan.slots, k), until))
+        at_window.append(np.repeat(src.window[plan.members], n))
+    sums = window_sums(
+        src.row_group, src.row_slot, src.row_value,
+        np.concatenate(at_group), np.concatenate(at_slot), np.concatenate(at_window),
+    )  # fmt: skip
+    start = 0
+    for plan in plans:
+        k, n = plan.members.size, plan.slots.size
+        block = sums[start : start + k * n].reshape(k, n)
+        start += k * n
+        population = src.population[plan.members]
+        block[population] = np.where(
+            block[population] > 0, src.epsilon[plan.members][population, None], 0.0
+        )
+        _judge(pub, plan, block, findings, counts)
+    return counts
+
+
+def _judge(
+    pub: Published, plan: _Stream, spends: F64, findings: Findings, counts: AccountantCounts
+) -> None:
+    """Compose one stream's source spends per class key and compare them with the keys'
+    budgets and with what the entries declare."""
+    led = pub.ledger
+    key, first = group_ids(plan.key_window, plan.key_epsilon)
+    onehot = np.zeros((first.size, key.size))
+    onehot[key, np.arange(key.size)] = 1.0
+    totals = onehot @ spends
+    windows, budgets = plan.key_window[first], plan.key_epsilon[first]
+    at = np.searchsorted(plan.slots, led.slot[plan.rows])
+    evaluation = np.zeros(plan.slots.size, dtype=np.bool_)
+    evaluation[at[led.evaluation[plan.rows]]] = True
+    over = (totals > budgets[:, None] * (1 + RELATIVE)) & ~evaluation
+    counts.over_budget += int(over.sum())
+    for c, t in np.argwhere(over)[: max(findings.room(), 0)].tolist():
+        findings.add("population_over_budget", f"{plan.name}/{int(plan.slots[t])}", (
+            f"the stream's mechanisms together charged {totals[c, t]:.12g} > ε={budgets[c]:g} "
+            f"over the window of w={windows[c]} ending here"
+        ))  # fmt: skip
+    ratio = totals / budgets[:, None]
+    worst = ratio >= ratio.max(axis=0) * (1 - RELATIVE)
+    declared_epsilon, declared = led.pop_epsilon[plan.rows], led.pop_spent[plan.rows]
+    match = (
+        worst[:, at]
+        & close(totals[:, at], declared[None, :])
+        & close(budgets[:, None], declared_epsilon[None, :])
+    ).any(axis=0)
+    counts.mismatches += int((~match).sum())
+    _report(findings, pub, plan.rows, ~match, "declared_mismatch", lambda k: (
+        f"population_window_spent {declared[k]:.12g} of ε={declared_epsilon[k]:g}, but the "
+        f"class closest to its limit has {totals[:, at[k]].tolist()} of {budgets.tolist()}"
+    ))  # fmt: skip

@@ -1,0 +1,385 @@
+"""The chaos suite: a multi-mechanism Kafka flow with recovery, killed, starved and flooded, then
+audited against an undisturbed run (reliability issue: "the chaos suite").
+
+One round of ``run_chaos``:
+
+1. a Tansu broker behind a ``FaultProxy`` (every client talks to it through the proxy);
+2. events of the synthetic Sin stream, with hostile messages in the middle of the topic: a
+   2,000,000-byte and a 999,900-byte event, a far-future end-of-slot marker, events far behind
+   the stream, a 10,000-character stream name, malformed JSON, an empty message; the first
+   fifth is written up front, the rest slot by slot while the disturbed run goes on;
+3. the disturbed run, with ``--recovery-dir`` and ``--metrics-port`` scraped continuously by
+   four threads: SIGKILLed at random moments — right at start, while the recovery store is
+   built, mid-run — and restarted each time, with broker freezes and cuts between kills, until
+   it has been killed ``kills`` times; then it runs to completion;
+4. an undisturbed reference run of the same flow, same secret, into its own topics;
+5. ``privstream audit`` over the disturbed run's topics, and a release-by-release comparison
+   with the reference run.
+
+The report counts kills, restarts, lost slots, conflicting duplicates, releases that differ
+from the reference and windows over budget: every one but the first two must be zero.
+``python -m tests.integration.chaos --kills 60 --users 5000 --slots 200`` is ``make chaos``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import random
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Producer
+
+from privstream.connectors.broker import free_port
+from privstream.connectors.kafka import (
+    RELEASE_TOPIC_CONFIG,
+    KafkaSettings,
+    TopicSpec,
+    create_topics,
+)
+from privstream.connectors.producer import slot_messages
+from privstream.connectors.synthetic import SyntheticStream
+
+from .conftest import PRIVSTREAM, cli_env, read_all
+from .proxy import ProxiedBroker
+
+MECHANISMS = "LBU,LPA"
+HOSTILE_AT = 0.4  # share of the slots after which the hostile messages are written
+
+
+@dataclass
+class Plan:
+    """What one chaos round does."""
+
+    kills: int = 20
+    users: int = 2000
+    slots: int = 60
+    seed: int = 7
+    scrapers: int = 4
+    outages: int = 3
+    log: Callable[[str], None] = field(default=lambda _msg: None)
+    run_seconds: float = 3.0
+    """A mid-run kill comes 0.5–1 times this after the start (the start-up takes ~1.5 s)."""
+
+
+@dataclass
+class Report:
+    kills: int = 0
+    restarts: int = 0
+    early_kills: int = 0
+    store_kills: int = 0
+    outages: int = 0
+    scrapes: int = 0
+    releases: int = 0
+    lost_slots: int = 0
+    conflicting_duplicates: int = 0
+    differing_releases: int = 0
+    windows_over_budget: int = 0
+    population_over_budget: int = 0
+    audit_ok: bool = False
+    seconds: float = 0.0
+
+    def failures(self) -> dict[str, int]:
+        """The counts that must be zero (and the audit that must pass)."""
+        bad = {
+            "lost_slots": self.lost_slots,
+            "conflicting_duplicates": self.conflicting_duplicates,
+            "differing_releases": self.differing_releases,
+            "windows_over_budget": self.windows_over_budget,
+            "population_over_budget": self.population_over_budget,
+            "audit_failed": int(not self.audit_ok),
+        }
+        return {k: v for k, v in bad.items() if v}
+
+
+def hostile_messages(slot: int) -> list[bytes]:
+    """Every kind of poison the audit tried, for a stream at ``slot``."""
+    head = b'{"stream": "sin", "user": "u1", "slot": %d, "value": 1, "pad": "' % slot
+    padded = [head + b"x" * (size - len(head) - 2) + b'"}' for size in (2_000_000, 999_900)]
+    return [
+        *padded,
+        b'{"stream": "sin", "end_of_slot": 1000000000}',
+        *(b'{"stream": "sin", "user": "u%d", "slot": 0, "value": 1}' % u for u in range(5)),
+        json.dumps({"stream": "s" * 10_000, "user": "u1", "slot": slot, "value": 1}).encode(),
+        b'{"stream": "sin", "user": ',
+        b"",
+    ]
+
+
+def produce_events(bootstrap: str, topic: str, plan: Plan, slots: range, pace: float = 0.0) -> None:
+    """Slots ``slots`` of the Sin stream with their markers, ``pace`` seconds apart, and the
+    hostile messages after the slot at ``HOSTILE_AT`` of the stream."""
+    stream = SyntheticStream("sin", plan.users, plan.slots, seed=plan.seed)
+    producer = Producer(
+        KafkaSettings((bootstrap,)).client_config(
+            **{"message.max.bytes": 3_000_000, "linger.ms": 20, "allow.auto.create.topics": False}
+        )
+    )
+    hostile_after = max(2, int(plan.slots * HOSTILE_AT))
+    for slot in slots:
+        for message in slot_messages(stream, "sin", slot):
+            _produce(producer, topic, message)
+        if slot == hostile_after:
+            for message in hostile_messages(slot):
+                _produce(producer, topic, message)
+        producer.flush(60)
+        time.sleep(pace)
+    if producer.flush(60):
+        raise RuntimeError("the chaos events were not all delivered")
+
+
+def _produce(producer: Producer, topic: str, value: bytes) -> None:
+    while True:
+        try:
+            producer.produce(topic, value, b"sin")
+            return
+        except BufferError:
+            producer.poll(0.05)
+
+
+class Topics:
+    """One run's topics: releases, ledger, dead letters."""
+
+    def __init__(self, bootstrap: str, tag: str) -> None:
+        self.releases, self.ledger, self.dlq = (f"{k}-{tag}" for k in ("rel", "led", "dlq"))
+        create_topics(
+            KafkaSettings((bootstrap,)),
+            [
+                TopicSpec(self.releases, config=RELEASE_TOPIC_CONFIG),
+                TopicSpec(self.ledger, config=RELEASE_TOPIC_CONFIG),
+                TopicSpec(self.dlq),
+            ],
+        )
+
+
+class Scrapers:
+    """Threads scraping ``/metrics`` without pause while the flow runs (and between runs)."""
+
+    def __init__(self, port: int, count: int) -> None:
+        self.url = f"http://127.0.0.1:{port}/metrics"
+        self.done = threading.Event()
+        self.scrapes = 0
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(count)]
+
+    def __enter__(self) -> Scrapers:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.done.set()
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self.done.is_set():
+            try:
+                with urllib.request.urlopen(self.url, timeout=1) as answer:
+                    answer.read()
+                with self._lock:
+                    self.scrapes += 1
+            except (OSError, http.client.HTTPException):
+                time.sleep(0.01)  # between runs nobody listens, or the answer was cut
+
+
+def flow_command(
+    bootstrap: str, events: str, topics: Topics, plan: Plan, extra: list[str]
+) -> list[str]:
+    return [
+        *PRIVSTREAM, "run", "ldp-ids", "--mechanism", MECHANISMS, "--budget-split", "equal",
+        "--dataset", "sin", "--users", str(plan.users), "--slots", str(plan.slots),
+        "--epsilon", "1", "--window", "10", "--bootstrap", bootstrap, "--input-topic", events,
+        "--output-topic", topics.releases, "--ledger-topic", topics.ledger,
+        "--dead-letter-topic", topics.dlq, "--no-progress", *extra,
+    ]  # fmt: skip
+
+
+def run_to_end(command: list[str], env: dict[str, str], timeout: float = 300) -> float:
+    """Run the flow to completion; its wall time (it calibrates the mid-run kills)."""
+    started = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"the flow failed ({done.returncode}): {done.stderr[-3000:]}")
+    return time.monotonic() - started
+
+
+def kill_after(
+    proc: subprocess.Popen[bytes], store: Path, how: str, rng: random.Random, length: float
+) -> None:
+    """SIGKILL ``proc``: ``early`` right after start, ``store`` while the recovery store is
+    being built, ``mid`` at a random moment of a run that takes ``length`` seconds."""
+    if how == "early":
+        time.sleep(rng.uniform(0.0, 0.05))
+    elif how == "store":
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and proc.poll() is None:
+            if store.exists() and any(store.glob(".privstream-staging-*")):
+                break  # the store is being built right now
+            time.sleep(0.0005)
+    else:
+        time.sleep(rng.uniform(0.5, 1.0) * length)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+def disturbed_run(
+    broker: ProxiedBroker,
+    command: list[str],
+    store: Path,
+    plan: Plan,
+    report: Report,
+    producer: threading.Thread,
+) -> None:
+    """Kill and restart until ``plan.kills`` kills happened, with outages in between; then,
+    once every event is written, run to completion (a run an outage failed is restarted)."""
+    rng = random.Random(plan.seed)
+    env = cli_env()
+    kinds = ["early", *["mid"] * 4]
+    outages_left = plan.outages
+    while report.kills < plan.kills:
+        fresh = not any(store.glob("*.sqlite3"))  # the store is still to be built
+        how = "store" if fresh and report.store_kills < 3 else rng.choice(kinds)
+        log = store.parent / f"run-{report.restarts}.log"
+        with log.open("wb") as stderr:
+            proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+        report.restarts += 1
+        if outages_left and how == "mid":
+            outage(broker, rng, report)
+            outages_left -= 1
+        kill_after(proc, store, how, rng, plan.run_seconds)
+        report.kills += proc.returncode == -signal.SIGKILL
+        report.early_kills += how == "early"
+        report.store_kills += how == "store"
+        plan.log(f"  kill {report.kills}/{plan.kills} ({how}), exit {proc.returncode}")
+        if proc.returncode not in (0, -signal.SIGKILL):
+            plan.log(log.read_text(errors="replace")[-1500:])
+    producer.join()
+    for _attempt in range(5):
+        report.restarts += 1
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        if done.returncode == 0:
+            return
+        plan.log(f"  final run exited {done.returncode}; restarting: {done.stderr[-500:]}")
+    raise RuntimeError("the disturbed run never completed")
+
+
+def outage(broker: ProxiedBroker, rng: random.Random, report: Report) -> None:
+    assert broker.proxy is not None
+    time.sleep(rng.uniform(0.3, 1.5))
+    (broker.proxy.freeze if rng.random() < 0.5 else broker.proxy.cut)()
+    time.sleep(rng.uniform(0.5, 2.0))
+    broker.proxy.resume()
+    report.outages += 1
+
+
+def audit(bootstrap: str, topics: Topics, plan: Plan, out: Path) -> dict[str, Any]:
+    done = subprocess.run(
+        [*PRIVSTREAM, "audit", "--bootstrap", bootstrap, "--release-topic", topics.releases,
+         "--ledger-topic", topics.ledger, "--population", str(plan.users),
+         "--expect-slots", str(plan.slots), "--json", str(out)],
+        capture_output=True, text=True, timeout=300, env=cli_env(),
+    )  # fmt: skip
+    if done.returncode not in (0, 1):
+        raise RuntimeError(f"privstream audit failed: {done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+def compare(bootstrap: str, reference: Topics, disturbed: Topics) -> tuple[int, int, int]:
+    """(releases, conflicting duplicates, releases differing from the reference)."""
+    settings = KafkaSettings((bootstrap,))
+    expected = {m.key(): m.value() for m in read_all(settings, reference.releases)}
+    seen: dict[bytes, bytes] = {}
+    conflicts = 0
+    for message in read_all(settings, disturbed.releases):
+        first = seen.setdefault(message.key(), message.value())
+        conflicts += first != message.value()
+    differing = sum(seen.get(k) != v for k, v in expected.items())
+    return len(seen), conflicts, differing
+
+
+def run_chaos(plan: Plan, workdir: Path) -> Report:
+    """One chaos round (see the module docstring); the report of what happened."""
+    started = time.monotonic()
+    report = Report()
+    secret = workdir / "noise.key"
+    secret.write_text(secrets.token_hex(32) + "\n")
+    with ProxiedBroker(workdir / "tansu.log") as broker:
+        tag = uuid.uuid4().hex[:6]
+        events = f"events-{tag}"
+        create_topics(KafkaSettings((broker.bootstrap,)), [TopicSpec(events)])
+        head = max(2, plan.slots // 5)
+        produce_events(broker.bootstrap, events, plan, range(1, head + 1))
+        # The rest arrives while the disturbed run is killed and restarted, so that kills land
+        # while it works rather than after it finished.
+        pace = 2.5 * plan.kills / (plan.slots - head)  # a kill every ~2.5 s
+        rest = threading.Thread(
+            target=produce_events,
+            args=(broker.bootstrap, events, plan, range(head + 1, plan.slots + 1), pace),
+        )
+        rest.start()
+        key = ["--secret-file", str(secret)]
+        disturbed = Topics(broker.bootstrap, f"chaos-{tag}")
+        store, port = workdir / f"store-{tag}", free_port()
+        extra = [*key, "--recovery-dir", str(store), "--snapshot-interval", "0.2",
+                 "--metrics-port", str(port)]  # fmt: skip
+        command = flow_command(broker.bootstrap, events, disturbed, plan, extra)
+        with Scrapers(port, plan.scrapers) as scrapers:
+            disturbed_run(broker, command, store, plan, report, rest)
+        report.scrapes = scrapers.scrapes
+        reference = Topics(broker.bootstrap, f"ref-{tag}")
+        run_to_end(flow_command(broker.bootstrap, events, reference, plan, key), cli_env())
+        plan.log("reference run (undisturbed, same secret) done")
+        result = audit(broker.bootstrap, disturbed, plan, workdir / "audit.json")
+        counts = result["counts"]
+        report.audit_ok = bool(result["ok"])
+        report.lost_slots = int(counts["missing_slots"])
+        report.windows_over_budget = int(counts["windows_over_budget"])
+        report.population_over_budget = int(counts["population_over_budget"])
+        released, conflicts, differing = compare(broker.bootstrap, reference, disturbed)
+        report.releases = released
+        report.conflicting_duplicates = max(conflicts, int(counts["conflicting_duplicates"]))
+        report.differing_releases = differing
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``make chaos``: a long round; prints the report and exits 1 if anything was lost."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kills", type=int, default=60)
+    parser.add_argument("--users", type=int, default=5000)
+    parser.add_argument("--slots", type=int, default=200)
+    parser.add_argument("--outages", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--workdir", type=Path, default=Path("chaos-out"))
+    args = parser.parse_args(argv)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    plan = Plan(args.kills, args.users, args.slots, args.seed, outages=args.outages,
+                log=lambda msg: print(msg, file=sys.stderr, flush=True))  # fmt: skip
+    report = run_chaos(plan, args.workdir)
+    print(json.dumps(vars(report), indent=2))
+    failures = report.failures()
+    if failures:
+        print(f"chaos: FAILED {failures}", file=sys.stderr)
+        return 1
+    print("chaos: 0 lost slots, 0 conflicting duplicates, 0 windows over budget", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

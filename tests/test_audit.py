@@ -1,0 +1,453 @@
+"""``privstream audit`` over real flow outputs, and one test per kind of defect it must catch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from bytewax.testing import run_main
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from privstream.audit_checks import window_sums
+from privstream.cli import main
+from privstream.flows import ldp_ids, personalized
+
+LDP = "LBU,LSP,LPU,LBD,LBA,LPD,LPA"
+USERS, SLOTS, WINDOW, EPSILON = 1000, 40, 10, 1.0
+PERSONALIZED = "PBD,PBA,Uniform,Sample"
+P_USERS, P_SLOTS = 500, 150
+ZERO = {
+    "halted": 0, "missing_slots": 0, "duplicates": 0, "conflicting_duplicates": 0,
+    "windows_over_budget": 0, "windows_over_users": 0, "population_over_budget": 0,
+    "declared_mismatches": 0,
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Run:
+    """A flow's outputs as JSON lines."""
+
+    releases: list[str]
+    ledger: list[str]
+
+    def records(self, which: str) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in getattr(self, which)]
+
+
+def run_flow(build: Callable[..., Any], directory: Path, **kwargs: Any) -> Run:
+    out, ledger = directory / "releases.jsonl", directory / "ledger.jsonl"
+    run_main(build(out=str(out), ledger_out=str(ledger), insecure_seed=1, **kwargs))
+    return Run(out.read_text().splitlines(), ledger.read_text().splitlines())
+
+
+def ldp_flow(directory: Path, mechanisms: str = LDP, **kwargs: Any) -> Run:
+    return run_flow(
+        ldp_ids.build, directory, dataset="sin", mechanisms=mechanisms, users=USERS,
+        slots=SLOTS, epsilon=EPSILON, window=WINDOW, **kwargs,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ldp(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """All seven LDP-IDS mechanisms sharing ε equally."""
+    return ldp_flow(tmp_path_factory.mktemp("ldp"), budget_split="equal")
+
+
+@pytest.fixture(scope="module")
+def pers(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """Four personalized mechanisms sharing every class's ε equally (windows up to 120)."""
+    return run_flow(
+        personalized.build, tmp_path_factory.mktemp("pers"), dataset="sin",
+        mechanisms=PERSONALIZED, users=P_USERS, slots=P_SLOTS, budget_split="equal",
+    )  # fmt: skip
+
+
+def dumps(records: list[dict[str, Any]]) -> list[str]:
+    """Canonical JSON lines, as the flows write them."""
+    return [json.dumps(r, separators=(",", ":")) for r in records]
+
+
+def audit(
+    tmp_path: Path, releases: list[str], ledger: list[str], *flags: str
+) -> tuple[int, dict[str, Any]]:
+    """Run ``privstream audit`` on these lines; its exit status and JSON report."""
+    paths = tmp_path / "r.jsonl", tmp_path / "l.jsonl"
+    for path, lines in zip(paths, (releases, ledger), strict=True):
+        path.write_text("".join(line + "\n" for line in lines))
+    report = tmp_path / "report.json"
+    status = main(
+        ["audit", "--releases", str(paths[0]), "--ledger", str(paths[1]), "--json", str(report),
+         "--no-progress", *flags]
+    )  # fmt: skip
+    return status, json.loads(report.read_text())
+
+
+def failed(report: dict[str, Any]) -> set[str]:
+    return {name for name, check in report["checks"].items() if not check["ok"]}
+
+
+def edit(
+    lines: list[str],
+    where: Callable[[dict[str, Any]], bool],
+    change: Callable[[dict[str, Any]], None],
+) -> list[str]:
+    """``lines`` with ``change`` applied to the records ``where`` selects (exactly one or more)."""
+    records = [json.loads(line) for line in lines]
+    hits = [r for r in records if where(r)]
+    assert hits
+    for record in hits:
+        change(record)
+    return dumps(records)
+
+
+def at(mechanism: str, slot: int) -> Callable[[dict[str, Any]], bool]:
+    return lambda r: r["mechanism"] == mechanism and r["slot"] == slot
+
+
+# -- real outputs pass ------------------------------------------------------------------------
+
+
+def test_the_ldp_ids_flow_passes(tmp_path: Path, ldp: Run) -> None:
+    status, report = audit(tmp_path, ldp.releases, ldp.ledger, "--population", str(USERS))
+    assert status == 0 and report["ok"] and report["problems"] == [] and report["notes"] == []
+    assert report["counts"] == {
+        "releases": 7 * SLOTS, "ledger_entries": 7 * SLOTS, "streams": 1, "mechanisms": 7,
+        "slots_expected": 7 * SLOTS, **ZERO,
+    }  # fmt: skip
+    assert set(report["checks"]) == {
+        "well_formed", "complete_slots", "unique_payloads", "window_budget", "declared_spend",
+        "population_accountant", "no_user_ids",
+    }  # fmt: skip
+
+
+def test_the_personalized_flow_passes(tmp_path: Path, pers: Run) -> None:
+    classes = {len(e["classes"]) for e in pers.records("ledger")}
+    assert min(classes) > 1  # the spec's user types: several privacy classes per mechanism
+    status, report = audit(tmp_path, pers.releases, pers.ledger)
+    assert status == 0 and report["ok"] and report["problems"] == []
+    assert report["counts"] == {
+        "releases": 4 * P_SLOTS, "ledger_entries": 4 * P_SLOTS, "streams": 1, "mechanisms": 4,
+        "slots_expected": 4 * P_SLOTS, **ZERO,
+    }  # fmt: skip
+
+
+def test_expect_slots_counts_a_lost_tail(tmp_path: Path, ldp: Run) -> None:
+    """The last slots of one mechanism lost entirely are only visible against --expect-slots."""
+
+    def keep(line: str) -> bool:
+        record = json.loads(line)
+        return not (record["mechanism"] == "LPD" and record["slot"] > SLOTS - 3)
+
+    releases, ledger = list(filter(keep, ldp.releases)), list(filter(keep, ldp.ledger))
+    assert audit(tmp_path, releases, ledger)[0] == 0
+    status, report = audit(tmp_path, releases, ledger, "--expect-slots", str(SLOTS))
+    assert status == 1 and failed(report) == {"complete_slots"}
+    assert report["counts"]["missing_slots"] == 3
+    assert report["counts"]["slots_expected"] == 7 * SLOTS
+
+
+# -- each defect is caught ---------------------------------------------------------------------
+
+
+def test_a_deleted_release_is_a_missing_slot(tmp_path: Path, ldp: Run) -> None:
+    releases = [line for line in ldp.releases if '"release_id":"sin/LPA/17"' not in line]
+    status, report = audit(tmp_path, releases, ldp.ledger)
+    assert status == 1 and failed(report) == {"complete_slots"}
+    assert report["counts"]["missing_slots"] == 1
+    assert report["counts"]["releases"] == 7 * SLOTS - 1
+    assert report["problems"] == [
+        {"kind": "missing_slot", "id": "sin/LPA/17", "detail": "release missing"}
+    ]
+
+
+def test_a_halt_record_makes_the_later_slots_not_expected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LBA fails at slot 25: the operator halts it there (its last window spend keeps counting
+    in the population accountant) and the others go on."""
+    from privstream.mechanisms.ldp_ids import LBA
+
+    advance = LBA._advance
+
+    def failing(self: LBA, state: Any, slot: Any) -> Any:
+        if slot.index == 25:
+            raise RuntimeError("injected failure")
+        return advance(self, state, slot)
+
+    monkeypatch.setattr(LBA, "_advance", failing)
+    run = ldp_flow(tmp_path, budget_split="equal")
+    assert max(r["slot"] for r in run.records("releases") if r["mechanism"] == "LBA") == 24
+    halts = [r for r in run.records("ledger") if r.get("kind") == "halt"]
+    assert [(h["mechanism"], h["slot"]) for h in halts] == [("LBA", 25)]  # the flow's record
+    expect = ("--expect-slots", str(SLOTS), "--population", str(USERS))
+    status, report = audit(tmp_path, run.releases, run.ledger, *expect)
+    assert status == 0, report["problems"]
+    assert report["counts"] == {
+        "releases": 6 * SLOTS + 24, "ledger_entries": 6 * SLOTS + 24, "streams": 1,
+        "mechanisms": 7, "slots_expected": 6 * SLOTS + 24, **ZERO, "halted": 1,
+    }  # fmt: skip
+    entries = [line for line in run.ledger if '"kind":"halt"' not in line]
+    status, report = audit(tmp_path, run.releases, entries, *expect)
+    assert status == 1 and failed(report) == {"complete_slots"}
+    assert report["counts"]["missing_slots"] == SLOTS - 24
+    assert report["problems"][0] == {
+        "kind": "missing_slot", "id": "sin/LBA/25", "detail": "release and ledger entry missing"
+    }  # fmt: skip
+    late = json.loads(next(x for x in run.releases if '"release_id":"sin/LBA/24"' in x))
+    late.update(slot=30, release_id="sin/LBA/30")
+    status, report = audit(tmp_path, [*run.releases, json.dumps(late)], run.ledger, *expect)
+    assert status == 1 and failed(report) == {"complete_slots"}
+    assert report["problems"] == [
+        {"kind": "published_after_halt", "id": "sin/LBA/30", "detail": "halted at slot 25"}
+    ]
+
+
+def test_a_conflicting_duplicate_is_caught(tmp_path: Path, ldp: Run) -> None:
+    original = next(line for line in ldp.releases if '"release_id":"sin/LBU/5"' in line)
+    other = json.loads(original)
+    other["estimate"] = [0.5, 0.5]
+    status, report = audit(tmp_path, [*ldp.releases, json.dumps(other)], ldp.ledger)
+    assert status == 1 and failed(report) == {"unique_payloads"}
+    assert report["counts"]["duplicates"] == 1
+    assert report["counts"]["conflicting_duplicates"] == 1
+    assert report["counts"]["releases"] == 7 * SLOTS
+    assert report["problems"][0]["kind"] == "conflicting_duplicate"
+    assert report["problems"][0]["id"] == "sin/LBU/5"
+
+
+def test_identical_duplicates_are_counted_not_failed(tmp_path: Path, ldp: Run) -> None:
+    """At-least-once output: a replayed slot repeats its lines byte for byte."""
+    releases = [*ldp.releases, *ldp.releases[10:13]]
+    ledger = [*ldp.ledger, *ldp.ledger[:2]]
+    status, report = audit(tmp_path, releases, ledger)
+    assert status == 0 and report["ok"]
+    assert report["counts"]["duplicates"] == 5
+    assert report["counts"]["conflicting_duplicates"] == 0
+    assert report["counts"]["releases"] == report["counts"]["ledger_entries"] == 7 * SLOTS
+
+
+def test_an_overspent_window_is_caught(tmp_path: Path, ldp: Run) -> None:
+    """One LBU entry spends ε_j more at slot 12: every window of w slots holding it is over."""
+    ledger = edit(
+        ldp.ledger, at("LBU", 12), lambda r: r.update(epsilon_m2=r["epsilon_m2"] + r["epsilon"])
+    )
+    status, report = audit(tmp_path, ldp.releases, ledger)
+    assert status == 1 and "window_budget" in failed(report)
+    assert report["counts"]["windows_over_budget"] == WINDOW  # windows ending at 12..21
+    first = report["problems"][0]
+    assert (first["kind"], first["id"]) == ("window_over_budget", "sin/LBU/12")
+
+
+def test_a_population_window_with_too_many_users_is_caught(tmp_path: Path, ldp: Run) -> None:
+    ledger = edit(ldp.ledger, at("LPU", 20), lambda r: r.update(users_m2=r["users_m2"] + USERS))
+    status, report = audit(tmp_path, ldp.releases, ledger, "--population", str(USERS))
+    assert status == 1 and "window_budget" in failed(report)
+    assert report["counts"]["windows_over_users"] == WINDOW
+    assert report["counts"]["windows_over_budget"] == 0
+    over = [p for p in report["problems"] if p["kind"] == "window_over_users"]
+    assert over[0]["id"] == "sin/LPU/20"
+    status, report = audit(tmp_path, ldp.releases, ledger)
+    assert report["counts"]["windows_over_users"] == 0
+    assert any("--population" in note for note in report["notes"])
+
+
+def test_a_personalized_class_overspending_is_caught(tmp_path: Path, pers: Run) -> None:
+    entry = next(r for r in pers.records("ledger") if r["mechanism"] == "PBD" and r["slot"] == 20)
+    window = entry["classes"][0]["window"]
+
+    def overspend(r: dict[str, Any]) -> None:
+        r["classes"][0]["epsilon_pub"] += r["classes"][0]["epsilon"]
+
+    ledger = edit(pers.ledger, at("PBD", 20), overspend)
+    status, report = audit(tmp_path, pers.releases, ledger)
+    assert status == 1 and "window_budget" in failed(report)
+    assert report["counts"]["windows_over_budget"] == min(window, P_SLOTS - 20 + 1)
+    first = report["problems"][0]
+    assert (first["kind"], first["id"]) == ("class_over_budget", "sin/PBD/20")
+
+
+def composed_spend(ledger: list[dict[str, Any]]) -> dict[int, float]:
+    """A naive recomputation of the population accountant for one LDP-IDS stream: per slot,
+    Σ over the mechanisms of each one's per-user spend over its window."""
+    entries: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
+    for e in ledger:
+        entries[e["mechanism"]][e["slot"]] = e
+    out = {}
+    for t in range(1, SLOTS + 1):
+        total = 0.0
+        for by_slot in entries.values():
+            window = [by_slot[s] for s in range(t - WINDOW + 1, t + 1) if s in by_slot]
+            if by_slot[t]["division"] == "budget":
+                total += sum(e["epsilon_m1"] + e["epsilon_m2"] for e in window)
+            elif sum(e["users_m1"] + e["users_m2"] for e in window) > 0:
+                total += by_slot[t]["epsilon"]
+        out[t] = total
+    return out
+
+
+def test_the_accountant_overspend_across_mechanisms_is_caught(tmp_path: Path, ldp: Run) -> None:
+    """LBU and LBA each spend 3× what they did with a 3× budget: each stays within its own ε,
+    together the mechanisms overspend the population's."""
+    assert max(composed_spend(ldp.records("ledger")).values()) <= EPSILON * (1 + 1e-9)
+
+    def triple(r: dict[str, Any]) -> None:
+        for field in ("epsilon", "epsilon_m1", "epsilon_m2", "window_spent", "remaining"):
+            r[field] *= 3
+
+    ledger = edit(ldp.ledger, lambda r: r["mechanism"] in ("LBU", "LBA"), triple)
+    over = sum(
+        v > EPSILON * (1 + 1e-9) for v in composed_spend([json.loads(x) for x in ledger]).values()
+    )
+    assert over > 0
+    status, report = audit(tmp_path, ldp.releases, ledger)
+    assert status == 1 and "population_accountant" in failed(report)
+    assert "window_budget" not in failed(report)
+    assert report["counts"]["population_over_budget"] == over
+    assert report["counts"]["windows_over_budget"] == 0
+
+
+def test_a_lying_window_spent_is_caught(tmp_path: Path, ldp: Run) -> None:
+    ledger = edit(ldp.ledger, at("LBD", 15), lambda r: r.update(window_spent=r["window_spent"] / 2))
+    status, report = audit(tmp_path, ldp.releases, ledger)
+    assert status == 1 and failed(report) == {"declared_spend"}
+    assert report["counts"]["declared_mismatches"] == 1
+    assert report["problems"][0]["kind"] == "declared_mismatch"
+    assert report["problems"][0]["id"] == "sin/LBD/15"
+
+
+def test_a_lying_population_window_spent_is_caught(tmp_path: Path, pers: Run) -> None:
+    ledger = edit(
+        pers.ledger,
+        at("PBA", 90),
+        lambda r: r.update(population_window_spent=r["population_window_spent"] * 0.9),
+    )
+    status, report = audit(tmp_path, pers.releases, ledger)
+    assert status == 1 and failed(report) == {"declared_spend"}
+    assert report["counts"]["declared_mismatches"] == 1
+
+
+def test_a_raw_user_field_is_caught(tmp_path: Path, ldp: Run) -> None:
+    releases = edit(ldp.releases, at("LSP", 3), lambda r: r.update(user="u17"))
+    ledger = edit(ldp.ledger, at("LPD", 8), lambda r: r.update(users=["u1", "u2"]))
+    status, report = audit(tmp_path, releases, ledger)
+    assert status == 1 and failed(report) == {"no_user_ids"}
+    assert report["checks"]["no_user_ids"]["count"] == 2
+    assert [(p["kind"], p["id"]) for p in report["problems"]] == [
+        ("raw_user_field", "sin/LSP/3"),
+        ("raw_user_field", "sin/LPD/8"),
+    ]
+
+
+def test_a_raw_user_list_in_a_privacy_class_is_caught(tmp_path: Path, pers: Run) -> None:
+    def name_them(r: dict[str, Any]) -> None:
+        r["classes"][1]["users"] = ["u3", "u9"]
+
+    status, report = audit(tmp_path, pers.releases, edit(pers.ledger, at("Sample", 60), name_them))
+    assert status == 1 and failed(report) == {"no_user_ids"}
+    assert report["problems"] == [{
+        "kind": "raw_user_field", "id": "sin/Sample/60",
+        "detail": "ledger entry has a field 'users' that looks like a raw user id",
+    }]  # fmt: skip
+
+
+# -- evaluations, older runs, bad input ---------------------------------------------------------
+
+
+def test_an_evaluation_may_exceed_the_population_budget(tmp_path: Path) -> None:
+    run = ldp_flow(tmp_path, "LBU,LSP,LBA", compare=True)
+    status, report = audit(tmp_path, run.releases, run.ledger)
+    assert status == 0 and report["counts"]["population_over_budget"] == 0
+    unmarked = edit(run.ledger, lambda r: True, lambda r: r.update(evaluation=False))
+    status, report = audit(tmp_path, run.releases, unmarked)
+    assert status == 1 and failed(report) == {"population_accountant"}
+    assert report["counts"]["population_over_budget"] == SLOTS  # 3 mechanisms × ε each
+
+
+def test_entries_from_before_the_accountant_skip_it_with_a_note(tmp_path: Path, ldp: Run) -> None:
+    def strip(r: dict[str, Any]) -> None:
+        del r["population_epsilon"], r["population_window_spent"]
+
+    status, report = audit(tmp_path, ldp.releases, edit(ldp.ledger, lambda r: True, strip))
+    assert status == 0
+    assert any("before the population accountant" in note for note in report["notes"])
+
+
+def test_a_malformed_line_fails_well_formed(tmp_path: Path, ldp: Run) -> None:
+    ledger = [*ldp.ledger[:5], '{"stream": "sin", "mechanism": "LBU"', *ldp.ledger[5:]]
+    negative = edit(ldp.ledger[5:6], lambda r: True, lambda r: r.update(epsilon_m1=-1.0))
+    status, report = audit(tmp_path, ldp.releases, [*ledger, *negative])
+    assert status == 1 and failed(report) == {"well_formed"}
+    assert report["checks"]["well_formed"]["count"] == 2
+    assert [p["id"] for p in report["problems"]] == ["ledger #6", "ledger #282"]
+    assert "negative spend" in report["problems"][1]["detail"]
+
+
+def test_input_errors_exit_2(tmp_path: Path, ldp: Run, capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(["audit", "--releases", str(tmp_path / "none"), "--ledger", str(tmp_path / "x")]) == 2
+    )
+    assert "no such file" in capsys.readouterr().err
+    assert main(["audit", "--releases", "a.jsonl"]) == 2
+    assert main(["audit", "--releases", "a", "--ledger", "b", "--release-topic", "t"]) == 2
+    assert main(["audit"]) == 2
+
+
+def test_the_audit_shares_no_code_with_what_it_audits() -> None:
+    code = "import sys, privstream.audit; print(sorted(m for m in sys.modules if m.startswith('privstream')))"
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    modules = json.loads(loaded.stdout.replace("'", '"'))
+    assert not [m for m in modules if m.startswith("privstream.operators")]
+    assert not {"privstream.mechanisms.ledger", "privstream.mechanisms.accountant"} & set(modules)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.integers(0, 60), st.floats(0, 10, allow_nan=False)),
+        max_size=80,
+        unique_by=lambda x: (x[0], x[1]),
+    ),
+    st.lists(
+        st.tuples(st.integers(0, 3), st.integers(0, 80), st.integers(1, 30)),
+        min_size=1,
+        max_size=20,
+    ),
+)
+def test_window_sums_equal_a_naive_sum(
+    rows: list[tuple[int, int, float]], queries: list[tuple[int, int, int]]
+) -> None:
+    group = np.array([r[0] for r in rows], dtype=np.int64)
+    slot = np.array([r[1] for r in rows], dtype=np.int64)
+    value = np.array([r[2] for r in rows], dtype=np.float64)
+    g, t, w = (np.array(c, dtype=np.int64) for c in zip(*queries, strict=True))
+    got = window_sums(group, slot, value, g, t, w)
+    naive = [
+        sum(v for gr, s, v in rows if gr == qg and qt - qw < s <= qt) for qg, qt, qw in queries
+    ]
+    np.testing.assert_allclose(got, naive, rtol=1e-12, atol=1e-12)
+
+
+def test_the_readme_file_audit_runs_as_written(tmp_path: Path, ldp: Run) -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("\n## Auditing a run\n", 1)[1].split("\n## ", 1)[0]
+    line = next(x for x in section.splitlines() if x.startswith("privstream audit --releases"))
+    (tmp_path / "releases.jsonl").write_text("\n".join(ldp.releases) + "\n")
+    (tmp_path / "ledger.jsonl").write_text("\n".join(ldp.ledger) + "\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "privstream.cli", *line.split()[1:]],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "report.json").read_text()) == json.loads(done.stdout)
+    assert "audit: ok" in done.stderr
