@@ -51,11 +51,17 @@ from typing import Final, NamedTuple
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
     REGISTRY,
     CollectorRegistry,
     Counter,
     Gauge,
+    GCCollector,
     Histogram,
+    PlatformCollector,
+    ProcessCollector,
     start_http_server,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -429,6 +435,16 @@ KAFKA_CONNECTED: Final = Gauge(
 # -- internal: true event counts and timing, never on the public endpoint ------------------------
 
 INTERNAL: Final = CollectorRegistry()
+# The process and Python collectors (CPU seconds, memory, GC counts) grow with the number of
+# events processed: a timing side channel on true counts, so they are internal too.
+for _collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+    try:
+        REGISTRY.unregister(_collector)
+    except KeyError:  # already moved (the module was reloaded)
+        pass
+ProcessCollector(registry=INTERNAL)
+PlatformCollector(registry=INTERNAL)
+GCCollector(registry=INTERNAL)
 
 EVENTS = Counter(
     INTERNAL_PREFIX + "events", "Events accepted into a slot.", ["stream"], registry=INTERNAL

@@ -114,7 +114,7 @@ def test_operational_metrics_live_in_the_internal_registry_only() -> None:
     REJECTED.labels("unit", "late_event").inc()
     LATE_EVENTS.labels("unit").inc()
     STEP_SECONDS.labels("unit", "LBU").observe(0.01)
-    internal = {exposed_name(f) for f in INTERNAL.collect()}
+    internal = {exposed_name(f) for f in INTERNAL.collect() if f.name.startswith("privstream_")}
     assert internal == {
         INTERNAL_PREFIX + "events_total",
         INTERNAL_PREFIX + "events_rejected_total",
@@ -166,3 +166,12 @@ def test_the_last_released_slot_is_what_was_handed_to_the_sink() -> None:
     resumed = LedgerBoard()
     resumed.update("s", "LBU", cost, 100, Tally(last_slot=30), False)
     assert scrape(resumed)["privstream_last_released_slot"][last] == 30
+
+
+def test_process_and_python_collectors_are_internal() -> None:
+    """CPU seconds, memory and GC counts grow with the events processed: a timing side channel
+    on true counts, so they are served only on the internal endpoint."""
+    public = {f.name for f in REGISTRY.collect()}
+    internal = {f.name for f in INTERNAL.collect()}
+    assert not {n for n in public if n.startswith(("process_", "python_"))}
+    assert {"process_cpu_seconds", "python_gc_objects_collected", "python_info"} <= internal
