@@ -210,8 +210,8 @@ class _SinkPartition(StatelessSinkPartition[Message]):
         for index, message in enumerate(messages):
             self._produce(attempt, index, message)
         deadline, delivered = time.monotonic() + self._wait, 0
-        while attempt.pending and time.monotonic() < deadline:
-            self._producer.poll(0.1)
+        while attempt.pending and (left := deadline - time.monotonic()) > 0:
+            self._producer.flush(min(left, 0.1))  # sends at once (no linger.ms), serves reports
             if attempt.delivered > delivered:
                 delivered = attempt.delivered
                 self.health.progressed()

@@ -753,9 +753,14 @@ def audit(
             "population-division windows not checked against n: give --population N"
         )
     distinct = collector.distinct
-    if not distinct["release"] and not distinct["ledger"]:
-        findings.notes.append("nothing to audit: no release and no ledger entry was read")
+    read = distinct["release"] + distinct["ledger"]
     checks = _checks(collector, pub, slots, windows, accountant, population)
+    # An empty output is no evidence of a healthy run (a wrong topic, a run that never wrote).
+    checks["something_read"] = {
+        "ok": read > 0,
+        "count": read,
+        "detail": "releases and ledger entries read" if read else "nothing was read",
+    }
     counts = {
         "releases": distinct["release"],
         "ledger_entries": distinct["ledger"],

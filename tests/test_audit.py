@@ -125,7 +125,7 @@ def test_the_ldp_ids_flow_passes(tmp_path: Path, ldp: Run) -> None:
     }  # fmt: skip
     assert set(report["checks"]) == {
         "well_formed", "complete_slots", "unique_payloads", "window_budget", "declared_spend",
-        "population_accountant", "no_user_ids",
+        "population_accountant", "no_user_ids", "something_read",
     }  # fmt: skip
 
 
@@ -451,3 +451,19 @@ def test_the_readme_file_audit_runs_as_written(tmp_path: Path, ldp: Run) -> None
     assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / "report.json").read_text()) == json.loads(done.stdout)
     assert "audit: ok" in done.stderr
+
+
+def test_an_empty_output_fails_the_audit(tmp_path: Path) -> None:
+    """Nothing read is no evidence of a healthy run (a wrong topic, a run that never wrote)."""
+    releases, ledger = tmp_path / "r.jsonl", tmp_path / "l.jsonl"
+    releases.write_text("")
+    ledger.write_text("")
+    out = tmp_path / "report.json"
+    code = main(["audit", "--releases", str(releases), "--ledger", str(ledger), "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert code == 1 and not report["ok"]
+    assert report["checks"]["something_read"] == {
+        "ok": False,
+        "count": 0,
+        "detail": "nothing was read",
+    }

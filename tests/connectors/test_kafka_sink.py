@@ -264,8 +264,8 @@ class FakeProducer:
         self.purged = True
 
     def flush(self, timeout: float = -1) -> int:
-        self.poll(0)
-        return 0
+        self.poll(max(timeout, 0.0))
+        return len(self.queue)
 
 
 @pytest.fixture
