@@ -18,9 +18,10 @@ answers ``PRODUCER_FENCED`` to every later message of that producer). Then:
   error (never its payload) and counted in
   ``privstream_internal_dead_letters_undeliverable_total``; the flow goes on.
 
-A topic that is gone raises ``TopicMissing`` in both modes: after a failed attempt, after every
-delivered batch (some brokers, Tansu among them, accept messages for a topic deleted a moment
-ago), and from the process-wide fault a probe found (``kafka_health``).
+A topic that is gone raises ``TopicMissing`` in both modes: after an attempt that failed with an
+unknown topic, after every delivered batch (some brokers, Tansu among them, accept messages for
+a topic deleted a moment ago), and from the process-wide fault a probe found
+(``kafka_health``).
 """
 
 from __future__ import annotations
@@ -75,6 +76,12 @@ PERMANENT: Final = frozenset(
     }
 )
 _DOWN: Final = (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._RESOLVE)
+_NO_TOPIC: Final = (
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._UNKNOWN_TOPIC,
+    KafkaError._UNKNOWN_PARTITION,
+)
+CHECK_TIMEOUT_S: Final = 2.0  # an inline existence check; unanswered, it proves nothing
 
 
 class DeliveryFailed(RuntimeError):
@@ -176,10 +183,12 @@ class _SinkPartition(StatelessSinkPartition[Message]):
             for attempt in range(self._retries + 1):
                 if attempt:
                     self._pause(attempt, todo)
+                    raise_if_failed()
                 failed = self._attempt(todo)
                 if not failed:
                     break
-                self._require_topic()
+                if any(err.code() in _NO_TOPIC for _m, err in failed):
+                    self._require_topic()
                 last = attempt == self._retries
                 todo = [m for m, err in failed if not (last or _permanent(err))]
                 dropped = [(m, err) for m, err in failed if last or _permanent(err)]
@@ -246,7 +255,7 @@ class _SinkPartition(StatelessSinkPartition[Message]):
         """``TopicMissing`` when the broker says the topic does not exist (an unanswered
         question proves nothing: the caller's own outcome stands)."""
         try:
-            exists = self._exists(probe_interval(self.health.stall_seconds))
+            exists = self._exists(CHECK_TIMEOUT_S)
         except KafkaException:
             return
         if not exists:

@@ -52,7 +52,8 @@ def produce_synthetic(
     """Write slots ``first_slot … stream.slots`` of ``stream`` to ``topic``; returns the number
     of events written (markers not counted). ``progress`` is called with each slot's count.
     ``spread``: events round-robin over all partitions, each slot's marker to every one."""
-    partitions = require_topics(settings, [topic])[topic] if spread else 0
+    count = require_topics(settings, [topic])[topic]  # never create the topic by producing
+    partitions = count if spread else 0
     stream_name = name or stream.name
     failures: list[str] = []
 
@@ -62,7 +63,12 @@ def produce_synthetic(
 
     producer = Producer(
         settings.client_config(
-            **{"linger.ms": 20, "batch.num.messages": 100_000, "on_delivery": delivered}
+            **{
+                "linger.ms": 20,
+                "batch.num.messages": 100_000,
+                "on_delivery": delivered,
+                "allow.auto.create.topics": False,
+            }
         )
     )
     key = stream_name.encode()

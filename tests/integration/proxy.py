@@ -12,7 +12,8 @@ Kafka clients learn the broker's address from metadata (its advertised listener)
 only sits between a client and a broker when the broker advertises the proxy's address:
 ``ProxiedBroker`` starts a dedicated Tansu (the binary of ``EmbeddedBroker``) that listens on a
 free port of its own and advertises its proxy's ``bootstrap``. Use ``ProxiedBroker.proxy`` to
-inject faults and ``ProxiedBroker.direct`` to reach the broker around them (set-up, checks).
+inject faults and ``ProxiedBroker.direct`` to reach the broker around them (set-up, checks);
+``restart()`` brings a fresh broker up behind the same proxy (in-memory: without any topic).
 """
 
 from __future__ import annotations
@@ -210,20 +211,34 @@ class ProxiedBroker:
         for _attempt in range(3):  # a free port can be taken before it is bound
             self.broker_port = free_port()
             self.proxy = FaultProxy("127.0.0.1", self.broker_port).start()
-            self._log = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115
-            self._process = subprocess.Popen(
-                [broker_binary(), "broker",
-                 "--listener-url", f"tcp://127.0.0.1:{self.broker_port}",
-                 "--advertised-listener-url", f"tcp://{self.proxy.bootstrap}",
-                 "--storage-engine", "memory://tansu/"],
-                stdin=subprocess.DEVNULL,
-                stdout=self._log or subprocess.DEVNULL,
-                stderr=subprocess.STDOUT,
-            )  # fmt: skip
-            if wait_until_ready(self._process, self._answers, timeout):
+            if self._launch(timeout):
                 return self
             self.stop()
         raise BrokerError(f"the proxied broker did not answer within {timeout} s")
+
+    def _launch(self, timeout: float) -> bool:
+        assert self.proxy is not None and self.broker_port is not None
+        if self._log is None and self.log_path is not None:
+            self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self._process = subprocess.Popen(
+            [broker_binary(), "broker",
+             "--listener-url", f"tcp://127.0.0.1:{self.broker_port}",
+             "--advertised-listener-url", f"tcp://{self.proxy.bootstrap}",
+             "--storage-engine", "memory://tansu/"],
+            stdin=subprocess.DEVNULL,
+            stdout=self._log or subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        return wait_until_ready(self._process, self._answers, timeout)
+
+    def restart(self, timeout: float = 30.0) -> None:
+        """Stop the broker and start a new one on the same port behind the same proxy. Its
+        storage is in memory: it comes back without any topic."""
+        process, self._process = self._process, None
+        if process is not None:
+            stop_process(process, signal.SIGINT, 10.0)
+        if not self._launch(timeout):
+            raise BrokerError(f"the proxied broker did not come back within {timeout} s")
 
     def _answers(self) -> bool:
         from confluent_kafka.admin import AdminClient

@@ -7,12 +7,14 @@ import json
 import secrets
 import signal
 import subprocess
+import uuid
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
 
 from privstream.connectors.events import REASONS
 from privstream.connectors.kafka import (
@@ -149,6 +151,20 @@ def test_produce_writes_the_synthetic_stream(kafka: KafkaSettings, topics: Topic
     events = [g for g in got if "user" in g]
     assert Counter(g["slot"] for g in events) == {1: 50, 2: 50, 3: 50}
     assert {g["user"] for g in events} == {f"u{i}" for i in range(50)}
+
+
+def test_produce_never_creates_its_topic(kafka: KafkaSettings) -> None:
+    """Tansu creates a topic on any metadata request naming it: ``produce`` checks the full
+    topic list first and its producer cannot auto-create."""
+    missing = f"nowhere-{uuid.uuid4().hex[:8]}"
+    done = subprocess.run(
+        [*PRIVSTREAM, "produce", "--bootstrap", kafka.bootstrap, "--topic", missing,
+         "--users", "5", "--slots", "1", "--no-progress"],
+        capture_output=True, text=True, timeout=60, env=cli_env(),
+    )  # fmt: skip
+    assert done.returncode == 2 and "do not exist" in done.stderr
+    topics = AdminClient({"bootstrap.servers": kafka.bootstrap}).list_topics(timeout=10).topics
+    assert missing not in topics
 
 
 # -- bad input ---------------------------------------------------------------------------------

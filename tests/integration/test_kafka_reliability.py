@@ -7,8 +7,9 @@ timeouts, topics that disappear, outages nobody sees.
   for longer than ``message.timeout.ms``: a short outage is ridden out with every release
   delivered, a long one fails the run non-zero and a restart from the recovery store delivers
   everything — never exit 0 with a release missing (it used to drop them silently);
-* (c) a topic deleted mid-run stops the run non-zero with a message naming it, and nothing
-  re-creates it (the producers used to re-create it and idle forever);
+* (c) a topic deleted mid-run, or a broker back without its topics, stops the run non-zero with
+  a message naming it, and nothing re-creates it (the producers used to re-create the release
+  and ledger topics and the run idled forever);
 * (d) a frozen broker: a warning on stderr within the configured time and
   ``privstream_kafka_connected`` 0, back to 1 after it thaws.
 """
@@ -182,7 +183,8 @@ def test_a_long_outage_fails_the_run_and_a_restart_delivers_everything(
     code, err = wait_exit(proc, 90)  # the sink gives up: it never acknowledges a lost release
     proxied.proxy.resume()
     assert code != 0, "exit 0 although the broker was unreachable: releases may be missing"
-    assert re.search(rf"could not deliver \d+ message\(s\) to Kafka topic '{topics.releases}'", err)
+    outputs = f"({topics.releases}|{topics.ledger})"  # whichever sink was writing at the cut
+    assert re.search(rf"could not deliver \d+ message\(s\) to Kafka topic '{outputs}'", err)
     assert released(settings, topics.releases) < expected_ids(), "no outage was tested"
 
     again = start_run(flags, tmp_path / "rec")
@@ -253,6 +255,28 @@ def test_the_input_topic_deleted_mid_run_stops_the_run_and_is_not_recreated(
     assert restart.returncode == 2
     assert f"'{topics.events}'" in restart.stderr and "do not exist" in restart.stderr
     assert topics.events not in existing_topics(kafka)
+
+
+def test_a_broker_back_without_its_topics_stops_the_run_and_creates_nothing(
+    proxied: ProxiedBroker, secret_file: Path
+) -> None:
+    """The broker restarts empty (Tansu in memory): the producers must not re-create the
+    release and ledger topics (with 4 partitions and no compaction) and idle on."""
+    settings = KafkaSettings((proxied.bootstrap,))
+    topics = Topics(settings)
+    produce(settings, topics.events, good_events(50, 4))
+    flags = unbounded(run_flags(topics, settings, 50, 4, "LBU", secret_file))
+    proc = subprocess.Popen(
+        [*PRIVSTREAM, *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=cli_env(),
+    )  # fmt: skip
+    wait_for_messages(settings, topics.releases, lambda got: len(got) >= 3, timeout=60)
+    proxied.restart()
+    code, err = wait_exit(proc, 30)
+    assert code == 1, err[-3000:]
+    assert re.search(r"TopicMissing: Kafka topic '[a-z]+-[0-9a-f]+' does not exist any more", err)
+    time.sleep(1.0)  # anything still trying to re-create a topic would have done so by now
+    assert existing_topics(settings) == {}
 
 
 # -- (d) outages are visible --------------------------------------------------------------------
