@@ -42,6 +42,7 @@ reading the input topic.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import threading
@@ -438,10 +439,8 @@ INTERNAL: Final = CollectorRegistry()
 # The process and Python collectors (CPU seconds, memory, GC counts) grow with the number of
 # events processed: a timing side channel on true counts, so they are internal too.
 for _collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
-    try:
+    with contextlib.suppress(KeyError):  # already moved (the module was reloaded)
         REGISTRY.unregister(_collector)
-    except KeyError:  # already moved (the module was reloaded)
-        pass
 ProcessCollector(registry=INTERNAL)
 PlatformCollector(registry=INTERNAL)
 GCCollector(registry=INTERNAL)
