@@ -38,6 +38,8 @@ import pytest
 from privstream.connectors.broker import free_port, stop_process, wait_until_ready
 from privstream.connectors.kafka import KafkaSettings, wait_for_messages
 
+from .service import Managed
+
 BINARIES = ("prometheus", "promtool")
 # Serialises the installers of parallel test processes (pytest-xdist workers).
 INSTALL_LOCK = Path(tempfile.gettempdir()) / f"privstream-prometheus-install-{os.getuid()}.lock"
@@ -134,7 +136,7 @@ class Sample:
     value: float
 
 
-class PrometheusServer:
+class PrometheusServer(Managed):
     """``prometheus`` scraping ``targets``, on a free loopback port; a context manager.
 
     Args:
@@ -214,17 +216,6 @@ class PrometheusServer:
         if self._log is not None:
             self._log.close()
             self._log = None
-
-    def __enter__(self) -> PrometheusServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        _type: type[BaseException] | None,
-        _value: BaseException | None,
-        _tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def api(self, path: str, **params: str) -> Any:
         """GET ``/api/v1/<path>``; the ``data`` of a successful answer."""

@@ -25,7 +25,6 @@ import socket
 import subprocess
 import threading
 from pathlib import Path
-from types import TracebackType
 from typing import IO
 
 from privstream.connectors.broker import (
@@ -35,6 +34,8 @@ from privstream.connectors.broker import (
     stop_process,
     wait_until_ready,
 )
+
+from .service import Managed
 
 _TICK = 0.05  # how often a pump re-checks the proxy's state (seconds)
 
@@ -55,7 +56,7 @@ class _Connection:
             sock.close()
 
 
-class FaultProxy:
+class FaultProxy(Managed):
     """Forward ``bootstrap`` (loopback) to ``target_host:target_port`` until told otherwise.
 
     Args:
@@ -171,19 +172,8 @@ class FaultProxy:
         self._flowing.set()
         self._drop_all()
 
-    def __enter__(self) -> FaultProxy:
-        return self.start()
 
-    def __exit__(
-        self,
-        _type: type[BaseException] | None,
-        _value: BaseException | None,
-        _tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-
-class ProxiedBroker:
+class ProxiedBroker(Managed):
     """A Tansu broker (in-memory) whose advertised listener is a ``FaultProxy`` in front of it:
     every Kafka client given ``bootstrap`` talks to it through the proxy only."""
 
@@ -257,14 +247,3 @@ class ProxiedBroker:
         if self._log is not None:
             self._log.close()
             self._log = None
-
-    def __enter__(self) -> ProxiedBroker:
-        return self.start()
-
-    def __exit__(
-        self,
-        _type: type[BaseException] | None,
-        _value: BaseException | None,
-        _tb: TracebackType | None,
-    ) -> None:
-        self.stop()
