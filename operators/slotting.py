@@ -283,7 +283,8 @@ class _Plan:
             "population": str(self.population),
             "task": repr(self.task),
             "slotting": f"lateness={cfg.lateness} missing={cfg.missing} "
-            f"client_path={cfg.client_path} max_slot_gap={cfg.max_slot_gap}",
+            f"client_path={cfg.client_path} max_slot_gap={cfg.max_slot_gap} "
+            f"partitions={cfg.partitions}",
             "budget split": repr(self.split),
             "population epsilon": repr(self.epsilon),
         }
