@@ -22,6 +22,13 @@ install: $(STAMP) ## Create .venv and install privstream with dev and plot extra
 test: $(STAMP) ## Run the whole test suite (installs what it needs)
 	$(BIN)/python -m pytest -n 2 --timeout 900
 
+test-fast: $(STAMP) ## The unit and flow tests only (no broker, no Prometheus), about a minute
+	$(BIN)/python -m pytest -n 2 --timeout 900 --ignore=tests/integration
+
+format: $(STAMP) ## Apply ruff's fixes and formatting
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
 lint: $(STAMP) ## ruff and mypy
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -39,4 +46,4 @@ bench: $(STAMP) ## Reproduction and performance benchmarks (writes bench/results
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis demo-out chaos-out
 
-.PHONY: help install test lint demo bench chaos clean
+.PHONY: help install test test-fast format lint demo bench chaos clean
