@@ -161,7 +161,8 @@ class _Account:
     tally: Tally
     halted: bool
     handed: int = -1
-    """The last slot whose release was handed to the output sink (``last_released_slot``)."""
+    """The last slot whose release was handed to the output sink (``last_released_slot``),
+    filled in from the board's ``_handed`` at scrape time."""
 
 
 def _clamp(spent: float, limit: float) -> float:
@@ -367,8 +368,8 @@ class LedgerBoard(Collector):
         key = (stream, mechanism)
         with self._lock:
             # A resumed state's releases were handed on before its snapshot was taken.
-            handed = self._handed.setdefault(key, tally.last_slot)
-            self._accounts[key] = _Account(cost, population, snapshot, halted, handed)
+            self._handed.setdefault(key, tally.last_slot)
+            self._accounts[key] = _Account(cost, population, snapshot, halted)
 
     def mark_handed(self, stream: str, mechanism: str, slot: int) -> None:
         """A release of ``slot`` reached the output sink's step: ``last_released_slot`` and
@@ -376,9 +377,6 @@ class LedgerBoard(Collector):
         key = (stream, mechanism)
         with self._lock:
             self._handed[key] = max(self._handed.get(key, -1), slot)
-            account = self._accounts.get(key)
-            if account is not None:
-                self._accounts[key] = dataclasses.replace(account, handed=self._handed[key])
 
     def update_population(
         self, stream: str, epsilon: float, window: int, window_spent: float, mechanisms: int
@@ -409,14 +407,17 @@ class LedgerBoard(Collector):
         with self._lock:
             for pair in pairs:
                 account = self._accounts.get(pair)
-                if account is None or not (account.halted or account.handed >= slot):
+                if account is None or not (account.halted or self._handed[pair] >= slot):
                     return False
         return True
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
-            accounts, populations = dict(self._accounts), dict(self._populations)
-            run = self._run
+            accounts = {
+                key: dataclasses.replace(account, handed=self._handed[key])
+                for key, account in self._accounts.items()
+            }
+            populations, run = dict(self._populations), self._run
         yield from _account_families(accounts)
         yield from _population_families(populations)
         yield from _run_families(*run)

@@ -203,10 +203,7 @@ class TrustMode:
     fixed_population: ClassVar[bool] = False
 
     def port(
-        self,
-        state: StreamState,
-        values: NDArray[np.float64],
-        randomness: SlotRandomness,
+        self, state: StreamState, values: NDArray[np.float64], randomness: SlotRandomness
     ) -> ClientPort | CuratorPort:
         raise NotImplementedError
 
@@ -219,10 +216,7 @@ class LdpClients(TrustMode):
     path: ClientPath = "aggregate"
 
     def port(
-        self,
-        state: StreamState,
-        values: NDArray[np.float64],
-        randomness: SlotRandomness,
+        self, state: StreamState, values: NDArray[np.float64], randomness: SlotRandomness
     ) -> ClientPort:
         return SimulatedClientPort(values, self.task, randomness, self.path)
 
@@ -241,10 +235,7 @@ class TrustedCurator(TrustMode):
         self._cache: dict[str, tuple[tuple[int, str | None], Requirements]] = {}
 
     def port(
-        self,
-        state: StreamState,
-        values: NDArray[np.float64],
-        randomness: SlotRandomness,
+        self, state: StreamState, values: NDArray[np.float64], randomness: SlotRandomness
     ) -> CuratorPort:
         key = (len(state.directory), state.id_kind)
         cached = self._cache.get(state.stream)
@@ -432,18 +423,11 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
         return late
 
     def _watermarks(self, state: StreamState, partition: int) -> PartitionWatermarks:
-        """The stream's progress per input partition (made by its first batch). A snapshot
-        taken with another partition count cannot go on: its slots closed under another rule."""
+        """The stream's progress per input partition (made by its first batch; a snapshot of
+        another partition count is refused at start by the binding)."""
         marks = state.watermarks
         if marks is None:
             marks = state.watermarks = PartitionWatermarks(self.cfg.partitions)
-        elif marks.partitions != self.cfg.partitions:
-            raise IncompatibleState(
-                f"step {self.step_id!r}: snapshot of stream {state.stream!r} tracks "
-                f"{marks.partitions} input partition(s); this run is configured for "
-                f"{self.cfg.partitions} (the input topic's partition count changed?): "
-                "use a new recovery directory"
-            )
         marks.check(partition)
         return marks
 
@@ -771,14 +755,17 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
             STEP_SECONDS.labels(state.stream, name).observe(time.perf_counter() - started)
         if not self._compose(state, slot, stepped, out):
             return
+        worst = state.accountant.worst()
         for name, (new_state, events) in stepped.items():
-            stamped = [self._stamp(state, event) for event in events]
+            stamped = [self._stamp(event, worst) for event in events]
             state.mechanisms[name] = new_state
             state.tallies[name].record(stamped)
             self._publish(state, name)
             for event in stamped:
                 out.append(("release", event) if isinstance(event, Release) else ("ledger", event))
-        self._publish_population(state)
+        if worst is not None:
+            window, epsilon, spent = worst
+            BOARD.update_population(state.stream, epsilon, window, spent, len(self.mechanisms))
 
     def _slot_values(self, state: StreamState, slot: int) -> NDArray[np.float64]:
         """Users' values at ``slot``: its reports, over the carried-forward ones by default."""
@@ -835,23 +822,19 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
             return False
         return True
 
-    def _stamp(self, state: StreamState, event: Release | LedgerEntry) -> Release | LedgerEntry:
-        """Mark the run's provenance on every output; ledger entries get the composed spend."""
+    def _stamp(
+        self, event: Release | LedgerEntry, worst: tuple[int, float, float] | None
+    ) -> Release | LedgerEntry:
+        """Mark the run's provenance on every output; ledger entries get the composed spend
+        ``worst`` of the slot (``PopulationAccountant.worst``)."""
         flags: dict[str, Any] = {}
         if self.plan.key.insecure:
             flags["insecure_seed"] = True
         if self.plan.split.evaluation:
             flags["evaluation"] = True
-        worst = state.accountant.worst()
         if isinstance(event, LedgerEntry) and worst is not None:
             flags["population_epsilon"], flags["population_window_spent"] = worst[1], worst[2]
         return dataclasses.replace(event, **flags) if flags else event
-
-    def _publish_population(self, state: StreamState) -> None:
-        worst = state.accountant.worst()
-        if worst is not None:
-            window, epsilon, spent = worst
-            BOARD.update_population(state.stream, epsilon, window, spent, len(self.mechanisms))
 
 
 @dataclass(frozen=True)
