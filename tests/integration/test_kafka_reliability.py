@@ -202,22 +202,33 @@ def unbounded(flags: list[str]) -> list[str]:
     return flags[:at] + flags[at + 2 :]
 
 
+def start_tailing(
+    kafka: KafkaSettings, topics: Topics, users: int, slots: int, secret: Path
+) -> subprocess.Popen[str]:
+    """Write ``slots`` slots of events and start a flow that tails them until stopped."""
+    produce(kafka, topics.events, good_events(users, slots))
+    flags = unbounded(run_flags(topics, kafka, users, slots, "LBU", secret))
+    return subprocess.Popen(
+        [*PRIVSTREAM, *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=cli_env(),
+    )  # fmt: skip
+
+
+def delete_topic(kafka: KafkaSettings, topic: str) -> None:
+    admin = AdminClient(kafka.client_config())  # kept alive until the deletion is done
+    for future in admin.delete_topics([topic]).values():
+        future.result(10)
+
+
 @pytest.mark.parametrize("role", ["ledger", "releases"])
 def test_a_sink_topic_deleted_mid_run_stops_the_run_naming_it(
     role: str, kafka: KafkaSettings, topics: Topics, secret_file: Path
 ) -> None:
     users, slots = 50, 6
-    produce(kafka, topics.events, good_events(users, slots))
-    flags = unbounded(run_flags(topics, kafka, users, slots, "LBU", secret_file))
-    proc = subprocess.Popen(
-        [*PRIVSTREAM, *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=cli_env(),
-    )  # fmt: skip
+    proc = start_tailing(kafka, topics, users, slots, secret_file)
     wait_for_messages(kafka, topics.releases, lambda got: len(got) >= slots, timeout=60)
     victim = topics.ledger if role == "ledger" else topics.releases
-    admin = AdminClient(kafka.client_config())
-    for future in admin.delete_topics([victim]).values():
-        future.result(10)
+    delete_topic(kafka, victim)
     produce(kafka, topics.events, good_events(users, slots + 2)[-(users + 1) * 2 :])
     code, err = wait_exit(proc, 30)
     assert code != 0
@@ -233,25 +244,16 @@ def test_the_input_topic_deleted_mid_run_stops_the_run_and_is_not_recreated(
     answer for the deleted topic) before the source's own check names the topic; either way the
     run ends non-zero, nothing re-creates the topic, and the restart names it."""
     users, slots = 50, 4
-    produce(kafka, topics.events, good_events(users, slots))
-    flags = unbounded(run_flags(topics, kafka, users, slots, "LBU", secret_file))
-    proc = subprocess.Popen(
-        [*PRIVSTREAM, *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=cli_env(),
-    )  # fmt: skip
+    proc = start_tailing(kafka, topics, users, slots, secret_file)
     wait_for_messages(kafka, topics.releases, lambda got: len(got) >= slots - 1, timeout=60)
-    admin = AdminClient(kafka.client_config())
-    for future in admin.delete_topics([topics.events]).values():
-        future.result(10)
+    delete_topic(kafka, topics.events)
     code, err = wait_exit(proc, 30)
     assert code != 0
     if code > 0:  # the source's own check won the race
         assert f"'{topics.events}'" in err and "does not exist" in err
     time.sleep(1.0)
     assert topics.events not in existing_topics(kafka)
-    restart = subprocess.run(
-        [*PRIVSTREAM, *flags], capture_output=True, text=True, timeout=60, env=cli_env()
-    )
+    restart = subprocess.run(proc.args, capture_output=True, text=True, timeout=60, env=cli_env())
     assert restart.returncode == 2
     assert f"'{topics.events}'" in restart.stderr and "do not exist" in restart.stderr
     assert topics.events not in existing_topics(kafka)
