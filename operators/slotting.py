@@ -24,8 +24,10 @@ import itertools
 import json
 import logging
 import time
+import traceback
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Final, Literal
 
 import numpy as np
@@ -284,6 +286,16 @@ class _Plan:
         return out
 
 
+def _failure(exc: BaseException) -> str:
+    """An unexpected error as its type and where it was raised, never its message: a message
+    may quote the data (a user id, a value), and halt reasons reach the log and the ledger."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return type(exc).__name__
+    last = frames[-1]
+    return f"{type(exc).__name__} at {Path(last.filename).name}:{last.lineno} in {last.name}"
+
+
 def _check_binding(step_id: str, resume: StreamState, expected: dict[str, str]) -> None:
     """Refuse a snapshot written under another secret or other privacy parameters (design §6):
     resuming it would release the replayed slots with other noise, or reset budgets."""
@@ -347,7 +359,7 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
             try:
                 self._take(state, batch, marks, out)
             except Exception as exc:  # a broken stream halts; the process serves the others
-                reason = f"slotting failed: {type(exc).__name__}: {str(exc)[:500]}"
+                reason = f"slotting failed: {_failure(exc)}"
                 slot = -1 if state.last_closed is None else state.last_closed + 1
                 for name in self.mechanisms:
                     if name not in state.halted:
@@ -749,8 +761,7 @@ class _SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
                 self._halt(state, name, slot, reason, True, out)
                 continue
             except Exception as exc:  # one mechanism's failure never takes the process down
-                detail = f"{type(exc).__name__}: {str(exc)[:500]}"
-                self._halt(state, name, slot, f"failed at slot {slot}: {detail}", False, out)
+                self._halt(state, name, slot, f"failed at slot {slot}: {_failure(exc)}", False, out)
                 continue
             STEP_SECONDS.labels(state.stream, name).observe(time.perf_counter() - started)
         if not self._compose(state, slot, stepped, out):

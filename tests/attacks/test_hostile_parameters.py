@@ -73,7 +73,9 @@ def test_an_unexpected_error_halts_one_mechanism_on_one_stream(
         ("b", "LBU_crash"): T,
         ("b", "LPA"): T,
     }
-    assert "ArithmeticError: scale overflow" in caplog.text and "halted" in caplog.text
+    # the error's type and place, never its message (a message may quote the data)
+    assert "ArithmeticError at test_hostile_parameters.py" in caplog.text
+    assert "scale overflow" not in caplog.text and "halted" in caplog.text
     labels = {"stream": "a", "mechanism": "LBU_crash"}
     assert REGISTRY.get_sample_value("privstream_halted", labels) == 1.0
     assert REGISTRY.get_sample_value("privstream_privacy_violations_total", labels) == 0.0
@@ -173,4 +175,5 @@ def test_a_failure_in_the_slotting_halts_only_that_stream(
     assert slots == {"a": [1, 2, 3, 4], "b": list(range(1, T + 1))}
     assert {d.reason for d in out["dead_letters"]} == {"stream_halted"}
     assert len(out["dead_letters"]) == (T - 4) * N
-    assert "MemoryError: ring of 2^62 slots" in caplog.text
+    assert "MemoryError at test_hostile_parameters.py" in caplog.text
+    assert "ring of 2^62" not in caplog.text
