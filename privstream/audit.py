@@ -21,6 +21,10 @@ It reads the releases and ledger entries a flow wrote — JSON-lines files (``pr
 
 Nothing of the operators, the mechanisms' ledgers or the population accountant is imported:
 the audit shares no code with what it audits (``privstream.audit_checks`` recomputes all).
+The lines are decoded into this module's own minimal schema records, not into
+``privstream.mechanisms.contract``'s classes, so a bug in how the flow builds or serialises
+them cannot hide itself. Only the Kafka client plumbing of ``privstream.connectors.kafka``
+(``KafkaSettings``, ``require_topics``, ``consumer_config``) is reused.
 """
 
 from __future__ import annotations
@@ -61,6 +65,11 @@ from privstream.audit_checks import (
 
 PROGRESS_SECONDS = 2.0
 _UNSET: Any = msgspec.UNSET
+
+
+# The published schema, written again on purpose (the fields ``mechanisms.contract`` writes,
+# and the raw-id fields no output may carry): the auditor must not decode with the classes of
+# the code it audits. Only what the checks read is declared; other fields are ignored.
 
 
 class _ClassSpend(msgspec.Struct, gc=False):
@@ -160,7 +169,6 @@ class Collector:
         self._seen: dict[str, dict[int, int]] = {"release": {}, "ledger": {}}
         self._variants: dict[tuple[str, int], set[int]] = {}
         self._releases: list[dict[str, NDArray[Any]]] = []
-        self._release_epsilon: dict[int, float] = {}
         self._entries: list[dict[str, NDArray[Any]]] = []
         self._classes: list[dict[str, NDArray[Any]]] = []
         self._rows = 0
@@ -221,21 +229,19 @@ class Collector:
     def _decode(
         self, decoder: Any, lines: list[bytes], numbers: list[int], source: str
     ) -> tuple[list[Any], list[bytes], list[int]]:
-        """The decodable lines' records, bytes and line numbers; the others are malformed."""
-        try:
-            return [decoder.decode(line) for line in lines], lines, numbers
-        except msgspec.DecodeError:
-            pass
-        records, kept, where = [], [], []
-        for number, line in zip(numbers, lines, strict=True):
+        """The decodable lines' records, bytes and line numbers; the others are malformed.
+        Each line is decoded once."""
+        records: list[Any] = []
+        keep = np.ones(len(lines), dtype=np.bool_)
+        for i, line in enumerate(lines):
             try:
                 records.append(decoder.decode(line))
             except msgspec.DecodeError as exc:
-                self._malformed(source, number, f"not a {source} record: {exc}")
-                continue
-            kept.append(line)
-            where.append(number)
-        return records, kept, where
+                keep[i] = False
+                self._malformed(source, numbers[i], f"not a {source} record: {exc}")
+        if keep.all():
+            return records, lines, numbers
+        return records, _select(lines, keep), _select(numbers, keep)
 
     def _first_copies(self, source: str, pair: I64, slot: I64, lines: list[bytes]) -> I64:
         """Positions of the lines that are the first copy of their id; counts the others as
@@ -300,13 +306,17 @@ class Collector:
             [self._pair(*key) for key in zip(streams, mechanisms, strict=True)], dtype=np.int64
         )
 
+    def _pending_lines(self, source: str) -> tuple[list[bytes], list[int]]:
+        """Take the pending lines of ``source`` and their 1-based line numbers."""
+        lines, self._pending[source] = self._pending[source], []
+        first = self.lines[source] + 1
+        self.lines[source] += len(lines)
+        return lines, list(range(first, first + len(lines)))
+
     def _take_releases(self) -> None:
-        lines, self._pending["release"] = self._pending["release"], []
+        lines, numbers = self._pending_lines("release")
         if not lines:
             return
-        first_line = self.lines["release"] + 1
-        self.lines["release"] += len(lines)
-        numbers = list(range(first_line, first_line + len(lines)))
         records, lines, where = self._decode(_RELEASE, lines, numbers, "release")
         fields = _fields(_Release, records)
         slot, epsilon = _ints(fields["slot"]), _floats(fields["epsilon"])
@@ -324,24 +334,14 @@ class Collector:
         pair = self._pairs_of(fields["stream"], fields["mechanism"])
         self._user_fields(fields, records, pair, "release")
         first = self._first_copies("release", pair, slot, lines)
-        self._releases.append({"pair": pair[first], "slot": slot[first]})
-        for p, e in zip(pair[first].tolist(), epsilon[first].tolist(), strict=True):
-            self._release_epsilon.setdefault(p, e)
+        self._releases.append({"pair": pair[first], "slot": slot[first], "epsilon": epsilon[first]})
 
     def _take_ledger(self) -> None:
-        lines, self._pending["ledger"] = self._pending["ledger"], []
+        lines, numbers = self._pending_lines("ledger")
         if not lines:
             return
-        first_line = self.lines["ledger"] + 1
-        self.lines["ledger"] += len(lines)
-        numbers = list(range(first_line, first_line + len(lines)))
         if b'"kind"' in b"\n".join(lines):
-            entries = [
-                (x, n)
-                for x, n in zip(lines, numbers, strict=True)
-                if b'"kind"' not in x or not self._take_record(x)
-            ]
-            lines, numbers = [x for x, _ in entries], [n for _, n in entries]
+            lines, numbers = self._take_records(lines, numbers)
         records, lines, where = self._decode(_ENTRY, lines, numbers, "ledger")
         fields = _fields(_Entry, records)
         columns, known = _entry_columns(fields)
@@ -375,6 +375,18 @@ class Collector:
         self._classes.append({name: column[kept] for name, column in classes.items()})
         self._classes[-1]["row"] = target[kept]
 
+    def _take_records(
+        self, lines: list[bytes], numbers: list[int]
+    ) -> tuple[list[bytes], list[int]]:
+        """Take the records (halts, other kinds) among ledger lines; the other lines (entries,
+        or malformed) and their numbers are returned."""
+        rest, where = [], []
+        for line, number in zip(lines, numbers, strict=True):
+            if b'"kind"' not in line or not self._take_record(line):
+                rest.append(line)
+                where.append(number)
+        return rest, where
+
     def _take_record(self, payload: bytes) -> bool:
         """Take a halt record (or skip another kind of record, with a note); False when the
         line is no record (an entry that merely mentions "kind")."""
@@ -404,10 +416,10 @@ class Collector:
                 targets = [self._pair(stream, mechanism)]
             for p in targets:
                 halts[p] = min(slot, halts.get(p, slot))
+        releases = _concatenate(self._releases, _RELEASE_DTYPES)
         release_epsilon = np.full(len(self._names), math.nan)
-        for pair, epsilon in self._release_epsilon.items():
-            release_epsilon[pair] = epsilon
-        releases = _concatenate(self._releases, {"pair": np.int64, "slot": np.int64})
+        stated, first = np.unique(releases["pair"], return_index=True)  # each pair's first
+        release_epsilon[stated] = releases["epsilon"][first]
         return Published(
             pairs=list(self._names),
             release_pair=releases["pair"],
@@ -421,6 +433,7 @@ class Collector:
 
 _COUNT_LIMIT = 1 << 40
 """Windows and user counts must stay below this (their int64 window sums cannot overflow)."""
+_RELEASE_DTYPES: dict[str, Any] = {"pair": np.int64, "slot": np.int64, "epsilon": np.float64}
 _ENTRY_DTYPES: dict[str, Any] = {
     "pair": np.int64, "slot": np.int64, "population_division": np.bool_,
     "has_classes": np.bool_, "epsilon": np.float64, "window": np.int64, "m1": np.float64,
@@ -637,14 +650,14 @@ def read_topics(
     beginning, until no message has arrived for ``idle_seconds``: the end of a topic is not
     asked of the broker (Tansu's high watermarks are wrong). A missing topic is
     ``TopicMissing`` (never created), an unreadable one ``ConnectionError``."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     from privstream.connectors.kafka import consumer_config, require_topics
 
     if release_topic == ledger_topic:
         raise ValueError("the release and ledger topics must differ")
     partitions = require_topics(settings, [release_topic, ledger_topic])
-    consumer = Consumer(consumer_config(settings))
+    consumer = Consumer(consumer_config(settings, tail=True))  # no partition-EOF events
     consumer.assign(
         [TopicPartition(t, p, OFFSET_BEGINNING) for t, n in partitions.items() for p in range(n)]
     )
@@ -654,18 +667,8 @@ def read_topics(
     try:
         while time.monotonic() - quiet_since < idle_seconds:
             messages = consumer.consume(10_000, min(0.5, idle_seconds))
-            batch: dict[str, list[bytes]] = {"release": [], "ledger": []}
-            for message in messages:
-                error = message.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF or error.retriable():
-                        continue
-                    raise ConnectionError(f"cannot read topic {message.topic()!r}: {error.str()}")
-                value = (message.value() or b"").strip()
-                if value:
-                    batch[sources[message.topic() or ""]].append(value)
-                else:
-                    tombstones += 1
+            batch, empty = _values(messages, sources)
+            tombstones += empty
             for source, values in batch.items():
                 collector.take(source, values)
             if messages:
@@ -679,11 +682,31 @@ def read_topics(
     return collector
 
 
+def _values(messages: list[Any], sources: dict[str, str]) -> tuple[dict[str, list[bytes]], int]:
+    """The stripped values of ``messages`` per source (``sources``: topic → source) and how
+    many were empty (tombstones); retriable errors are skipped, others ``ConnectionError``."""
+    batch: dict[str, list[bytes]] = {"release": [], "ledger": []}
+    empty = 0
+    for message in messages:
+        error = message.error()
+        if error is not None:
+            if not error.retriable():
+                raise ConnectionError(f"cannot read topic {message.topic()!r}: {error.str()}")
+            continue
+        value = (message.value() or b"").strip()
+        if value:
+            batch[sources[message.topic() or ""]].append(value)
+        else:
+            empty += 1
+    return batch, empty
+
+
 # -- the report ----------------------------------------------------------------------------------
 
 
-def _check(ok: bool, count: int, detail: str) -> dict[str, Any]:
-    return {"ok": ok, "count": count, "detail": detail}
+def _check(failures: int, detail: str) -> dict[str, Any]:
+    """A check that holds when it counted no failure."""
+    return {"ok": failures == 0, "count": failures, "detail": detail}
 
 
 def _checks(
@@ -694,34 +717,33 @@ def _checks(
     accountant: AccountantCounts,
     population: int | None,
 ) -> dict[str, dict[str, Any]]:
-    """Every check's verdict, count and detail."""
-    mismatches = windows.mismatches + accountant.mismatches
+    """Every check's verdict, count and detail (``something_read`` aside)."""
     return {
-        "well_formed": _check(collector.malformed == 0, collector.malformed, (
+        "well_formed": _check(collector.malformed, (
             f"{collector.lines['release']} release and {collector.lines['ledger']} ledger "
             f"lines read, {collector.malformed} not of the schema"
         )),
-        "complete_slots": _check(slots.missing + slots.after_halt == 0, slots.missing + slots.after_halt, (
+        "complete_slots": _check(slots.missing + slots.after_halt, (
             f"{slots.expected} slots expected over {len(pub.pairs)} (stream, mechanism) pairs, "
             f"{slots.missing} missing, {slots.halted} pairs halted, {slots.after_halt} "
             "outputs after a halt"
         )),
-        "unique_payloads": _check(collector.conflicting == 0, collector.conflicting, (
+        "unique_payloads": _check(collector.conflicting, (
             f"{collector.duplicates} duplicate copies (at-least-once output), "
             f"{collector.conflicting} with a payload that differs from an earlier copy"
         )),
-        "window_budget": _check(windows.over_budget + windows.over_users == 0, windows.over_budget + windows.over_users, (
+        "window_budget": _check(windows.over_budget + windows.over_users, (
             f"{windows.over_budget} windows over a mechanism's or class's ε, "
             f"{windows.over_users} over n={population} users"
         )),
-        "declared_spend": _check(mismatches == 0, mismatches, (
+        "declared_spend": _check(windows.mismatches + accountant.mismatches, (
             f"{windows.mismatches} declared window spends or user counts and "
             f"{accountant.mismatches} population_window_spent differ from the recomputation"
         )),
-        "population_accountant": _check(accountant.over_budget == 0, accountant.over_budget, (
+        "population_accountant": _check(accountant.over_budget, (
             f"{accountant.over_budget} (stream, class, slot) windows over the population's ε"
         )),
-        "no_user_ids": _check(collector.user_fields == 0, collector.user_fields, (
+        "no_user_ids": _check(collector.user_fields, (
             f"{collector.user_fields} outputs with a raw user id field"
         )),
     }  # fmt: skip
@@ -774,7 +796,7 @@ def audit(
         "windows_over_budget": windows.over_budget,
         "windows_over_users": windows.over_users,
         "population_over_budget": accountant.over_budget,
-        "declared_mismatches": windows.mismatches + accountant.mismatches,
+        "declared_mismatches": checks["declared_spend"]["count"],
     }
     return {
         "ok": all(c["ok"] for c in checks.values()),

@@ -131,13 +131,6 @@ def window_sums(
     return sums if integer else sums.astype(np.float64)
 
 
-def _report_rows(findings: Findings, pub: Published, rows: I64, kind: str, detail: Any) -> None:
-    """Add the first ledger rows of ``rows`` as problems; ``detail(i)`` describes row ``i``."""
-    led = pub.ledger
-    for i in rows[: max(findings.room(), 0)].tolist():
-        findings.add(kind, pub.name(int(led.pair[i]), int(led.slot[i])), detail(i))
-
-
 def _report(
     findings: Findings, pub: Published, rows: I64, mask: Bools, kind: str, detail: Any
 ) -> None:
@@ -169,6 +162,8 @@ def group_ids(*columns: NDArray[Any]) -> tuple[I64, I64]:
 
 @dataclass
 class SlotCounts:
+    """What ``check_slots`` counted: slots expected, missing, pairs halted, outputs after one."""
+
     expected: int = 0
     missing: int = 0
     halted: int = 0
@@ -245,6 +240,8 @@ def _report_missing(
 
 @dataclass
 class WindowCounts:
+    """What ``check_windows`` counted: windows over ε, over n users, declared mismatches."""
+
     over_budget: int = 0
     over_users: int = 0
     mismatches: int = 0
@@ -337,6 +334,8 @@ def _class_windows(pub: Published, findings: Findings, counts: WindowCounts) -> 
 
 @dataclass
 class AccountantCounts:
+    """What ``check_accountant`` counted: windows over the population's ε, declared mismatches."""
+
     over_budget: int = 0
     mismatches: int = 0
 
