@@ -53,7 +53,7 @@ from privstream.connectors.kafka_health import (
     SOURCE,
     ClientHealth,
     Probe,
-    probe_interval,
+    cluster_name,
     raise_if_failed,
     topic_exists,
 )
@@ -79,8 +79,9 @@ RELEASE_TOPIC_CONFIG: Final[Mapping[str, str]] = {"cleanup.policy": "compact"}
 
 def consumer_config(settings: KafkaSettings, *, tail: bool = True) -> dict[str, Any]:
     """What every partition of a ``KafkaEventSource`` consumes with (and what a benchmark's
-    raw consumer must use to compare like with like): no consumer group commits — offsets live
-    in the snapshots — and the large fetches of ``CONSUMER_DEFAULTS`` unless overridden."""
+    raw consumer must use to compare like with like): no consumer group commits (offsets live
+    in the snapshots), no topic creation, and the large fetches of ``CONSUMER_DEFAULTS`` unless
+    overridden."""
     config = settings.client_config(
         **{
             "group.id": "privstream",  # required by the client; offsets live in snapshots
@@ -273,8 +274,8 @@ class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int]]):
         stop: StopSignal | None,
         stall_seconds: float = DEFAULT_STALL_SECONDS,
     ) -> None:
-        self._consumer = Consumer(config)
-        self._consumer.assign([TopicPartition(topic, partition, offset)])
+        consumer = self._consumer = Consumer(config)
+        consumer.assign([TopicPartition(topic, partition, offset)])
         self._topic = topic
         self._partition = partition
         self._offset = offset
@@ -282,20 +283,10 @@ class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int]]):
         self._stop = stop
         self._eof = False
         self._awake: datetime | None = None
-        self._health = ClientHealth(SOURCE, topic, stall_seconds, f"partition {partition}")
-        self._where = str(config.get("bootstrap.servers", "the cluster"))
-        self._probe: Probe | None = None
-
-    def _watch(self) -> None:
-        """Start probing the consumer (once, from the worker's first poll)."""
-        if self._probe is None:
-            consumer, topic = self._consumer, self._topic
-            self._probe = Probe(
-                self._health,
-                lambda timeout: topic_exists(consumer, topic, timeout),
-                self._where,
-                probe_interval(self._health.stall_seconds),
-            ).start()
+        health = ClientHealth(SOURCE, topic, stall_seconds, f"partition {partition}")
+        self._probe = Probe(  # started by the worker's first poll
+            health, lambda timeout: topic_exists(consumer, topic, timeout), cluster_name(config)
+        )
 
     def next_batch(self) -> list[RawBatch]:
         """Up to ``batch_size`` messages that arrive within 10 ms, as one ``RawBatch``.
@@ -307,7 +298,7 @@ class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int]]):
         """
         if self._eof or (self._stop is not None and self._stop.is_set()):
             raise StopIteration
-        self._watch()
+        self._probe.start()
         raise_if_failed()
         values: list[bytes] = []
         poll = _Poll()
@@ -322,7 +313,7 @@ class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int]]):
         self._awake = None if values else datetime.now(timezone.utc) + self._IDLE
         if poll.first is None:
             return []
-        self._health.progressed()
+        self._probe.health.progressed()
         return [RawBatch(self._topic, self._partition, poll.first, values, poll.offsets)]
 
     def _take(self, messages: list[Any], values: list[bytes], poll: _Poll) -> None:
@@ -362,10 +353,7 @@ class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int]]):
         return (self._topic, self._offset)
 
     def close(self) -> None:
-        if self._probe is not None:
-            self._probe.stop()  # before the consumer goes: the probe uses it
-        else:
-            self._health.close()
+        self._probe.stop()  # before the consumer goes: the probe uses it
         self._consumer.close()
 
 
@@ -439,9 +427,9 @@ def parse_raw_batch(
         return _from_partition(fast, batch.partition)
     empty = [i for i, v in enumerate(values) if not v.strip()]
     skip = set(empty)
-    kept = [i for i in range(len(values)) if i not in skip] if empty else range(len(values))
+    kept = [i for i in range(len(values)) if i not in skip]
     parsed = parse_json_lines(
-        [values[i] for i in kept] if empty else values,
+        [values[i] for i in kept],
         streams=streams,
         default_stream=default_stream,
         max_bytes=max_bytes,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from confluent_kafka import KafkaError, KafkaException
@@ -49,6 +49,11 @@ def topic_gone_message(topic: str, where: str) -> str:
         "back without it); privstream never re-creates topics: create it again with `privstream "
         "topics create` (or restore it) and restart with the same --recovery-dir"
     )
+
+
+def cluster_name(config: Mapping[str, Any]) -> str:
+    """How messages name the cluster of a client with ``config``: its bootstrap servers."""
+    return str(config.get("bootstrap.servers", "the cluster"))
 
 
 def probe_interval(stall_seconds: float) -> float:
@@ -244,21 +249,29 @@ def describe(exc: BaseException) -> str:
 
 
 class Probe:
-    """Asks ``exists(timeout)`` every ``interval`` seconds from a daemon thread and reports to
-    ``health``; a missing topic becomes the process's fault (``raise_if_failed``)."""
+    """Asks ``exists(timeout)`` whether ``health.topic`` exists, every ``interval`` seconds
+    (default ``probe_interval(health.stall_seconds)``) from a daemon thread that ``start``
+    starts, and reports to ``health``; a missing topic becomes the process's fault
+    (``raise_if_failed``). ``where`` names the cluster in the messages (``cluster_name``)."""
 
     def __init__(
-        self, health: ClientHealth, exists: Callable[[float], bool], where: str, interval: float
+        self,
+        health: ClientHealth,
+        exists: Callable[[float], bool],
+        where: str,
+        interval: float | None = None,
     ) -> None:
-        self.health, self._exists, self._where = health, exists, where
-        self.interval = interval
+        self.health, self.where, self._exists = health, where, exists
+        self.interval = probe_interval(health.stall_seconds) if interval is None else interval
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name=f"privstream-probe-{health.role}", daemon=True
         )
 
     def start(self) -> Probe:
-        self._thread.start()
+        """Start the thread; a later call does nothing (a client may call it with every poll)."""
+        if self._thread.ident is None:
+            self._thread.start()
         return self
 
     def probe_once(self) -> None:
@@ -269,8 +282,24 @@ class Probe:
         else:
             self.health.answered()
             if not exists:
-                FAULTS.record(topic_gone_message(self.health.topic, self._where))
+                self._lost()
         self.health.check()
+
+    def require(self, timeout: float) -> None:
+        """Ask once, from the caller's thread: ``TopicMissing`` (and the process's fault) when
+        the broker says the topic does not exist; an unanswered question proves nothing."""
+        try:
+            exists = self._exists(timeout)
+        except KafkaException:
+            return
+        if not exists:
+            raise TopicMissing(self._lost())
+
+    def _lost(self) -> str:
+        """Record the topic as gone for the whole process; what is recorded."""
+        message = topic_gone_message(self.health.topic, self.where)
+        FAULTS.record(message)
+        return message
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -278,8 +307,8 @@ class Probe:
             self._stop.wait(self.interval)
 
     def stop(self) -> None:
-        """Stop the thread and wait for it (at most one probe timeout): the client may be closed
-        afterwards."""
+        """Stop the thread, if started, and wait for it (at most one probe timeout): the client
+        may be closed afterwards. Unregisters ``health``."""
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(self.interval + 1.0)

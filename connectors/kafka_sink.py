@@ -43,15 +43,12 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from privstream.connectors.kafka import DEAD_LETTER_REASON_HEADER, KafkaSettings
 from privstream.connectors.kafka_health import (
     DEFAULT_STALL_SECONDS,
-    FAULTS,
     SINK,
     ClientHealth,
     Probe,
-    TopicMissing,
-    probe_interval,
+    cluster_name,
     raise_if_failed,
     topic_exists,
-    topic_gone_message,
 )
 from privstream.operators.metrics import DEAD_LETTERS_UNDELIVERABLE
 
@@ -154,14 +151,11 @@ class _SinkPartition(StatelessSinkPartition[Message]):
         self._retries = retries
         self._backoff = backoff
         self._wait = report_timeout(config)
-        self._where = str(config.get("bootstrap.servers", "the cluster"))
         self.health = ClientHealth(SINK, topic, stall_seconds)
-        self._probe = Probe(
-            self.health, self._exists, self._where, probe_interval(stall_seconds)
-        ).start()
+        self._probe = Probe(self.health, self._exists, cluster_name(config)).start()
 
     def _exists(self, timeout: float) -> bool:
-        return topic_exists(self._producer, self._topic, timeout)
+        return topic_exists(self._producer, self._topic, timeout)  # the producer of the moment
 
     def _on_error(self, err: KafkaError) -> None:
         """librdkafka's ``error_cb`` (served by ``poll``): connectivity and fatal errors (the
@@ -188,7 +182,7 @@ class _SinkPartition(StatelessSinkPartition[Message]):
                 if not failed:
                     break
                 if any(err.code() in _NO_TOPIC for _m, err in failed):
-                    self._require_topic()
+                    self._probe.require(CHECK_TIMEOUT_S)
                 last = attempt == self._retries
                 todo = [m for m, err in failed if not (last or _permanent(err))]
                 dropped = [(m, err) for m, err in failed if last or _permanent(err)]
@@ -199,7 +193,7 @@ class _SinkPartition(StatelessSinkPartition[Message]):
                 self.health.waiting(len(todo))
         finally:
             self.health.waiting(0)
-        self._require_topic()
+        self._probe.require(CHECK_TIMEOUT_S)
 
     def _pause(self, attempt: int, todo: Sequence[Message]) -> None:
         delay = self._backoff * 2 ** (attempt - 1)
@@ -230,7 +224,8 @@ class _SinkPartition(StatelessSinkPartition[Message]):
 
     def _produce(self, attempt: _Attempt, index: int, message: Message) -> None:
         """Hand one message to librdkafka (waiting while its queue is full); a message it
-        refuses at once (too large, unknown topic) fails with librdkafka's error."""
+        refuses at once (too large, unknown topic) fails with librdkafka's error; one it cannot
+        queue within the report wait fails with ``_QUEUE_FULL``."""
         deadline = time.monotonic() + self._wait
         while True:
             try:
@@ -250,18 +245,6 @@ class _SinkPartition(StatelessSinkPartition[Message]):
             except KafkaException as exc:
                 attempt.refuse(index, exc.args[0])
                 return
-
-    def _require_topic(self) -> None:
-        """``TopicMissing`` when the broker says the topic does not exist (an unanswered
-        question proves nothing: the caller's own outcome stands)."""
-        try:
-            exists = self._exists(CHECK_TIMEOUT_S)
-        except KafkaException:
-            return
-        if not exists:
-            message = topic_gone_message(self._topic, self._where)
-            FAULTS.record(message)
-            raise TopicMissing(message)
 
     def _give_up(self, dropped: list[tuple[Message, KafkaError]], attempts: int) -> None:
         errors = Counter(f"{err.name()} ({err.str()})" for _m, err in dropped)

@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 
 PARTITIONS = 1  # what privstream creates: one process, any number of workers
 SUFFIX = ".sqlite3"  # Bytewax opens every file with this extension at the top of DIR
-SIDECARS = ("-wal", "-shm")  # SQLite's write-ahead log and its index
 STAGING = ".privstream-staging-"  # + "<pid>-<random>": a store being built inside DIR
 
 
@@ -162,11 +161,11 @@ def check_store(path: Path) -> StoreCheck:
         return StoreCheck(path, False, (), (), ("it does not exist",))
     if not path.is_dir():
         raise RecoveryStoreError(f"recovery store {path} is not a directory")
-    files = sorted(p for p in path.iterdir() if p.suffix == SUFFIX and p.is_file())
-    partitions = tuple(read_partition(p) for p in files)
+    entries = sorted(path.iterdir())
+    partitions = tuple(read_partition(p) for p in entries if p.suffix == SUFFIX and p.is_file())
     orphans = tuple(
         p
-        for p in sorted(path.iterdir())
+        for p in entries
         if p.name.endswith(SUFFIX + "-wal")
         and p.stat().st_size > 0
         and not p.with_name(p.name[: -len("-wal")]).exists()
@@ -206,10 +205,7 @@ def _prepare_once(path: Path, partitions: int) -> str:
             raise _Raced from None
         _fsync_dir(path.parent)
     _remove_stale_staging(path)
-    for part in found.partitions:  # provably empty: nothing is lost
-        _remove_partition(part.path)
-    for orphan in path.glob(f"*{SUFFIX}-*"):
-        orphan.unlink(missing_ok=True)  # empty logs and indexes of removed files
+    _remove_partitions(path, found.partitions)  # provably empty: nothing is lost
     _create(path, partitions)
     if found.partitions:
         log.warning(
@@ -271,12 +267,14 @@ def _publish(file: Path, target: Path) -> None:
         os.rename(file, target)
 
 
-def _remove_partition(file: Path) -> None:
-    """Remove a partition file, its write-ahead log first (a log left beside a new file of the
-    same name would be replayed into it)."""
-    for sidecar in SIDECARS:
-        file.with_name(file.name + sidecar).unlink(missing_ok=True)
-    file.unlink(missing_ok=True)
+def _remove_partitions(path: Path, partitions: Sequence[Partition]) -> None:
+    """Remove every write-ahead log, index and journal at the top of ``path``
+    (``*.sqlite3-*``), then the ``partitions``' files: logs first, since one left beside a new
+    file of the same name would be replayed into it."""
+    for sidecar in path.glob(f"*{SUFFIX}-*"):
+        sidecar.unlink(missing_ok=True)
+    for part in partitions:
+        part.path.unlink(missing_ok=True)
 
 
 def _remove_stale_staging(path: Path) -> None:
