@@ -27,10 +27,32 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from confluent_kafka import KafkaError, KafkaException
+from prometheus_client import Counter, Gauge
 
-from privstream.operators.metrics import KAFKA_CONNECTED, LAST_PROGRESS
+from privstream.exposition import INTERNAL, INTERNAL_PREFIX, PREFIX
 
 log = logging.getLogger(__name__)
+
+# Public: set from probes of the broker, operational state that depends on the network only.
+KAFKA_CONNECTED: Final = Gauge(
+    PREFIX + "kafka_connected",
+    "1 while every Kafka client of this kind (client=source: the input's consumers, "
+    "client=sink: the output producers) reaches the broker; 0 while one does not.",
+    ["client"],
+)
+# Internal: the time of the last consumed batch tells when input events arrived.
+LAST_PROGRESS: Final = Gauge(
+    INTERNAL_PREFIX + "last_progress_timestamp_seconds",
+    "Unix time of the last consumed input batch (client=source) or delivered output batch "
+    "(client=sink).",
+    ["client"],
+    registry=INTERNAL,
+)
+DEAD_LETTERS_UNDELIVERABLE: Final = Counter(
+    INTERNAL_PREFIX + "dead_letters_undeliverable",
+    "Dead letters that could not be written to the dead-letter topic (logged by reason).",
+    registry=INTERNAL,
+)
 
 SOURCE: Final = "source"
 SINK: Final = "sink"

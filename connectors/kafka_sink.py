@@ -42,6 +42,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from privstream.connectors.kafka import DEAD_LETTER_REASON_HEADER, KafkaSettings
 from privstream.connectors.kafka_health import (
+    DEAD_LETTERS_UNDELIVERABLE,
     DEFAULT_STALL_SECONDS,
     SINK,
     ClientHealth,
@@ -50,7 +51,6 @@ from privstream.connectors.kafka_health import (
     raise_if_failed,
     topic_exists,
 )
-from privstream.operators.metrics import DEAD_LETTERS_UNDELIVERABLE
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ to be classified before it can be exported (the privacy audit enforces it).
   when the run's noise comes from a public reproducible seed — its outputs are never private;
   ``privstream_evaluation`` is 1 when the mechanisms run side by side with the full budget each
   as an evaluation (``--compare``), not a release.
-* **Kafka gauge** (``KAFKA_CONNECTED``, label ``{client}`` = ``source``/``sink``, set by
+* **Kafka gauge** (``connectors.kafka_health.KAFKA_CONNECTED``, label ``{client}`` = ``source``/``sink``, set by
   ``connectors.kafka_health``): ``privstream_kafka_connected`` is 1 while the flow's clients of
   that kind reach the broker — operational state that depends on the network, not the data.
 
@@ -42,7 +42,6 @@ reading the input topic.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import threading
@@ -52,28 +51,20 @@ from typing import Final, NamedTuple
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
-    GC_COLLECTOR,
-    PLATFORM_COLLECTOR,
-    PROCESS_COLLECTOR,
     REGISTRY,
     CollectorRegistry,
     Counter,
-    Gauge,
-    GCCollector,
     Histogram,
-    PlatformCollector,
-    ProcessCollector,
     start_http_server,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from privstream.connectors.events import LATE, DeadLetter
+from privstream.exposition import INTERNAL, INTERNAL_PREFIX, PREFIX
 from privstream.mechanisms.contract import LedgerEntry, PrivacyCost, Release
 from privstream.mechanisms.ledger import budget_limit
 
-PREFIX: Final = "privstream_"
-INTERNAL_PREFIX: Final = PREFIX + "internal_"
 LABELS: Final = ("stream", "mechanism")  # plus "class" on the personalized class gauges
 
 # The allow-list of the public endpoint, by exposed name (counters with their ``_total``).
@@ -426,25 +417,7 @@ class LedgerBoard(Collector):
 BOARD: Final = LedgerBoard()
 REGISTRY.register(BOARD)
 
-# Set by ``connectors.kafka_health`` from probes of the broker: operational, not data-dependent.
-KAFKA_CONNECTED: Final = Gauge(
-    PREFIX + "kafka_connected",
-    "1 while every Kafka client of this kind (client=source: the input's consumers, "
-    "client=sink: the output producers) reaches the broker; 0 while one does not.",
-    ["client"],
-)
-
 # -- internal: true event counts and timing, never on the public endpoint ------------------------
-
-INTERNAL: Final = CollectorRegistry()
-# The process and Python collectors (CPU seconds, memory, GC counts) grow with the number of
-# events processed: a timing side channel on true counts, so they are internal too.
-for _collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
-    with contextlib.suppress(KeyError):  # already moved (the module was reloaded)
-        REGISTRY.unregister(_collector)
-ProcessCollector(registry=INTERNAL)
-PlatformCollector(registry=INTERNAL)
-GCCollector(registry=INTERNAL)
 
 EVENTS = Counter(
     INTERNAL_PREFIX + "events", "Events accepted into a slot.", ["stream"], registry=INTERNAL
@@ -473,19 +446,6 @@ STEP_SECONDS = Histogram(
     "Wall time of one mechanism step (one slot).",
     LABELS,
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
-    registry=INTERNAL,
-)
-# Internal: the time of the last consumed batch tells when input events arrived.
-LAST_PROGRESS: Final = Gauge(
-    INTERNAL_PREFIX + "last_progress_timestamp_seconds",
-    "Unix time of the last consumed input batch (client=source) or delivered output batch "
-    "(client=sink).",
-    ["client"],
-    registry=INTERNAL,
-)
-DEAD_LETTERS_UNDELIVERABLE: Final = Counter(
-    INTERNAL_PREFIX + "dead_letters_undeliverable",
-    "Dead letters that could not be written to the dead-letter topic (logged by reason).",
     registry=INTERNAL,
 )
 

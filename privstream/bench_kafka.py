@@ -50,13 +50,14 @@ from privstream.connectors.kafka import (
     parse_raw_batch,
 )
 from privstream.connectors.producer import produce_synthetic, slot_messages
+from privstream.exposition import INTERNAL
 from privstream.flows.io import KafkaIO, Source, resolve_source
 from privstream.flows.ldp_ids import build
 from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.ldp_ids import LdpIdsConfig, mechanism_names
 from privstream.mechanisms.ldp_ids import build as build_mechanism
 from privstream.mechanisms.seeding import NoiseKey
-from privstream.operators.metrics import BOARD, INTERNAL
+from privstream.operators.metrics import BOARD
 from privstream.operators.slotting import LdpClients, SlottingConfig, _Plan, _SlottedLogic
 
 TARGET: Final = 0.70
