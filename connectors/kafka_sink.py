@@ -266,6 +266,10 @@ class _SinkPartition(StatelessSinkPartition[Message]):
     def close(self) -> None:
         self._probe.stop()
         self._producer.flush(self._wait)
+        # Drop the client now: its delivery callbacks refer back to this sink, so the cycle would
+        # wait for the garbage collector, and the client would go on connecting (and logging)
+        # after the run, e.g. to a broker the demo has already stopped.
+        self._producer = None
 
 
 def _reason(message: Message) -> str:
