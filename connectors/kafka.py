@@ -38,14 +38,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from privstream.connectors.control import StopSignal
-from privstream.connectors.events import (
-    MALFORMED,
-    MAX_EVENT_BYTES,
-    DeadLetter,
-    EventBatch,
-    parse_json_batch,
-    parse_json_lines,
-)
+from privstream.connectors.json_events import parse_json_batch, parse_json_lines
 from privstream.connectors.jsonl import to_json
 from privstream.connectors.kafka_health import (
     DEFAULT_STALL_SECONDS,
@@ -58,6 +51,7 @@ from privstream.connectors.kafka_health import (
     topic_exists,
 )
 from privstream.connectors.kafka_health import TopicMissing as TopicMissing  # re-exported
+from privstream.events import MALFORMED, MAX_EVENT_BYTES, DeadLetter, EventBatch
 from privstream.mechanisms.contract import LedgerEntry, Release
 
 log = logging.getLogger(__name__)

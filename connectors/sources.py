@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 
-from privstream.connectors.events import EventBatch
 from privstream.connectors.synthetic import SyntheticStream
+from privstream.events import EventBatch
 
 
 class _SyntheticPartition(StatefulSourcePartition[EventBatch, int]):

@@ -1,10 +1,18 @@
-"""Synthetic streams of spec ldp-ids §5.1: LNS, Sin, Log and their numeric ``-Con`` variants.
+"""The synthetic streams of both papers' evaluations, one generator for every family.
 
-A generator first fixes the probability sequence ``p_1..p_T`` and then, slot by slot, the
-population's values: for the binary streams ``round(p_t·n)`` users drawn uniformly at random hold
-value 1 and everybody else 0; for ``-Con`` streams every user's value is ``N(p_t, σ²)``. Each slot's
-values come from a generator seeded by ``(seed, slot)``, so any slot can be regenerated alone
-(the source can resume mid-stream and the evaluator can rebuild ground truth).
+Spec ldp-ids §5.1 defines LNS, Sin, Log and their numeric ``-Con`` variants; spec
+personalized-w-event §6.2 defines TLNS, Sin and Log. A generator first fixes the probability
+sequence ``p_1..p_T`` (Sin and Log are the same formulas in both papers; LNS reflects its random
+walk at 0, TLNS clips it) and then, slot by slot, the population's values:
+
+* binary streams, LDP-IDS model (the default): exactly ``round(p_t·n)`` users drawn uniformly at
+  random hold value 1 and everybody else 0;
+* binary streams, personalized model (``independent=True``): each user independently holds 1
+  with probability ``p_t``, so the count of ones is ``Binomial(n, p_t)``;
+* ``-Con`` streams: every user's value is ``N(p_t, σ²)``.
+
+Each slot's values come from a generator seeded by ``(seed, slot)``, so any slot can be
+regenerated alone (the source can resume mid-stream and the evaluator can rebuild ground truth).
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from typing import Final
 import numpy as np
 from numpy.typing import NDArray
 
-DATASETS: Final = ("lns", "sin", "log", "lns-con", "sin-con", "log-con")
+DATASETS: Final = ("lns", "tlns", "sin", "log", "lns-con", "sin-con", "log-con")
 CON_SIGMA: Final = 10.0  # spec §5.1 / A26
 
 
@@ -95,15 +103,33 @@ def uniform_subset_mask(n: int, k: int, rng: np.random.Generator) -> NDArray[np.
     return mask
 
 
+def probabilities(name: str, slots: int, seed: int) -> NDArray[np.float64]:
+    """The sequence ``p_1..p_T`` of dataset ``name`` (its ``-con`` suffix ignored); the LNS and
+    TLNS walks are drawn from ``seed``, Sin and Log are deterministic."""
+    base = name.removesuffix("-con")
+    if base == "lns":
+        return lns_probabilities(slots, np.random.default_rng([seed, 0x4C4E53]))
+    if base == "tlns":
+        return tlns_probabilities(slots, np.random.default_rng([seed, 0x544C4E53]))
+    if base == "sin":
+        return sin_probabilities(slots)
+    return log_probabilities(slots)
+
+
 @dataclass(frozen=True)
 class SyntheticStream:
-    """A synthetic population stream of ``users`` users over ``slots`` slots (1-based)."""
+    """A synthetic population stream of ``users`` users over ``slots`` slots (1-based).
+
+    ``independent`` picks the personalized-w-event population of a binary stream (each user
+    holds 1 with probability ``p_t``, spec §6.2) over the LDP-IDS one (exactly ``round(p_t·n)``
+    ones, spec §5.1)."""
 
     name: str
     users: int
     slots: int
     seed: int = 0
     sigma: float = CON_SIGMA
+    independent: bool = False
     probabilities: NDArray[np.float64] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -115,14 +141,9 @@ class SyntheticStream:
             raise ValueError(
                 f"users and slots must be >= 1, got users={self.users}, slots={self.slots}"
             )
-        base = self.name.removesuffix("-con")
-        if base == "lns":
-            p = lns_probabilities(self.slots, np.random.default_rng([self.seed, 0x4C4E53]))
-        elif base == "sin":
-            p = sin_probabilities(self.slots)
-        else:
-            p = log_probabilities(self.slots)
-        object.__setattr__(self, "probabilities", p)
+        if self.independent and self.numeric:
+            raise ValueError(f"independent ones apply to binary streams, not {self.name!r}")
+        object.__setattr__(self, "probabilities", probabilities(self.name, self.slots, self.seed))
 
     @property
     def numeric(self) -> bool:
@@ -141,16 +162,24 @@ class SyntheticStream:
         return lower, upper
 
     def ones(self, slot: int) -> int:
-        """``K_t = round(p_t·n)``: users holding value 1 at ``slot`` (binary streams)."""
+        """``K_t``: users holding value 1 at ``slot`` (binary streams): ``round(p_t·n)``, or the
+        drawn count of the ``independent`` population."""
+        if self.independent:
+            return int(self.values(slot).sum())
         return round(float(self.probabilities[slot - 1]) * self.users)
 
     def values(self, slot: int) -> NDArray[np.int64] | NDArray[np.float64]:
         """Every user's value at ``slot`` (1-based), indexed by the user's dense index."""
         if not 1 <= slot <= self.slots:
             raise ValueError(f"slot must lie in 1..{self.slots}, got {slot}")
+        p = self.probabilities[slot - 1]
+        if self.independent:
+            rng = np.random.default_rng([self.seed, slot, 0x5057])
+            ones: NDArray[np.int64] = (rng.random(self.users) < p).astype(np.int64)
+            return ones
         rng = np.random.default_rng([self.seed, slot])
         if self.numeric:
-            return rng.normal(self.probabilities[slot - 1], self.sigma, size=self.users)
+            return rng.normal(p, self.sigma, size=self.users)
         return uniform_subset_mask(self.users, self.ones(slot), rng).astype(np.int64)
 
     def truth(self, slot: int) -> NDArray[np.float64]:
@@ -163,8 +192,3 @@ class SyntheticStream:
     def __iter__(self) -> Iterator[NDArray[np.int64] | NDArray[np.float64]]:
         for slot in range(1, self.slots + 1):
             yield self.values(slot)
-
-
-def dataset_d(name: str) -> int:
-    """Domain size of a synthetic dataset without building it."""
-    return 1 if name.endswith("-con") else 2

@@ -20,13 +20,8 @@ from bytewax.operators import KeyedStream
 
 from privstream.connectors import control
 from privstream.connectors.control import StopSignal
-from privstream.connectors.events import (
-    MAX_EVENT_BYTES,
-    DeadLetter,
-    EventBatch,
-    parse_csv_lines,
-    parse_json_lines,
-)
+from privstream.connectors.csv_events import parse_csv_lines
+from privstream.connectors.json_events import parse_json_lines
 from privstream.connectors.jsonl import jsonl_output
 from privstream.connectors.kafka import (
     KafkaEventSource,
@@ -40,6 +35,7 @@ from privstream.connectors.kafka import (
 from privstream.connectors.kafka_sink import kafka_output
 from privstream.connectors.sources import SyntheticSource, detect_format, file_source
 from privstream.connectors.synthetic import DATASETS, SyntheticStream
+from privstream.events import MAX_EVENT_BYTES, DeadLetter, EventBatch
 from privstream.mechanisms.contract import Release
 from privstream.mechanisms.tasks import EstimationTask, FrequencyTask, MeanTask
 from privstream.operators.metrics import BOARD, count_dead_letter
@@ -66,6 +62,7 @@ def resolve_source(
     domain: int | None = None,
     mean_range: tuple[float, float] | None = None,
     stream: str | None = None,
+    independent: bool = False,
 ) -> Source:
     """Turn ``--dataset`` (a synthetic name or ``file:PATH``) into a ``Source``.
 
@@ -81,7 +78,7 @@ def resolve_source(
         raise ValueError(
             f"unknown dataset {dataset!r}; use one of {', '.join(DATASETS)} or file:PATH"
         )
-    synthetic = SyntheticStream(name, users, slots, seed=seed)
+    synthetic = SyntheticStream(name, users, slots, seed=seed, independent=independent)
     if mean_range is not None:
         task = MeanTask(*mean_range)
     elif domain is not None:

@@ -23,8 +23,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from privstream.mechanisms.contract import LedgerEntry, PrivacyCost
+from privstream.mechanisms.contract import LedgerEntry
 from privstream.mechanisms.errors import PrivacyBudgetExceeded
+from privstream.mechanisms.guarantees import Guarantee
 from privstream.mechanisms.ledger import RELATIVE_TOLERANCE, budget_limit
 
 ClassKey = tuple[int, float]
@@ -83,19 +84,12 @@ class BudgetSplit:
         return cls(tuple(w / total for w in weights))
 
 
-def class_spend(
-    entry: LedgerEntry, cost: PrivacyCost, share: float, population_epsilon: float
-) -> dict[ClassKey, float]:
+def class_spend(entry: LedgerEntry, share: float) -> dict[ClassKey, float]:
     """What one mechanism charged each population class over the window ending at the entry's
-    slot, keyed by the class's full (unshared) requirement: ``population_epsilon`` for the
-    families with one class, ``ε_c·s / s`` for the personalized classes (whose budgets the
-    mechanism scaled by its share ``s``)."""
-    if entry.classes:
-        return {(c.window, _full(c.epsilon, share)): c.window_spent for c in entry.classes}
-    key = (cost.window, population_epsilon)
-    if cost.division == "budget":
-        return {key: entry.window_spent}
-    return {key: cost.epsilon if entry.window_users > 0 else 0.0}
+    slot, keyed by the class's full (unshared) requirement ``budget_c·s / s`` (the mechanism
+    ran with its share ``s`` of every class's budget). Generic over the guarantee: the budgets
+    are in its measure's additive unit (``guarantees.budget_of``)."""
+    return {(c.window, _full(c.epsilon, share)): c.window_spent for c in entry.classes}
 
 
 def _full(epsilon: float, share: float) -> float:
@@ -105,15 +99,15 @@ def _full(epsilon: float, share: float) -> float:
 
 
 def check_shares(
-    costs: Sequence[tuple[str, PrivacyCost]], split: BudgetSplit, population_epsilon: float
+    costs: Sequence[tuple[str, Guarantee]], split: BudgetSplit, population_epsilon: float
 ) -> None:
     """Refuse mechanisms that were not built with their share ``s·ε`` of the population budget
     (an evaluation gives each the full ε)."""
     for (name, cost), share in zip(costs, split.shares, strict=True):
         given = population_epsilon * share
-        if abs(cost.epsilon - given) > RELATIVE_TOLERANCE * given:
+        if abs(cost.budget - given) > RELATIVE_TOLERANCE * given:
             raise ValueError(
-                f"mechanism {name} runs with ε={cost.epsilon:g} but its share of the population "
+                f"mechanism {name} runs with ε={cost.budget:g} but its share of the population "
                 f"budget ε={population_epsilon:g} is {share:g} (ε={given:g}); build it with "
                 "its share"
             )

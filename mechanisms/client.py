@@ -94,7 +94,12 @@ def absent_mask(values: NDArray[np.float64] | NDArray[np.int64]) -> NDArray[np.b
 
 
 class SimulatedClientPort:
-    """Runs ``LocSan`` (spec Alg. 1) for the selected users with per-slot seeded randomness."""
+    """Runs ``LocSan`` (spec Alg. 1) for the selected users with per-slot seeded randomness.
+
+    The privacy boundary of the LDP modes (design §4): the raw ``values`` and the client side's
+    per-user ``client_state`` (``Mechanism.client_state``: state a protocol's clients keep
+    across slots) stay behind this port; a mechanism's server logic only receives what crosses
+    it — ``eligible`` (public membership) and the ``Aggregate`` of perturbed reports."""
 
     def __init__(
         self,
@@ -102,6 +107,7 @@ class SimulatedClientPort:
         task: EstimationTask,
         randomness: SlotRandomness,
         path: ClientPath = "aggregate",
+        client_state: Any = None,
     ) -> None:
         if path not in ("aggregate", "per-user"):
             raise ValueError(f"client path must be 'aggregate' or 'per-user', got {path!r}")
@@ -109,6 +115,7 @@ class SimulatedClientPort:
         self._task = task
         self._randomness = randomness
         self._path = path
+        self._client_state = client_state
         self._eligible = ~absent_mask(values)
         self._everyone = bool(self._eligible.all())
         self._all_counts: NDArray[np.int64] | None = None

@@ -12,13 +12,15 @@ import copy
 import math
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar, Generic, Literal, TypeVar, cast
+from typing import Any, ClassVar, Final, Generic, Literal, TypeVar, cast
 
 from privstream.mechanisms.client import ClientPort, CuratorPort
 from privstream.mechanisms.errors import IncompatibleState
+from privstream.mechanisms.guarantees import Guarantee
 from privstream.mechanisms.seeding import SlotRandomness
+from privstream.mechanisms.trust import TrustMode
 
-Strategy = Literal["publish", "approximate", "nullified", "skip"]
+Strategy = Literal["publish", "approximate", "nullified"]
 Division = Literal["budget", "population"]
 
 
@@ -64,15 +66,34 @@ def _is_curator(port: object) -> bool:
     return callable(getattr(port, "class_histogram", None))
 
 
+SCHEMA_VERSION: Final = 2
+"""Version of the release and ledger envelopes (``schema`` in every output record). 2: one
+envelope for every family, the guarantee as data and a typed per-family ``details`` object."""
+
+
+@dataclass(frozen=True)
+class Details:
+    """What only one family reports about a release or a ledger entry (already private facts).
+
+    A family subclasses it with typed fields; ``family`` names it in the output, so a reader
+    knows which fields to expect."""
+
+    family: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"family": self.family, **asdict(self)}
+
+
 @dataclass(frozen=True)
 class Release:
-    """A public release ``r_t`` and the already-private facts about how it was made.
+    """A public release ``r_t`` of one stream, mechanism and slot: the envelope every family
+    emits (README, "Output").
 
-    ``epsilon_m1``/``epsilon_m2`` are the per-user budgets a reporting user spent at this slot in
-    the dissimilarity and publication steps; ``users_m1``/``users_m2`` how many users reported
-    in each. ``dissimilarity`` and ``error`` are the de-biased ``dis`` and the potential
-    publication error ``err`` (both post-processing of LDP reports). ``bits`` is the slot's
-    communication cost (reports plus instructions, spec §5.3.4).
+    ``strategy`` is one vocabulary for every family: ``publish`` (a fresh estimate),
+    ``approximate`` (the last publication repeated, nothing spent on it) or ``nullified`` (the
+    last publication repeated because an absorbing mechanism lent this slot's budget to it).
+    ``source_slot`` is the slot whose publication ``estimate`` is (None before the first).
+    ``guarantee`` is the mechanism's declared guarantee; ``details`` the family's own facts.
     """
 
     stream: str
@@ -80,16 +101,9 @@ class Release:
     slot: int
     strategy: Strategy
     estimate: tuple[float, ...]
-    epsilon: float
-    window: int
-    epsilon_m1: float
-    epsilon_m2: float
-    users_m1: int
-    users_m2: int
     source_slot: int | None
-    dissimilarity: float | None
-    error: float | None
-    bits: int
+    guarantee: Guarantee
+    details: Details
     insecure_seed: bool = False
     """True when the run's noise came from a public reproducible seed: not private output."""
     evaluation: bool = False
@@ -101,62 +115,63 @@ class Release:
         return f"{self.stream}/{self.mechanism}/{self.slot}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"release_id": self.release_id, **asdict(self)}
+        return {
+            "schema": SCHEMA_VERSION,
+            "release_id": self.release_id,
+            "stream": self.stream,
+            "mechanism": self.mechanism,
+            "slot": self.slot,
+            "strategy": self.strategy,
+            "estimate": list(self.estimate),
+            "source_slot": self.source_slot,
+            "guarantee": self.guarantee.to_dict(),
+            "details": self.details.to_dict(),
+            "insecure_seed": self.insecure_seed,
+            "evaluation": self.evaluation,
+        }
 
 
 @dataclass(frozen=True)
 class ClassSpend:
-    """One privacy class's budget after one slot (spec personalized-w-event §9.4).
+    """One privacy class's spend after one slot, in the guarantee's budget unit.
 
-    Every member of the class (``users`` registered users sharing ``(window, epsilon)``) was
-    charged ``epsilon_dc + epsilon_pub`` at this slot and ``window_spent`` over the class's own
-    window ending here, never above ``epsilon`` (invariant C1). Class sizes are public metadata
-    (spec §1.1, A2); no user is named.
+    Every member of the class (``users`` users sharing the requirement ``(window, epsilon)``) was
+    charged at most ``charged`` at this slot and at most ``window_spent`` over the class's
+    window ending here, never above ``epsilon``. Families whose users share one requirement have
+    one class. Class sizes are public metadata; no user is named.
     """
 
     window: int
     epsilon: float
     users: int
-    epsilon_dc: float
-    epsilon_pub: float
+    charged: float
     window_spent: float
 
     @property
     def spent_ratio(self) -> float:
-        """``window_spent / ε``, at most 1 (the ``dp_class_window_spent_ratio`` gauge)."""
+        """``window_spent / ε``, at most 1 (the class gauge)."""
         return self.window_spent / self.epsilon
 
 
 @dataclass(frozen=True)
 class LedgerEntry:
-    """The ledger after one slot: spend in the window ending at this slot and what is left.
+    """The ledger after one slot: the envelope every family emits.
 
-    Budget division fills the ``epsilon_*`` fields (``window_spent`` is the per-user budget over
-    the window, never above ``epsilon``); population division fills the ``users_*`` fields
-    (``window_users`` reported in the window, ``available_users`` = ``|U_A|`` for the next
-    slot). ``remaining`` is ``ε_rm``/absorbable budget or ``n_rm``/absorbable users.
-
-    Personalized mechanisms (spec personalized-w-event) charge each privacy class differently:
-    ``classes`` holds every class's ``ClassSpend``, and the scalar fields describe the class
-    closest to its limit at this slot (largest ``window_spent/ε``). It is None for the
-    families whose users all share one requirement.
+    ``classes`` holds every privacy class's spend (``ClassSpend``); ``window_spent`` and the
+    ``epsilon``/``window`` properties describe the class closest to its limit. ``division`` says
+    how the ledger charges: ``budget`` charges every user alike (per-slot charges add up over a
+    window), ``population`` charges disjoint users (each at most once per window).
+    ``population_epsilon`` and ``population_window_spent`` are the composed spend of all the
+    stream's mechanisms (set by the operator, ``mechanisms.accountant``).
     """
 
     stream: str
     mechanism: str
     slot: int
+    guarantee: Guarantee
     division: Division
-    epsilon: float
-    window: int
-    epsilon_m1: float
-    epsilon_m2: float
-    window_spent: float
-    users_m1: int
-    users_m2: int
-    window_users: int
-    available_users: int
-    remaining: float
-    classes: tuple[ClassSpend, ...] | None = None
+    classes: tuple[ClassSpend, ...]
+    details: Details
     population_epsilon: float | None = None
     """The population's budget per window that all mechanisms of the stream share (for
     personalized mechanisms: ε_c of the class closest to its limit), set by the operator."""
@@ -167,8 +182,47 @@ class LedgerEntry:
     insecure_seed: bool = False
     evaluation: bool = False
 
+    @property
+    def worst(self) -> ClassSpend | None:
+        """The class closest to its limit (None while nobody is registered)."""
+        if not self.classes:
+            return None
+        return max(self.classes, key=lambda c: c.window_spent / c.epsilon)
+
+    @property
+    def window_spent(self) -> float:
+        worst = self.worst
+        return 0.0 if worst is None else worst.window_spent
+
+    @property
+    def epsilon(self) -> float:
+        worst = self.worst
+        return self.guarantee.budget if worst is None else worst.epsilon
+
+    @property
+    def window(self) -> int:
+        worst = self.worst
+        if worst is not None:
+            return worst.window
+        window = self.guarantee.window
+        return 1 if window is None else window
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {
+            "schema": SCHEMA_VERSION,
+            "kind": "ledger",
+            "stream": self.stream,
+            "mechanism": self.mechanism,
+            "slot": self.slot,
+            "guarantee": self.guarantee.to_dict(),
+            "division": self.division,
+            "classes": [asdict(c) for c in self.classes],
+            "details": self.details.to_dict(),
+            "population_epsilon": self.population_epsilon,
+            "population_window_spent": self.population_window_spent,
+            "insecure_seed": self.insecure_seed,
+            "evaluation": self.evaluation,
+        }
 
 
 @dataclass(frozen=True)
@@ -186,17 +240,7 @@ class Halt:
     kind: str = "halt"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class PrivacyCost:
-    """What a mechanism guarantees: w-event ε-LDP (or CDP) by budget or population division."""
-
-    epsilon: float
-    window: int
-    division: Division
-    model: str = "w-event ε-LDP"
+        return {"schema": SCHEMA_VERSION, **asdict(self)}
 
 
 def finite_or_none(x: float) -> float | None:
@@ -212,6 +256,10 @@ class Mechanism(ABC, Generic[C, S]):
 
     name: ClassVar[str]
     state_version: ClassVar[int]
+    trust_modes: ClassVar[tuple[TrustMode, ...]]
+    """The trust modes whose ports this mechanism's slots may carry (design §4); the operator
+    builds the port of the first one the run supports."""
+    division: ClassVar[Division] = "budget"
 
     def __init__(self, config: C) -> None:
         self.config = config
@@ -226,8 +274,14 @@ class Mechanism(ABC, Generic[C, S]):
 
     @property
     @abstractmethod
-    def privacy_cost(self) -> PrivacyCost:
-        """The guarantee the ledger enforces."""
+    def privacy_cost(self) -> Guarantee:
+        """The guarantee the ledger enforces, as data (``mechanisms.guarantees``)."""
+
+    def client_state(self) -> Any:
+        """Per-user state the client side of this mechanism keeps across slots (LDP modes), or
+        None. It lives in the stream's snapshotted state beside the mechanism's and is handed
+        to the client port only: the server logic (``step``) never sees it (design §4)."""
+        return None
 
     def step(self, state: S, slot: Slot) -> tuple[S, list[Release | LedgerEntry]]:
         """Run one slot. Pure: the input state is not modified, so a failed step (for example a

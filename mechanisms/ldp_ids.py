@@ -15,8 +15,7 @@ earlier LDP outputs and public counts, so they are post-processing.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar, Final, Literal
 
 import numpy as np
@@ -24,17 +23,20 @@ from numpy.typing import NDArray
 
 from privstream.mechanisms.client import Aggregate
 from privstream.mechanisms.contract import (
+    ClassSpend,
+    Details,
     Division,
     LedgerEntry,
     Mechanism,
-    PrivacyCost,
     Release,
     Slot,
     Strategy,
     finite_or_none,
 )
+from privstream.mechanisms.guarantees import Guarantee, PureDP, WindowScope
 from privstream.mechanisms.ledger import BudgetLedger, PopulationLedger
 from privstream.mechanisms.tasks import EstimationTask, FrequencyTask
+from privstream.mechanisms.trust import TrustMode
 
 STATE_VERSION: Final = 1
 AbsorptionInit = Literal["literal", "tA_eq_t"]
@@ -65,6 +67,10 @@ class LdpIdsConfig:
     include_sampling_variance: bool = False
     absorption_init: AbsorptionInit = "literal"
     force_first_publish: bool = False
+
+    def shared(self, share: float) -> LdpIdsConfig:
+        """This config for a mechanism given the share ``s`` of the budget: it runs with s·ε."""
+        return replace(self, epsilon=self.epsilon * share)
 
     def __post_init__(self) -> None:
         if not (
@@ -112,6 +118,40 @@ class LdpIdsState:
     groups: NDArray[np.int32] | None = None
 
 
+@dataclass(frozen=True)
+class LdpIdsRelease(Details):
+    """The LDP-IDS facts of a release (spec §5.3): the per-user budgets a reporting user spent
+    in the dissimilarity (M1) and publication (M2) steps, how many users reported in each, the
+    de-biased dissimilarity ``dis`` and potential publication error ``err`` (post-processing of
+    LDP reports), and the slot's communication cost in bits (§5.3.4)."""
+
+    family: ClassVar[str] = "ldp-ids"
+    epsilon_m1: float
+    epsilon_m2: float
+    users_m1: int
+    users_m2: int
+    dissimilarity: float | None
+    error: float | None
+    bits: int
+
+
+@dataclass(frozen=True)
+class LdpIdsLedger(Details):
+    """The LDP-IDS facts of a ledger entry: the slot's M1/M2 budgets and reporting users, the
+    users who reported in the window ending here and those available for the next slot
+    (population division), and what is left: ``ε_rm`` or the absorbable budget (budget
+    division), ``n_rm`` or the absorbable users (population division)."""
+
+    family: ClassVar[str] = "ldp-ids"
+    epsilon_m1: float
+    epsilon_m2: float
+    users_m1: int
+    users_m2: int
+    window_users: int
+    available_users: int
+    remaining: float
+
+
 @dataclass
 class _Outcome:
     """What one slot did, gathered for its Release and LedgerEntry."""
@@ -133,9 +173,12 @@ class LdpIdsMechanism(Mechanism[LdpIdsConfig, LdpIdsState]):
     state_version: ClassVar[int] = STATE_VERSION
     division: ClassVar[Division]
 
+    trust_modes: ClassVar[tuple[TrustMode, ...]] = ("ldp-simulated",)
+
     @property
-    def privacy_cost(self) -> PrivacyCost:
-        return PrivacyCost(self.config.epsilon, self.config.window, self.division)
+    def privacy_cost(self) -> Guarantee:
+        """w-event ε-LDP (spec §1.3): pure ε over every window of w slots, per user."""
+        return Guarantee(PureDP(self.config.epsilon), WindowScope(self.config.window), "ldp")
 
     @property
     def n(self) -> int:
@@ -242,46 +285,50 @@ class LdpIdsMechanism(Mechanism[LdpIdsConfig, LdpIdsState]):
             slot=slot.index,
             strategy=o.strategy,
             estimate=tuple(float(x) for x in state.r_prev),
-            epsilon=self.config.epsilon,
-            window=self.config.window,
-            epsilon_m1=o.eps1,
-            epsilon_m2=o.eps2,
-            users_m1=o.users1,
-            users_m2=o.users2,
             source_slot=state.source_slot,
-            dissimilarity=finite_or_none(o.dis),
-            error=finite_or_none(o.err),
-            bits=o.bits,
+            guarantee=self.privacy_cost,
+            details=LdpIdsRelease(
+                epsilon_m1=o.eps1,
+                epsilon_m2=o.eps2,
+                users_m1=o.users1,
+                users_m2=o.users2,
+                dissimilarity=finite_or_none(o.dis),
+                error=finite_or_none(o.err),
+                bits=o.bits,
+            ),
         )
 
     def _ledger_entry(self, state: LdpIdsState, slot: Slot, o: _Outcome) -> LedgerEntry:
+        """The slot's spend as one class (every user shares ``(w, ε)``). Budget division charges
+        every user ``ε_{t,1} + ε_{t,2}``; population division charges a reporting user the full
+        ε at most once per window (its ledger enforces it), so the most any user spent over the
+        window is ε once anybody reported in it."""
         cfg, t = self.config, state.t
         if state.budget is not None:
-            spent, window_users, available = (
-                state.budget.window_spent(t),
-                0,
-                int(slot.client.eligible().sum()),
-            )
+            charged, spent = o.eps1 + o.eps2, state.budget.window_spent(t)
+            window_users, available = 0, int(slot.client.eligible().sum())
         else:
             assert state.population is not None
-            spent = 0.0
             window_users = state.population.window_users(t)
             available = state.population.available_count(t + 1)
+            charged = cfg.epsilon if o.users1 + o.users2 > 0 else 0.0
+            spent = cfg.epsilon if window_users > 0 else 0.0
         return LedgerEntry(
             stream=slot.stream,
             mechanism=self.name,
             slot=slot.index,
+            guarantee=self.privacy_cost,
             division=self.division,
-            epsilon=cfg.epsilon,
-            window=cfg.window,
-            epsilon_m1=o.eps1,
-            epsilon_m2=o.eps2,
-            window_spent=spent,
-            users_m1=o.users1,
-            users_m2=o.users2,
-            window_users=window_users,
-            available_users=available,
-            remaining=o.remaining,
+            classes=(ClassSpend(cfg.window, cfg.epsilon, cfg.population, charged, spent),),
+            details=LdpIdsLedger(
+                epsilon_m1=o.eps1,
+                epsilon_m2=o.eps2,
+                users_m1=o.users1,
+                users_m2=o.users2,
+                window_users=window_users,
+                available_users=available,
+                remaining=o.remaining,
+            ),
         )
 
 
@@ -486,24 +533,3 @@ class LPA(LdpIdsMechanism):
 MECHANISMS: Final[dict[str, type[LdpIdsMechanism]]] = {
     m.name: m for m in (LBU, LSP, LPU, LBD, LBA, LPD, LPA)
 }
-
-
-def mechanism_names(names: str | Sequence[str]) -> list[str]:
-    """Validated, upper-cased mechanism names from a list or a comma-separated string."""
-    out = [n.strip().upper() for n in (names.split(",") if isinstance(names, str) else names)]
-    unknown = [n for n in out if n not in MECHANISMS]
-    if unknown or not out:
-        raise ValueError(f"unknown mechanism(s) {unknown}; choose from {', '.join(MECHANISMS)}")
-    if len(set(out)) != len(out):
-        raise ValueError(f"mechanisms listed twice: {out}")
-    return out
-
-
-def build(name: str, config: LdpIdsConfig) -> LdpIdsMechanism:
-    """The mechanism called ``name`` (case-insensitive) with ``config``."""
-    try:
-        return MECHANISMS[name.upper()](config)
-    except KeyError:
-        raise ValueError(
-            f"unknown LDP-IDS mechanism {name!r}; choose from {', '.join(MECHANISMS)}"
-        ) from None

@@ -76,9 +76,6 @@ class BudgetLedger:
         """``Σ_{τ=t−w+1}^{t} (ε_{τ,1} + ε_{τ,2})``: what every user has spent in the window ending at t."""
         return self.spent(t - self.window + 1, t)
 
-    def remaining(self, t: int) -> float:
-        return max(0.0, self.epsilon - self.window_spent(t))
-
     def charge(self, t: int, eps: float, part: str) -> None:
         """Charge every user ``eps`` at slot ``t`` for sub-mechanism ``part`` ("m1" or "m2")."""
         _check_t(t)
@@ -304,9 +301,6 @@ class PersonalizedLedger:
     def lookback(self, t: int, part: str) -> NDArray[np.float64]:
         """What ``part`` charged each class at the ``w_c − 1`` slots before ``t`` (spec §4.2 B6)."""
         return self.spent(t - self.windows + 1, t - 1, part)
-
-    def remaining(self, t: int) -> NDArray[np.float64]:
-        return np.maximum(0.0, self.epsilons - self.window_spent(t))
 
     def limits(self) -> NDArray[np.float64]:
         """Each class's ``ε_c`` plus the float slack the invariant allows."""

@@ -249,6 +249,3 @@ class OLH(FrequencyOracle):
 def ada_threshold(eps: float) -> float:
     """``d* = 3e^ε + 2``: Ada uses GRR below it and OUE at or above it (spec §2.3)."""
     return 3 * math.exp(eps) + 2
-
-
-ORACLES: Final[dict[str, type[FrequencyOracle]]] = {"grr": GRR, "oue": OUE, "olh": OLH}

@@ -44,6 +44,7 @@ identical output and sampling never shifts the noise draws.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import math
 from collections.abc import Sequence
@@ -57,19 +58,21 @@ from numpy.typing import ArrayLike, NDArray
 from privstream.mechanisms.client import ClassHistogram, check_requirement
 from privstream.mechanisms.contract import (
     ClassSpend,
+    Details,
     LedgerEntry,
     Mechanism,
-    PrivacyCost,
     Release,
     Slot,
     Strategy,
     finite_or_none,
 )
 from privstream.mechanisms.errors import PrivacyBudgetExceeded
+from privstream.mechanisms.guarantees import ClassScope, Guarantee, Model, PureDP, WindowScope
 from privstream.mechanisms.ledger import PersonalizedLedger
 from privstream.mechanisms.noise import discrete_laplace, laplace_variance, public_scale
 from privstream.mechanisms.oracles import OUE
 from privstream.mechanisms.tasks import FrequencyTask
+from privstream.mechanisms.trust import TrustMode
 
 STATE_VERSION: Final = 3
 """Layout of ``PersonalizedState``. 2: classes join over time (spec §9.5): ``sizes`` holds each
@@ -86,9 +89,6 @@ discrete sampler's public grid); a smaller remainder is not spent (the slot skip
 
 
 ThresholdMode = Literal["sqrt_err", "laplace_scale"]
-MODEL_UNIFORM: Final = "w-event ε-DP"
-MODEL_PERSONALIZED: Final = "w-event ε-DP (personalized, (w, ε)-EPDP)"
-MODEL_PERSONALIZED_LOCAL: Final = "w-event ε-LDP (personalized, (w, ε)-EPDP)"
 
 # ---------------------------------------------------------------------------------------------
 # Building blocks: SM, the error model, OBS and DC (spec §2)
@@ -293,6 +293,10 @@ class PersonalizedConfig:
     threshold_mode: ThresholdMode | None = None
     budget_share: float = 1.0
 
+    def shared(self, share: float) -> PersonalizedConfig:
+        """This config for a mechanism given the share ``s`` of every user's budget."""
+        return dataclasses.replace(self, budget_share=share)
+
     def __post_init__(self) -> None:
         if not isinstance(self.population, int) or self.population < 1:
             raise ValueError(f"population must be an integer >= 1, got {self.population!r}")
@@ -349,6 +353,35 @@ class PersonalizedState:
         return new
 
 
+@dataclass(frozen=True)
+class PersonalizedRelease(Details):
+    """The personalized facts of a release (spec §9.4): the thresholds OBS chose for the
+    dissimilarity calculation (``θ_dc``, PWSM's θ1; the baselines' ε_{t,1}) and the publication
+    (``θ_pub``; the baselines' ε_{t,2}), the registered users of the classes charged for each, the
+    registered population (public, A2), the noisy dissimilarity, the estimated publication
+    error and the slot's communication cost (PLBU's reports)."""
+
+    family: ClassVar[str] = "personalized"
+    theta_dc: float
+    theta_pub: float
+    users_dc: int
+    users_pub: int
+    registered: int
+    dissimilarity: float | None
+    error: float | None
+    bits: int
+
+
+@dataclass(frozen=True)
+class PersonalizedLedgerDetails(Details):
+    """Each privacy class's charge at this slot, split into the dissimilarity calculation
+    (``ε_dc``) and the publication (``ε_pub``), in the order of the entry's ``classes``."""
+
+    family: ClassVar[str] = "personalized"
+    epsilon_dc: tuple[float, ...]
+    epsilon_pub: tuple[float, ...]
+
+
 @dataclass
 class _Outcome:
     """What one slot did, gathered for its Release and LedgerEntry."""
@@ -381,10 +414,16 @@ class PersonalizedMechanism(Mechanism[PersonalizedConfig, PersonalizedState]):
         """The stream budget this mechanism was given: ``budget_share · ε``."""
         return self.config.epsilon * self.config.budget_share
 
+    trust_modes: ClassVar[tuple[TrustMode, ...]] = ("cdp",)
+    model: ClassVar[Model] = "cdp"
+
     @property
-    def privacy_cost(self) -> PrivacyCost:
-        model = MODEL_UNIFORM if self.uniform else MODEL_PERSONALIZED
-        return PrivacyCost(self.epsilon, self.config.window, "budget", model)
+    def privacy_cost(self) -> Guarantee:
+        """w-event ε-DP for the uniform baselines (one ``(ε, w)`` for everybody), and
+        (w_i, ε_i)-EPDP for the personalized mechanisms (spec §1.3): pure ε over each user's
+        own window, with the stream default for users who stated no requirement."""
+        scope = WindowScope(self.config.window) if self.uniform else ClassScope(self.config.window)
+        return Guarantee(PureDP(self.epsilon), scope, self.model)
 
     @property
     def threshold_mode(self) -> ThresholdMode:
@@ -434,7 +473,7 @@ class PersonalizedMechanism(Mechanism[PersonalizedConfig, PersonalizedState]):
         state.last_slot = slot.index
         hist = self._attach(state, hist)
         if hist.windows.shape[0] == 0:  # nobody registered: nothing to use, nobody to charge
-            outcome = _Outcome("skip", self._nothing(hist), self._nothing(hist))
+            outcome = _Outcome("approximate", self._nothing(hist), self._nothing(hist))
         else:
             outcome = self.decide(state, slot, hist)
         return [self._release(state, slot, hist, outcome), self._entry(state, slot, hist, outcome)]
@@ -563,58 +602,37 @@ class PersonalizedMechanism(Mechanism[PersonalizedConfig, PersonalizedState]):
             slot=slot.index,
             strategy=o.strategy,
             estimate=tuple(float(x) for x in state.r_last),
-            epsilon=self.epsilon,
-            window=self.config.window,
-            epsilon_m1=o.eps1,
-            epsilon_m2=o.eps2,
-            users_m1=int(hist.sizes[o.dc > 0].sum()),
-            users_m2=int(hist.sizes[o.pub > 0].sum()),
             source_slot=state.source_slot,
-            dissimilarity=finite_or_none(o.dis),
-            error=finite_or_none(o.err),
-            bits=o.bits,
+            guarantee=self.privacy_cost,
+            details=PersonalizedRelease(
+                theta_dc=o.eps1,
+                theta_pub=o.eps2,
+                users_dc=int(hist.sizes[o.dc > 0].sum()),
+                users_pub=int(hist.sizes[o.pub > 0].sum()),
+                registered=int(hist.sizes.sum()),
+                dissimilarity=finite_or_none(o.dis),
+                error=finite_or_none(o.err),
+                bits=o.bits,
+            ),
         )
 
     def _entry(
         self, state: PersonalizedState, slot: Slot, hist: ClassHistogram, o: _Outcome
     ) -> LedgerEntry:
-        ledger = self.ledger(state)
-        spent = ledger.window_spent(state.t)
-        classes = tuple(
-            ClassSpend(*row)
-            for row in zip(
-                hist.windows.tolist(),
-                hist.epsilons.tolist(),
-                hist.sizes.tolist(),
-                o.dc.tolist(),
-                o.pub.tolist(),
-                spent.tolist(),
-                strict=True,
-            )
-        )
-        n = int(hist.sizes.sum())  # registered users
-        if not classes:  # nobody registered: the stream default, nothing spent
-            eps, win, dc, pub, window_spent = self.epsilon, self.config.window, 0.0, 0.0, 0.0
-        else:
-            b = int(np.argmax(spent / hist.epsilons))
-            eps, win = float(hist.epsilons[b]), int(hist.windows[b])
-            dc, pub, window_spent = float(o.dc[b]), float(o.pub[b]), float(spent[b])
+        """Every class's spend (the slot's ``ε_dc + ε_pub`` and its window sum, invariant C1)."""
+        spent = self.ledger(state).window_spent(state.t)
+        rows = zip(hist.windows.tolist(), hist.epsilons.tolist(), hist.sizes.tolist(),
+                   (o.dc + o.pub).tolist(), spent.tolist(), strict=True)  # fmt: skip
         return LedgerEntry(
             stream=slot.stream,
             mechanism=self.name,
             slot=slot.index,
+            guarantee=self.privacy_cost,
             division="budget",
-            epsilon=eps,
-            window=win,
-            epsilon_m1=dc,
-            epsilon_m2=pub,
-            window_spent=window_spent,
-            users_m1=int(hist.sizes[o.dc > 0].sum()),
-            users_m2=int(hist.sizes[o.pub > 0].sum()),
-            window_users=n,
-            available_users=n,
-            remaining=max(0.0, eps - window_spent),
-            classes=classes,
+            classes=tuple(ClassSpend(*row) for row in rows),
+            details=PersonalizedLedgerDetails(
+                epsilon_dc=tuple(o.dc.tolist()), epsilon_pub=tuple(o.pub.tolist())
+            ),
         )
 
     def _nothing(self, hist: ClassHistogram) -> NDArray[np.float64]:
@@ -685,7 +703,7 @@ class BD(PersonalizedMechanism):
         # class carries the stream's publication history (the ledger keeps w slots readable).
         remaining = self.epsilon / 2 - ledger.spent(t - cfg.window + 1, t - 1, "pub").max()
         eps2 = max(remaining, 0.0) / 2
-        out = _Outcome("skip", dc, self._nothing(hist), eps1=eps1, dis=dis)
+        out = _Outcome("approximate", dc, self._nothing(hist), eps1=eps1, dis=dis)
         if eps2 < MIN_SLOT_EPSILON:
             return out
         out.err = laplace_error(eps2)
@@ -726,7 +744,7 @@ class BA(PersonalizedMechanism):
             return out
         shares = min(t - state.l - t_n, cfg.window)
         eps2 = shares * (self.epsilon / (2 * cfg.window))
-        out.strategy, out.err = "skip", laplace_error(eps2)
+        out.strategy, out.err = "approximate", laplace_error(eps2)
         if self.wants_publication(t, dis, self.threshold(eps2, out.err)):
             out.pub = self.everyone(hist, eps2)
             ledger.charge(t, out.pub, "pub")
@@ -771,11 +789,9 @@ class PLBU(PersonalizedMechanism):
     """
 
     name = "PLBU"
-
-    @property
-    def privacy_cost(self) -> PrivacyCost:
-        cfg = self.config
-        return PrivacyCost(self.epsilon, cfg.window, "budget", MODEL_PERSONALIZED_LOCAL)
+    model = "ldp"
+    """Each report is ε_i/w_i-LDP; its clients are simulated from the curator's class histograms
+    (an exact aggregate sampler), so it runs in the ``cdp`` trust mode."""
 
     def decide(self, state: PersonalizedState, slot: Slot, hist: ClassHistogram) -> _Outcome:
         d = self.config.task.d
@@ -841,7 +857,7 @@ class PWSM(PersonalizedMechanism):
             return out
         pub = self.publication_budgets(state, hist)
         pub = np.where(pub < MIN_SLOT_EPSILON, 0.0, pub)  # a vanishing remainder is not spent
-        out.strategy = "skip"
+        out.strategy = "approximate"
         choice = obs(pub, hist.sizes)
         if choice is None:  # nothing left to publish with (float underflow of ε_rm)
             return out
@@ -926,27 +942,40 @@ class PBA(PWSM):
 MECHANISMS: Final[dict[str, type[PersonalizedMechanism]]] = {
     m.name: m for m in (BD, BA, Uniform, Sample, PLBU, PU, PBD, PBA)
 }
-_BY_KEY: Final = {name.upper(): name for name in MECHANISMS}
 
 
-def mechanism_names(names: str | Sequence[str]) -> list[str]:
-    """Validated canonical mechanism names from a list or a comma-separated string
-    (case-insensitive)."""
-    raw = [n.strip() for n in (names.split(",") if isinstance(names, str) else names)]
-    unknown = [n for n in raw if n.upper() not in _BY_KEY]
-    if unknown or not raw:
-        raise ValueError(f"unknown mechanism(s) {unknown}; choose from {', '.join(MECHANISMS)}")
-    out = [_BY_KEY[n.upper()] for n in raw]
-    if len(set(out)) != len(out):
-        raise ValueError(f"mechanisms listed twice: {out}")
-    return out
+# ---------------------------------------------------------------------------------------------
+# The evaluation's population (spec §6.3)
+# ---------------------------------------------------------------------------------------------
+
+EPSILON_GRID: Final = (0.2, 0.4, 0.6, 0.8, 1.0)  # Table 3; default 0.6
+WINDOW_GRID: Final = (40, 80, 120, 160, 200)  # Table 3; default 120
+USER_TYPES: Final = 10  # A26
 
 
-def build(name: str, config: PersonalizedConfig) -> PersonalizedMechanism:
-    """The mechanism called ``name`` (case-insensitive) with ``config``."""
-    try:
-        return MECHANISMS[_BY_KEY[name.strip().upper()]](config)
-    except KeyError:
-        raise ValueError(
-            f"unknown personalized mechanism {name!r}; choose from {', '.join(MECHANISMS)}"
-        ) from None
+def requirement_arrays(
+    users: int,
+    epsilon: float,
+    window: int,
+    seed: int,
+    *,
+    epsilons: Sequence[float] = EPSILON_GRID,
+    windows: Sequence[int] = WINDOW_GRID,
+    types: int = USER_TYPES,
+) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
+    """Every user's ``(ε_i, w_i)`` for a static setting ``(ε, w)`` (spec §6.3, A26).
+
+    Users are split into ``types`` contiguous blocks of ``ceil(n/types)``; each type draws its
+    budget uniformly from the grid values ``≥ ε`` and its window from the grid values ``≤ w``,
+    so BD/BA with ``(ε, w)`` protect every user at least as strongly as they asked.
+    """
+    budgets = [e for e in epsilons if e >= epsilon]
+    wins = [w for w in windows if w <= window]
+    if not budgets or not wins:
+        raise ValueError(f"no grid value fits (ε={epsilon}, w={window})")
+    rng = np.random.default_rng([seed, 0x52455153])
+    type_eps = rng.choice(np.array(budgets, dtype=np.float64), size=types)
+    type_win = rng.choice(np.array(wins, dtype=np.int64), size=types)
+    block = math.ceil(users / types)
+    kind = np.arange(users) // block
+    return type_eps[kind], type_win[kind]

@@ -1,50 +1,243 @@
-"""Every mechanism privstream ships, by family, for the CLI and the conformance suite."""
+"""Mechanism families as data: one ``Family`` entry drives the generic operator, flow, CLI,
+bench harness and conformance checks (``docs/architecture.md``, "Adding a family").
+
+A family entry names its mechanisms, its validated config type (built from the shared
+parameters ε, w, n and the task plus the family's ``options``), its defaults, the trust mode its
+mechanisms declare, how a synthetic population registers (central-DP families), and what its
+bench reports. Nothing outside this module and the family's own mechanisms module changes when
+a family is added.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Protocol
 
-from privstream.mechanisms import ldp_ids, personalized
+import numpy as np
+from numpy.typing import NDArray
+
+from privstream.mechanisms import ldp_ids, personalized, utility
 from privstream.mechanisms.contract import Mechanism
+from privstream.mechanisms.tasks import EstimationTask
+from privstream.mechanisms.trust import TrustMode
 
-TrustMode = Literal["cdp", "ldp-simulated"]
+
+class FamilyConfig(Protocol):
+    """What the template needs of a family's config: the shared parameters and a share."""
+
+    @property
+    def epsilon(self) -> float: ...
+
+    @property
+    def window(self) -> int: ...
+
+    @property
+    def population(self) -> int: ...
+
+    @property
+    def task(self) -> EstimationTask: ...
+
+    def shared(self, share: float) -> Any:
+        """This config for a mechanism given the share ``s`` of the population budget."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """A family-specific config field exposed as a flow keyword and a ``--flag`` of
+    ``privstream run/bench <family>`` (``--beta`` for ``beta``)."""
+
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    help: str
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    """What ``privstream bench <family>`` runs and reports.
+
+    ``datasets``: the synthetic dataset names it accepts (``files``: also ``file:PATH``);
+    ``counts``: releases are counts (truth scaled by n) rather than frequencies or means;
+    ``independent``: a synthetic binary population draws every user's value independently
+    (personalized §6.2) instead of exactly ``round(p_t·n)`` ones (LDP-IDS §5.1);
+    ``score``: one run's metrics, whose keys are ``fields``; ``mechanisms``: the default set."""
+
+    datasets: tuple[str, ...]
+    files: bool
+    counts: bool
+    score: Callable[[utility.Run], dict[str, float]]
+    fields: tuple[str, ...]
+    mechanisms: tuple[str, ...]
+    users: int
+    slots: int
+    independent: bool = False
+
+
+Requirements = Callable[[int, float, int, int], tuple[NDArray[np.float64], NDArray[np.int64]]]
+
+
+@dataclass(frozen=True)
+class Family:
+    """One mechanism family: everything the generic template needs to run it."""
+
+    name: str
+    summary: str
+    mechanisms: Mapping[str, type[Mechanism[Any, Any]]]
+    config: Callable[..., FamilyConfig]
+    epsilon: float
+    window: int
+    users: int
+    default: str
+    bench: BenchSpec
+    options: tuple[Option, ...] = ()
+    numeric: bool = False
+    """True when the family also estimates means (``--mean-range``)."""
+    requirements: Requirements | None = None
+    """A synthetic population's per-user ``(ε_i, w_i)`` from ``(n, ε, w, seed)``; families
+    whose users share one requirement have none."""
+
+    def __post_init__(self) -> None:
+        modes = {m.trust_modes for m in self.mechanisms.values()}
+        if len(modes) != 1:
+            raise ValueError(f"family {self.name}: its mechanisms declare different trust modes")
+
+    @property
+    def trust(self) -> TrustMode:
+        """The trust mode the family's mechanisms run in (the first they declare)."""
+        return next(iter(self.mechanisms.values())).trust_modes[0]
+
+    def names(self, names: str | Sequence[str]) -> list[str]:
+        """Validated canonical mechanism names from a list or a comma-separated string
+        (case-insensitive); refuses unknown or repeated names and an empty list."""
+        raw = [n.strip() for n in (names.split(",") if isinstance(names, str) else names)]
+        by_key = {name.upper(): name for name in self.mechanisms}
+        unknown = [n for n in raw if n.upper() not in by_key]
+        if unknown or not raw:
+            raise ValueError(
+                f"unknown {self.name} mechanism(s) {unknown}; choose from "
+                f"{', '.join(self.mechanisms)}"
+            )
+        out = [by_key[n.upper()] for n in raw]
+        if len(set(out)) != len(out):
+            raise ValueError(f"mechanisms listed twice: {out}")
+        return out
+
+    def build(self, name: str, config: FamilyConfig) -> Mechanism[Any, Any]:
+        """The mechanism called ``name`` (case-insensitive) with ``config``."""
+        (canonical,) = self.names([name])
+        return self.mechanisms[canonical](config)
+
+    def build_shared(
+        self, names: Sequence[str], config: FamilyConfig, shares: Sequence[float]
+    ) -> list[Mechanism[Any, Any]]:
+        """Every named mechanism built with its share of the population budget."""
+        return [
+            self.build(name, config.shared(share))
+            for name, share in zip(self.names(names), shares, strict=True)
+        ]
+
+    def make_config(
+        self, *, epsilon: float, window: int, population: int, task: EstimationTask, **options: Any
+    ) -> FamilyConfig:
+        """The family's validated config from the shared parameters and its options."""
+        known = {o.name for o in self.options}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(f"family {self.name} has no option(s) {unknown}")
+        return self.config(
+            epsilon=epsilon, window=window, population=population, task=task, **options
+        )
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not (0 < value < 1) or math.isnan(value):
+        raise ValueError(f"must lie in (0, 1), got {text}")
+    return value
+
+
+LDP_IDS: Final = Family(
+    name="ldp-ids",
+    summary="LDP-IDS mechanisms (w-event ε-LDP)",
+    mechanisms=ldp_ids.MECHANISMS,
+    config=ldp_ids.LdpIdsConfig,
+    epsilon=1.0,
+    window=20,
+    users=200_000,
+    default="LPA",
+    numeric=True,
+    options=(Option("beta", _fraction, 0.5, "share β of the dissimilarity step"),),
+    bench=BenchSpec(
+        datasets=("lns", "sin", "log", "lns-con", "sin-con", "log-con"),
+        files=True,
+        counts=False,
+        score=utility.ldp_ids_scores,
+        fields=("mre", "mae", "bits_per_user", "publications", "seconds"),
+        mechanisms=tuple(ldp_ids.MECHANISMS),
+        users=200_000,
+        slots=800,
+    ),
+)
+
+PERSONALIZED: Final = Family(
+    name="personalized",
+    summary="personalized w-event mechanisms (central DP, per-user (ε_i, w_i))",
+    mechanisms=personalized.MECHANISMS,
+    config=personalized.PersonalizedConfig,
+    epsilon=0.6,
+    window=120,
+    users=20_000,
+    default="PBD",
+    requirements=personalized.requirement_arrays,
+    bench=BenchSpec(
+        datasets=("tlns", "sin", "log"),
+        files=False,
+        counts=True,
+        score=utility.personalized_scores,
+        fields=("amre", "ln_amre", "ajsd", "publications", "seconds"),
+        mechanisms=("BD", "BA", "PBD", "PBA"),
+        users=10_000,
+        slots=10_000,
+        independent=True,
+    ),
+)
+
+FAMILIES: Final[dict[str, Family]] = {f.name: f for f in (LDP_IDS, PERSONALIZED)}
+"""Every family privstream ships, by name. Adding a family adds its entry here."""
+
+
+def family(name: str) -> Family:
+    """The family called ``name``; a clear error naming the choices otherwise."""
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise ValueError(f"unknown family {name!r}; choose from {', '.join(FAMILIES)}") from None
 
 
 @dataclass(frozen=True)
 class Registered:
-    """A mechanism and how to build it with the paper's defaults for a given population.
+    """One mechanism of one family, with the paper's defaults for a given population (what the
+    conformance checks run)."""
 
-    ``trust`` is the trust mode whose port its slots carry (design §4): ``ldp-simulated`` slots
-    hold a ``SimulatedClientPort``, ``cdp`` slots a ``SimulatedCurator``.
-    """
-
-    family: str
+    family: Family
     name: str
-    example: Callable[[int], Mechanism[Any, Any]]
-    trust: TrustMode = "ldp-simulated"
 
+    @property
+    def trust(self) -> TrustMode:
+        return self.family.trust
 
-def _ldp_ids(name: str) -> Registered:
-    def example(population: int) -> Mechanism[Any, Any]:
-        return ldp_ids.build(
-            name, ldp_ids.LdpIdsConfig(epsilon=1.0, window=5, population=population)
+    def example(self, population: int, task: EstimationTask | None = None) -> Mechanism[Any, Any]:
+        from privstream.mechanisms.tasks import FrequencyTask
+
+        config = self.family.make_config(
+            epsilon=1.0, window=5, population=population, task=task or FrequencyTask(2)
         )
-
-    return Registered("ldp-ids", name, example)
-
-
-def _personalized(name: str) -> Registered:
-    def example(population: int) -> Mechanism[Any, Any]:
-        return personalized.build(
-            name, personalized.PersonalizedConfig(population=population, epsilon=1.0, window=5)
-        )
-
-    return Registered("personalized", name, example, trust="cdp")
+        return self.family.build(self.name, config)
 
 
-REGISTRY: tuple[Registered, ...] = (
-    *(_ldp_ids(name) for name in ldp_ids.MECHANISMS),
-    *(_personalized(name) for name in personalized.MECHANISMS),
+REGISTRY: Final[tuple[Registered, ...]] = tuple(
+    Registered(f, name) for f in FAMILIES.values() for name in f.mechanisms
 )
+"""Every registered mechanism of every family."""

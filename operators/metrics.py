@@ -60,12 +60,14 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from privstream.connectors.events import LATE, DeadLetter
+from privstream.events import LATE, DeadLetter
 from privstream.exposition import INTERNAL, INTERNAL_PREFIX, PREFIX
-from privstream.mechanisms.contract import LedgerEntry, PrivacyCost, Release
+from privstream.mechanisms.contract import LedgerEntry
+from privstream.mechanisms.guarantees import Guarantee
 from privstream.mechanisms.ledger import budget_limit
+from privstream.operators.stream_state import Tally
 
-LABELS: Final = ("stream", "mechanism")  # plus "class" on the personalized class gauges
+LABELS: Final = ("stream", "mechanism")  # plus "class" on the privacy class gauges
 
 # The allow-list of the public endpoint, by exposed name (counters with their ``_total``).
 PUBLIC_METRICS: Final[frozenset[str]] = frozenset(
@@ -87,7 +89,8 @@ PUBLIC_METRICS: Final[frozenset[str]] = frozenset(
         "privstream_approximations_total",
         "privstream_nullified_total",
         "privstream_privacy_violations_total",
-        # personalized privacy classes (public metadata and their spend)
+        # privacy classes (public metadata and their spend; one class where users share one
+        # requirement)
         "privstream_class_window_budget_spent",
         "privstream_class_window_budget_remaining",
         "privstream_class_users",
@@ -111,43 +114,9 @@ def exposed_name(family: Metric) -> str:
     return family.name + ("_total" if family.type == "counter" else "")
 
 
-@dataclass
-class Tally:
-    """One mechanism's running account on one stream: part of the snapshotted operator state."""
-
-    publications: int = 0
-    approximations: int = 0
-    nullified: int = 0
-    skipped: int = 0
-    violations: int = 0
-    last_slot: int = -1
-    last_ledger: LedgerEntry | None = None
-    last_dissimilarity: float | None = None
-    last_error: float | None = None
-
-    def record(self, events: Iterable[Release | LedgerEntry]) -> None:
-        for event in events:
-            if isinstance(event, LedgerEntry):
-                self.last_ledger = event
-                continue
-            self.last_slot = event.slot
-            if event.strategy == "publish":
-                self.publications += 1
-            elif event.strategy == "approximate":
-                self.approximations += 1
-            elif event.strategy == "nullified":
-                self.nullified += 1
-            else:
-                self.skipped += 1
-            if event.dissimilarity is not None:
-                self.last_dissimilarity = event.dissimilarity
-            if event.error is not None:
-                self.last_error = event.error
-
-
 @dataclass(frozen=True)
 class _Account:
-    cost: PrivacyCost
+    cost: Guarantee
     population: int
     tally: Tally
     halted: bool
@@ -161,26 +130,35 @@ def _clamp(spent: float, limit: float) -> float:
     return min(spent, limit) if spent <= budget_limit(limit) else spent
 
 
-def window_budget_spent(cost: PrivacyCost, entry: LedgerEntry | None) -> tuple[float, float]:
+def window_budget_spent(cost: Guarantee, entry: LedgerEntry | None) -> tuple[float, float]:
     """``(spent, limit)``: the most any user has spent in the window ending at the last
-    released slot, and the budget it is bounded by.
+    released slot, and the budget it is bounded by: the window spend of the entry's class
+    closest to its limit, against that class's budget (``LedgerEntry.worst``).
 
-    Budget division: the ledger's window spend (every reporting user spends the same) against
-    ε. Population division: a user reports at most once per window with the full ε, so the
-    spend is ε as soon as anyone reported in the window. Personalized ledgers (``classes``): the
-    class closest to its limit, against that class's ε_c.
+    Budget division: the ledger's window spend (every user is charged alike) against ε.
+    Population division: a user reports at most once per window with the full ε, so the class
+    has spent ε as soon as anyone reported in the window. Personalized ledgers: the class
+    closest to its limit, against that class's ε_c. Before the first entry: nothing of the
+    guarantee's budget.
     """
     if entry is None:
-        return 0.0, cost.epsilon
-    if entry.classes:
-        return _clamp(entry.window_spent, entry.epsilon), entry.epsilon
-    if cost.division == "budget":
-        return _clamp(entry.window_spent, cost.epsilon), cost.epsilon
-    return (cost.epsilon if entry.window_users > 0 else 0.0), cost.epsilon
+        return 0.0, cost.budget
+    return _clamp(entry.window_spent, entry.epsilon), entry.epsilon
+
+
+def _users(entry: LedgerEntry | None, name: str, population: int) -> int:
+    """The entry's ``details`` count ``name`` (LDP-IDS: ``window_users``, ``available_users``)
+    or, for a family that does not report it (a trusted curator uses every registered user's
+    data at every slot), the users of the entry's privacy classes; before the first entry, 0
+    used and the whole ``population`` available."""
+    if entry is None:
+        return 0 if name == "window_users" else population
+    value = getattr(entry.details, name, None)
+    return int(value) if value is not None else sum(c.users for c in entry.classes)
 
 
 def class_label(window: int, epsilon: float) -> str:
-    """The ``class`` label of a personalized privacy class: ``w<window>_e<ε>``."""
+    """The ``class`` label of a privacy class: ``w<window>_e<ε>``."""
     return f"w{window}_e{epsilon:g}"
 
 
@@ -234,13 +212,13 @@ def _account_values(account: _Account) -> dict[str, float | None]:
     entry = tally.last_ledger
     spent, limit = window_budget_spent(cost, entry)
     return {
-        "epsilon": cost.epsilon,
+        "epsilon": cost.budget,
         "window": cost.window,
         "population": account.population,
         "spent": spent,
         "remaining": max(limit - spent, 0.0),
-        "used": entry.window_users if entry is not None else 0,
-        "available": entry.available_users if entry is not None else account.population,
+        "used": _users(entry, "window_users", account.population),
+        "available": _users(entry, "available_users", account.population),
         "last_slot": account.handed,
         "dis": tally.last_dissimilarity,
         "err": tally.last_error,
@@ -256,22 +234,23 @@ def _class_families(accounts: dict[tuple[str, str], _Account]) -> Iterator[Metri
     class_labels = (*LABELS, "class")
     spent = GaugeMetricFamily(
         PREFIX + "class_window_budget_spent",
-        "Personalized mechanisms: a privacy class's spend over its own window w_c.",
+        "A privacy class's spend over its own window w_c (personalized mechanisms have one "
+        "class per requirement, the others one class).",
         labels=class_labels,
     )
     remaining = GaugeMetricFamily(
         PREFIX + "class_window_budget_remaining",
-        "Personalized mechanisms: ε_c minus the class's window spend.",
+        "ε_c minus the privacy class's window spend.",
         labels=class_labels,
     )
     users = GaugeMetricFamily(
         PREFIX + "class_users",
-        "Personalized mechanisms: registered users in the class (public metadata).",
+        "Registered users in the privacy class (public metadata).",
         labels=class_labels,
     )
     for (stream, mechanism), account in sorted(accounts.items()):
         entry = account.tally.last_ledger
-        for c in (entry.classes or ()) if entry is not None else ():
+        for c in entry.classes if entry is not None else ():
             labels = [stream, mechanism, class_label(c.window, c.epsilon)]
             c_spent = _clamp(c.window_spent, c.epsilon)
             spent.add_metric(labels, c_spent)
@@ -350,7 +329,7 @@ class LedgerBoard(Collector):
         self,
         stream: str,
         mechanism: str,
-        cost: PrivacyCost,
+        cost: Guarantee,
         population: int,
         tally: Tally,
         halted: bool,

@@ -9,15 +9,20 @@ It reads the releases and ledger entries a flow wrote — JSON-lines files (``pr
    ``{"kind": "halt", "stream", "mechanism", "slot", "reason"}`` in the ledger;
 2. ``unique_payloads``: no release id (``stream/mechanism/slot`` for ledger entries) carries
    two different payloads; identical copies (at-least-once output) are counted, not failed;
-3. ``window_budget``: every mechanism's per-user spend over every window, recomputed from the
-   per-slot spends, is within its ε (per privacy class for personalized mechanisms), and a
-   population-division window holds at most n reporting users (``population``);
+3. ``window_budget``: budget division — every privacy class's per-slot ``charged`` summed over
+   the class's window is within its ε (one class for the families whose users share one
+   requirement, one per class for personalized mechanisms); population division — a window
+   holds at most n reporting users (``population``, from the details' ``users_m1`` +
+   ``users_m2``) and a reporting user spends ε;
 4. ``population_accountant``: the stream's mechanisms together stay within the population's ε
    per class key at every slot, unless the entries are marked ``evaluation``;
-5. ``declared_spend``: every ``window_spent``/``window_users``/``population_window_spent`` an
-   entry declares equals the recomputation (1e-9 relative);
+5. ``declared_spend``: every class's ``window_spent`` (and, population division, ``charged``
+   and the details' ``window_users``) and every ``population_window_spent`` an entry declares
+   equals the recomputation (1e-9 relative);
 6. ``no_user_ids``: no output carries a raw user id field (``user``, ``user_id``, a list of
-   ``users``); ``well_formed``: every line is a release or ledger entry of the schema.
+   ``users``; at the top, in ``details`` or in a class); ``well_formed``: every line is a
+   release or ledger record of schema 2 (``SCHEMA``: the one release envelope; a record of
+   another schema is refused, naming it).
 
 Nothing of the operators, the mechanisms' ledgers or the population accountant is imported:
 the audit shares no code with what it audits (``privstream.audit_checks`` recomputes all).
@@ -61,6 +66,7 @@ from privstream.audit_checks import (
     check_accountant,
     check_slots,
     check_windows,
+    close,
 )
 
 PROGRESS_SECONDS = 2.0
@@ -71,13 +77,43 @@ _UNSET: Any = msgspec.UNSET
 # and the raw-id fields no output may carry): the auditor must not decode with the classes of
 # the code it audits. Only what the checks read is declared; other fields are ignored.
 
+SCHEMA = 2
+"""The version of the release and ledger envelopes this audit reads (``schema`` in every
+record): one envelope for every family, the guarantee as data, per-family ``details``."""
+
+
+class _Guarantee(msgspec.Struct, gc=False):
+    """A mechanism's declared guarantee: its measure's parameters and its scope's window."""
+
+    measure: str
+    scope: str
+    model: str
+    epsilon: float | None = None
+    mu: float | None = None
+    rho: float | None = None
+    window: int | None = None
+
+
+class _Details(msgspec.Struct, gc=False):
+    """A family's own fields; the audit reads LDP-IDS's per-slot reports (population division
+    is checked from them) and screens every family's for raw user ids."""
+
+    family: str = ""
+    epsilon_m1: float | None = None
+    epsilon_m2: float | None = None
+    users_m1: int | None = None
+    users_m2: int | None = None
+    window_users: int | None = None
+    user: Any = _UNSET
+    user_id: Any = _UNSET
+    users: Any = _UNSET
+
 
 class _ClassSpend(msgspec.Struct, gc=False):
     window: int
     epsilon: float
     users: int | list[Any]
-    epsilon_dc: float
-    epsilon_pub: float
+    charged: float
     window_spent: float
     user: Any = _UNSET
     user_id: Any = _UNSET
@@ -87,16 +123,11 @@ class _Entry(msgspec.Struct, gc=False):
     stream: str
     mechanism: str
     slot: int
+    guarantee: _Guarantee
     division: str
-    epsilon: float
-    window: int
-    epsilon_m1: float
-    epsilon_m2: float
-    window_spent: float
-    users_m1: int
-    users_m2: int
-    window_users: int
-    classes: list[_ClassSpend] | None = None
+    classes: list[_ClassSpend]
+    details: _Details
+    schema: int | None = None
     population_epsilon: float | None = None
     population_window_spent: float | None = None
     evaluation: bool = False
@@ -111,6 +142,7 @@ class _Halt(msgspec.Struct):
     slot: int
     mechanism: str | None = None
     reason: str = ""
+    schema: int | None = None
 
 
 class _Release(msgspec.Struct, gc=False):
@@ -118,15 +150,53 @@ class _Release(msgspec.Struct, gc=False):
     stream: str
     mechanism: str
     slot: int
-    epsilon: float
+    guarantee: _Guarantee
+    details: _Details
+    schema: int | None = None
     user: Any = _UNSET
     user_id: Any = _UNSET
     users: Any = _UNSET
 
 
+class _Versioned(msgspec.Struct):
+    schema: Any = None
+
+
 _RELEASE = msgspec.json.Decoder(_Release)
 _ENTRY = msgspec.json.Decoder(_Entry)
 _HALT = msgspec.json.Decoder(_Halt)
+_VERSIONED = msgspec.json.Decoder(_Versioned)
+
+
+def _budget(guarantee: _Guarantee) -> float:
+    """The guarantee's additive budget, in the unit the ledgers count: ε of a pure or an
+    approximate measure, μ² of Gaussian DP (it composes in squares), ρ of zCDP; NaN for an
+    unknown measure or a missing parameter."""
+    g = guarantee
+    value = {
+        "pure": g.epsilon, "approx": g.epsilon, "gaussian": None if g.mu is None else g.mu**2,
+        "zcdp": g.rho,
+    }.get(g.measure)  # fmt: skip
+    return math.nan if value is None else float(value)
+
+
+def _undecodable(line: bytes, source: str, exc: msgspec.DecodeError) -> str:
+    """Why a line is no record of ``source``: another schema when it names one (or none),
+    else the decoder's error."""
+    try:
+        problem = _schema_problem(_VERSIONED.decode(line).schema)
+    except msgspec.DecodeError:
+        problem = None
+    return problem or f"not a {source} record: {exc}"
+
+
+def _schema_problem(schema: Any) -> str | None:
+    """Why a record's ``schema`` is not the one this audit reads, or None."""
+    if schema == SCHEMA:
+        return None
+    if schema is None:
+        return f"no schema field (a privstream output from before schema {SCHEMA})"
+    return f"schema {schema!r}, but this audit reads schema {SCHEMA}"
 
 
 def _raw_id_field(record: Any) -> str | None:
@@ -138,6 +208,11 @@ def _raw_id_field(record: Any) -> str | None:
     if type(record.users) is list:
         return "users"
     return None
+
+
+def _parts(record: Any) -> tuple[Any, ...]:
+    """A release or ledger entry and the objects nested in it: its details, its classes."""
+    return (record, record.details, *getattr(record, "classes", ()))
 
 
 class Collector:
@@ -238,7 +313,7 @@ class Collector:
                 records.append(decoder.decode(line))
             except msgspec.DecodeError as exc:
                 keep[i] = False
-                self._malformed(source, numbers[i], f"not a {source} record: {exc}")
+                self._malformed(source, numbers[i], _undecodable(line, source, exc))
         if keep.all():
             return records, lines, numbers
         return records, _select(lines, keep), _select(numbers, keep)
@@ -284,8 +359,7 @@ class Collector:
         """Count and report records with a field that looks like a raw user id."""
         for i in _id_field_rows(fields, records):
             record = records[i]
-            classes = getattr(record, "classes", None) or ()
-            name = next(n for n in map(_raw_id_field, (record, *classes)) if n is not None)
+            name = next(n for n in map(_raw_id_field, _parts(record)) if n is not None)
             self.user_fields += 1
             detail = f"{what} has a field {name!r} that looks like a raw user id"
             ident = self._name(int(pair[i]), record.slot)
@@ -319,14 +393,15 @@ class Collector:
             return
         records, lines, where = self._decode(_RELEASE, lines, numbers, "release")
         fields = _fields(_Release, records)
-        slot, epsilon = _ints(fields["slot"]), _floats(fields["epsilon"])
+        slot, epsilon = _ints(fields["slot"]), _floats(list(map(_budget, fields["guarantee"])))
         ids = map("{}/{}/{}".format, fields["stream"], fields["mechanism"], fields["slot"])
         named = np.array(list(map(operator.eq, fields["release_id"], ids)), dtype=np.bool_)
         good = named & (slot >= 0) & (slot < MAX_SLOT) & (epsilon > 0) & (epsilon < math.inf)
+        good &= np.array([s == SCHEMA for s in fields["schema"]], dtype=np.bool_)
         for i in np.flatnonzero(~good).tolist():
-            self._malformed("release", where[i], (
+            self._malformed("release", where[i], _schema_problem(records[i].schema) or (
                 f"release_id {records[i].release_id!r} is not stream/mechanism/slot with "
-                "0 <= slot < 2**40, or ε is not positive and finite"
+                "0 <= slot < 2**40, or the guarantee's budget is not positive and finite"
             ))  # fmt: skip
         if not good.all():
             records, lines = _select(records, good), _select(lines, good)
@@ -340,12 +415,11 @@ class Collector:
         lines, numbers = self._pending_lines("ledger")
         if not lines:
             return
-        if b'"kind"' in b"\n".join(lines):
-            lines, numbers = self._take_records(lines, numbers)
+        lines, numbers = self._take_records(lines, numbers)
         records, lines, where = self._decode(_ENTRY, lines, numbers, "ledger")
         fields = _fields(_Entry, records)
-        columns, known = _entry_columns(fields)
-        classes, class_ok = _class_columns(fields["classes"], columns["has_classes"])
+        classes, class_ok = _class_columns(fields["classes"])
+        columns, known = _entry_columns(fields, classes)
         good = _valid_entries(columns, known, classes, class_ok)
         for i in np.flatnonzero(~good).tolist():
             r = records[i]
@@ -378,23 +452,29 @@ class Collector:
     def _take_records(
         self, lines: list[bytes], numbers: list[int]
     ) -> tuple[list[bytes], list[int]]:
-        """Take the records (halts, other kinds) among ledger lines; the other lines (entries,
-        or malformed) and their numbers are returned."""
+        """Take the records of another kind than ``ledger`` (halts, others) among ledger lines;
+        the entries (or malformed lines) and their numbers are returned. An entry as the flows
+        write it is told by its ``"kind":"ledger"`` without decoding it twice."""
         rest, where = [], []
         for line, number in zip(lines, numbers, strict=True):
-            if b'"kind"' not in line or not self._take_record(line):
+            if _ENTRY_KIND in line or not self._take_record(line, number):
                 rest.append(line)
                 where.append(number)
         return rest, where
 
-    def _take_record(self, payload: bytes) -> bool:
+    def _take_record(self, payload: bytes, number: int) -> bool:
         """Take a halt record (or skip another kind of record, with a note); False when the
-        line is no record (an entry that merely mentions "kind")."""
+        line is no record of another kind (an entry, or no record at all)."""
         try:
             rec = _HALT.decode(payload)
         except msgspec.DecodeError:
             return False
-        if rec.kind == "halt":
+        if rec.kind == "ledger":
+            return False
+        problem = _schema_problem(rec.schema)
+        if problem is not None:
+            self._malformed("ledger", number, f"{rec.kind} record: {problem}")
+        elif rec.kind == "halt":
             key = (rec.stream, rec.mechanism)
             if key not in self._halts and len(self._halts) < PROBLEM_LIMIT:
                 who = f"{rec.stream}/{rec.mechanism}" if rec.mechanism else f"stream {rec.stream}"
@@ -434,15 +514,15 @@ class Collector:
 _COUNT_LIMIT = 1 << 40
 """Windows and user counts must stay below this (their int64 window sums cannot overflow)."""
 _RELEASE_DTYPES: dict[str, Any] = {"pair": np.int64, "slot": np.int64, "epsilon": np.float64}
+_ENTRY_KIND = b'"kind":"ledger"'
 _ENTRY_DTYPES: dict[str, Any] = {
     "pair": np.int64, "slot": np.int64, "population_division": np.bool_,
-    "has_classes": np.bool_, "epsilon": np.float64, "window": np.int64, "m1": np.float64,
-    "m2": np.float64, "users1": np.int64, "users2": np.int64, "spent": np.float64,
-    "window_users": np.int64, "pop_epsilon": np.float64, "pop_spent": np.float64,
-    "evaluation": np.bool_,
+    "plain": np.bool_, "epsilon": np.float64, "window": np.int64, "m1": np.float64,
+    "m2": np.float64, "users1": np.int64, "users2": np.int64, "window_users": np.int64,
+    "pop_epsilon": np.float64, "pop_spent": np.float64, "evaluation": np.bool_,
 }  # fmt: skip
 _CLASS_DTYPES: dict[str, Any] = {
-    "row": np.int64, "window": np.int64, "epsilon": np.float64, "spend": np.float64,
+    "row": np.int64, "window": np.int64, "epsilon": np.float64, "charged": np.float64,
     "spent": np.float64,
 }  # fmt: skip
 
@@ -483,53 +563,81 @@ def _optional(values: Sequence[float | None]) -> F64:
     )
 
 
-def _entry_columns(fields: dict[str, tuple[Any, ...]]) -> tuple[dict[str, NDArray[Any]], Bools]:
-    """A batch of entries as columns, and which of them name a known division."""
+def _counts(values: Sequence[int | None]) -> I64:
+    """An int64 column of optional counts; None (a field the family does not write) is −1."""
+    return _ints([-1 if v is None else v for v in values] if None in values else values)
+
+
+def _entry_columns(
+    fields: dict[str, tuple[Any, ...]], classes: dict[str, NDArray[Any]]
+) -> tuple[dict[str, NDArray[Any]], Bools]:
+    """A batch of entries as columns, and which of them are of the audited schema and name a
+    known division. ``window`` is the guarantee's (0 for a scope without one); the LDP-IDS
+    details are NaN or −1 where a family does not write them."""
     division = fields["division"]
     population = np.array(list(map("population".__eq__, division)), dtype=np.bool_)
     known = population | np.array(list(map("budget".__eq__, division)), dtype=np.bool_)
+    known &= np.array([v == SCHEMA for v in fields["schema"]], dtype=np.bool_)
+    guarantees, details = fields["guarantee"], fields["details"]
+
+    def detail(name: str) -> tuple[Any, ...]:
+        return tuple(map(operator.attrgetter(name), details))
+
     columns = {
         "slot": _ints(fields["slot"]),
         "population_division": population,
-        "has_classes": np.array([c is not None for c in fields["classes"]], dtype=np.bool_),
-        "epsilon": _floats(fields["epsilon"]),
-        "window": _ints(fields["window"]),
-        "m1": _floats(fields["epsilon_m1"]),
-        "m2": _floats(fields["epsilon_m2"]),
-        "users1": _ints(fields["users_m1"]),
-        "users2": _ints(fields["users_m2"]),
-        "spent": _floats(fields["window_spent"]),
-        "window_users": _ints(fields["window_users"]),
+        "epsilon": _floats(list(map(_budget, guarantees))),
+        "window": _ints([0 if g.window is None else g.window for g in guarantees]),
+        "m1": _optional(detail("epsilon_m1")),
+        "m2": _optional(detail("epsilon_m2")),
+        "users1": _counts(detail("users_m1")),
+        "users2": _counts(detail("users_m2")),
+        "window_users": _counts(detail("window_users")),
         "pop_epsilon": _optional(fields["population_epsilon"]),
         "pop_spent": _optional(fields["population_window_spent"]),
         "evaluation": np.array(fields["evaluation"], dtype=np.bool_),
     }
+    columns["plain"] = _single_requirement(columns, classes)
     return columns, known
 
 
+def _single_requirement(
+    columns: dict[str, NDArray[Any]], classes: dict[str, NDArray[Any]]
+) -> Bools:
+    """Entries whose users all share the mechanism's own requirement: exactly one class, of the
+    guarantee's window and budget (LDP-IDS, or a uniform baseline over one class)."""
+    entries = columns["slot"].size
+    count = np.bincount(classes["row"], minlength=entries)
+    single = np.flatnonzero(count[classes["row"]] == 1)
+    rows = classes["row"][single]
+    plain = np.zeros(entries, dtype=np.bool_)
+    plain[rows] = (classes["window"][single] == columns["window"][rows]) & close(
+        classes["epsilon"][single], columns["epsilon"][rows]
+    )
+    return plain
+
+
 def _class_columns(
-    classes: tuple[list[_ClassSpend] | None, ...], has_classes: Bools
+    classes: tuple[list[_ClassSpend], ...],
 ) -> tuple[dict[str, NDArray[Any]], Bools]:
-    """The classes of a batch's personalized entries (``row``: the entry's batch position),
-    and which of them are in range."""
-    entries = np.flatnonzero(has_classes)
-    lists = [classes[i] or () for i in entries.tolist()]
-    flat = list(chain.from_iterable(lists))
+    """The privacy classes of a batch's entries (``row``: the entry's batch position), and
+    which of them are in range."""
+    flat = list(chain.from_iterable(classes))
 
     def column(name: str) -> tuple[Any, ...]:
         return tuple(map(operator.attrgetter(name), flat))
 
-    dc, pub = _floats(column("epsilon_dc")), _floats(column("epsilon_pub"))
+    sizes = np.array([len(x) for x in classes], dtype=np.int64)
     columns = {
-        "row": np.repeat(entries, [len(x) for x in lists]).astype(np.int64),
+        "row": np.repeat(np.arange(sizes.size, dtype=np.int64), sizes),
         "window": _ints(column("window")),
         "epsilon": _floats(column("epsilon")),
-        "spend": dc + pub,
+        "charged": _floats(column("charged")),
         "spent": _floats(column("window_spent")),
     }
     window, epsilon = columns["window"], columns["epsilon"]
     ok = (window >= 1) & (window < _COUNT_LIMIT) & (epsilon > 0) & (epsilon < math.inf)
-    return columns, ok & (np.minimum(np.minimum(dc, pub), columns["spent"]) >= 0)
+    return columns, ok & (np.minimum(columns["charged"], columns["spent"]) >= 0)
 
 
 def _any_id_field(records: list[Any]) -> bool:
@@ -541,20 +649,20 @@ def _any_id_field(records: list[Any]) -> bool:
 
 
 def _id_field_rows(fields: dict[str, tuple[Any, ...]], records: list[Any]) -> list[int]:
-    """Positions of the records (or their classes) with a field like a raw user id."""
+    """Positions of the records (or their details or classes) with a field like a raw user
+    id."""
     candidates: set[int] = set()
     for name in ("user", "user_id", "users"):
         column = fields[name]
         if column.count(_UNSET) != len(column):
             candidates.update(i for i, v in enumerate(column) if v is not _UNSET)
+    details = list(fields["details"])
+    if _any_id_field(details):
+        candidates.update(i for i, d in enumerate(details) if _raw_id_field(d))
     classes = fields.get("classes", ())
-    if _any_id_field(list(chain.from_iterable(c for c in classes if c))):
-        candidates.update(i for i, c in enumerate(classes) if c and any(map(_raw_id_field, c)))
-    return sorted(
-        i
-        for i in candidates
-        if _raw_id_field(records[i]) or any(map(_raw_id_field, records[i].classes or ()))
-    )
+    if _any_id_field(list(chain.from_iterable(classes))):
+        candidates.update(i for i, c in enumerate(classes) if any(map(_raw_id_field, c)))
+    return sorted(i for i in candidates if any(map(_raw_id_field, _parts(records[i]))))
 
 
 def _valid_entries(
@@ -563,13 +671,16 @@ def _valid_entries(
     classes: dict[str, NDArray[Any]],
     class_ok: Bools,
 ) -> Bools:
-    """Which entries of a batch can be audited (``_entry_problem`` says why not, one by one)."""
+    """Which entries of a batch can be audited (``_entry_problem`` says why not, one by one).
+    A population-division entry needs one class, the guarantee's, and the LDP-IDS details."""
     c = columns
     ok = known & (c["slot"] >= 0) & (c["slot"] < MAX_SLOT)
     ok &= (c["epsilon"] > 0) & (c["epsilon"] < math.inf)
-    ok &= (c["m1"] >= 0) & (c["m2"] >= 0) & (c["spent"] >= 0)
-    for name in ("window", "users1", "users2", "window_users"):
-        ok &= (c[name] >= (1 if name == "window" else 0)) & (c[name] < _COUNT_LIMIT)
+    ok &= (c["window"] >= 0) & (c["window"] < _COUNT_LIMIT)
+    population = c["plain"] & (c["window"] >= 1) & (c["m1"] >= 0) & (c["m2"] >= 0)
+    for name in ("users1", "users2", "window_users"):
+        population &= (c[name] >= 0) & (c[name] < _COUNT_LIMIT)
+    ok &= ~c["population_division"] | population
     ok &= np.isnan(c["pop_epsilon"]) | ((c["pop_epsilon"] > 0) & (c["pop_epsilon"] < math.inf))
     ok &= np.isnan(c["pop_spent"]) | (c["pop_spent"] >= 0)
     ok[classes["row"][~class_ok]] = False
@@ -578,25 +689,43 @@ def _valid_entries(
 
 def _entry_problem(rec: _Entry) -> str | None:
     """Why a decoded ledger entry cannot be audited, or None (``_valid_entries``, in words)."""
-    counts = (rec.users_m1, rec.users_m2, rec.window_users)
+    window, budget = rec.guarantee.window, _budget(rec.guarantee)
+    problem = _schema_problem(rec.schema)
+    if problem is not None:
+        return problem
     if rec.division not in ("budget", "population"):
         return f"division {rec.division!r} is neither budget nor population"
-    if not (0 <= rec.slot < MAX_SLOT and 1 <= rec.window < _COUNT_LIMIT):
-        return "slot outside [0, 2**40) or window outside [1, 2**40)"
-    if not 0 < rec.epsilon < math.inf:
-        return "ε is not positive and finite"
-    if min(rec.epsilon_m1, rec.epsilon_m2, rec.window_spent) < 0:
-        return "negative spend"
-    if not (min(counts) >= 0 and max(counts) < _COUNT_LIMIT):
-        return "user counts outside [0, 2**40)"
+    if not (0 <= rec.slot < MAX_SLOT and (window is None or 1 <= window < _COUNT_LIMIT)):
+        return "slot outside [0, 2**40) or the guarantee's window outside [1, 2**40)"
+    if not 0 < budget < math.inf:
+        return "the guarantee's budget is not positive and finite"
     pe, ps = rec.population_epsilon, rec.population_window_spent
     if (pe is not None and not 0 < pe < math.inf) or (ps is not None and ps < 0):
         return "population_epsilon not positive and finite, or negative population spend"
-    for c in rec.classes or ():
+    for c in rec.classes:
         if not (1 <= c.window < _COUNT_LIMIT and 0 < c.epsilon < math.inf):
             return f"class (w={c.window}, ε={c.epsilon}) out of range"
-        if min(c.epsilon_dc, c.epsilon_pub, c.window_spent) < 0:
+        if min(c.charged, c.window_spent) < 0:
             return f"class (w={c.window}, ε={c.epsilon}) has a negative spend"
+    return _population_problem(rec) if rec.division == "population" else None
+
+
+def _population_problem(rec: _Entry) -> str | None:
+    """Why a population-division entry cannot be audited, or None."""
+    d, window, budget = rec.details, rec.guarantee.window, _budget(rec.guarantee)
+    one = rec.classes[0] if len(rec.classes) == 1 else None
+    if one is None or one.window != window or not close(one.epsilon, budget):
+        return "population division needs exactly one class, of the guarantee's (w, ε)"
+    spends, counts = (d.epsilon_m1, d.epsilon_m2), (d.users_m1, d.users_m2, d.window_users)
+    if None in spends or None in counts:
+        return (
+            "population division needs the details epsilon_m1, epsilon_m2, users_m1, "
+            "users_m2 and window_users"
+        )
+    if min(x for x in spends if x is not None) < 0:
+        return "negative spend"
+    if not all(c is not None and 0 <= c < _COUNT_LIMIT for c in counts):
+        return "user counts outside [0, 2**40)"
     return None
 
 

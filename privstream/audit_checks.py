@@ -32,21 +32,25 @@ Bools = NDArray[np.bool_]
 class LedgerTable:
     """One row per distinct ledger entry (first copy of each ``stream/mechanism/slot``).
 
-    ``pop_epsilon``/``pop_spent`` are NaN where an entry lacks ``population_epsilon`` /
-    ``population_window_spent`` (runs from before the population accountant).
+    ``epsilon`` and ``window`` are the entry's guarantee's budget and window. ``plain`` marks
+    the entries whose users all share the mechanism's own requirement (one class, the
+    guarantee's: every population-division entry, and LDP-IDS's budget division); the others
+    charge privacy classes of their own (personalized). ``m1``/``m2``/``users1``/``users2``/
+    ``window_users`` are the LDP-IDS details a population-division entry is checked from
+    (NaN or −1 where a family does not write them). ``pop_epsilon``/``pop_spent`` are NaN
+    where an entry lacks ``population_epsilon`` / ``population_window_spent``.
     """
 
     pair: I64
     slot: I64
     population_division: Bools
-    has_classes: Bools
+    plain: Bools
     epsilon: F64
     window: I64
     m1: F64
     m2: F64
     users1: I64
     users2: I64
-    spent: F64
     window_users: I64
     pop_epsilon: F64
     pop_spent: F64
@@ -55,12 +59,14 @@ class LedgerTable:
 
 @dataclass(frozen=True)
 class ClassTable:
-    """One row per privacy class of a personalized ledger entry (``row`` indexes the entry)."""
+    """One row per privacy class of a ledger entry (``row`` indexes the entry): what each
+    member was ``charged`` at the entry's slot and the ``spent`` it declares over the class's
+    window."""
 
     row: I64
     window: I64
     epsilon: F64
-    spend: F64
+    charged: F64
     spent: F64
 
 
@@ -69,8 +75,8 @@ class Published:
     """What a flow published, as columns: releases, ledger entries, their classes and halts.
 
     ``pairs[i]`` is the ``(stream, mechanism)`` of pair index ``i``; ``release_epsilon[i]`` is
-    the ε that pair's first release states (NaN without a release); ``halts`` maps a pair to
-    the earliest slot a halt record names for it.
+    the budget of the guarantee that pair's first release states (NaN without a release);
+    ``halts`` maps a pair to the earliest slot a halt record names for it.
     """
 
     pairs: list[tuple[str, str]]
@@ -248,53 +254,73 @@ class WindowCounts:
 
 
 def check_windows(pub: Published, population: int | None, findings: Findings) -> WindowCounts:
-    """Every mechanism's per-user spend over every window, recomputed from its per-slot spends,
-    stays within its ε (budget division), within n reporting users (population division; each
-    reporting user spends ε) and within every privacy class's ε_c over the class's own window
-    (personalized); declared window sums that differ from ours are mismatches."""
+    """Every mechanism's per-user spend over every window, recomputed from its per-slot
+    charges, stays within its budget: per privacy class over the class's own window (budget
+    division: the charges add up), within n reporting users (population division: each
+    reporting user spends ε, at most once per window); declared window spends and user counts
+    that differ from ours are mismatches."""
     counts = WindowCounts()
     _budget_windows(pub, findings, counts)
     _population_windows(pub, population, findings, counts)
-    _class_windows(pub, findings, counts)
     return counts
 
 
 def _budget_windows(pub: Published, findings: Findings, counts: WindowCounts) -> None:
-    led = pub.ledger
-    rows = np.flatnonzero(~led.population_division & ~led.has_classes)
-    pair, slot, window = led.pair[rows], led.slot[rows], led.window[rows]
-    sums = window_sums(pair, slot, led.m1[rows] + led.m2[rows], pair, slot, window)
-    epsilon, declared = led.epsilon[rows], led.spent[rows]
+    """Budget division: each class's charges summed over its window, against its ε. The one
+    class of a ``plain`` mechanism is summed over all its entries whatever they declare; a
+    personalized class by its ``(w_c, ε_c)``."""
+    led, cls = pub.ledger, pub.classes
+    keep = np.flatnonzero(~led.population_division[cls.row])
+    rows, window, epsilon = cls.row[keep], cls.window[keep], cls.epsilon[keep]
+    plain, pair, slot = led.plain[rows], led.pair[rows], led.slot[rows]
+    group, _ = group_ids(pair, np.where(plain, 0, window), np.where(plain, 0.0, epsilon))
+    sums = window_sums(group, slot, cls.charged[keep], group, slot, window)
+    declared = cls.spent[keep]
     over = sums > epsilon * (1 + RELATIVE)
     wrong = ~close(sums, declared)
     counts.over_budget += int(over.sum())
     counts.mismatches += int(wrong.sum())
-    _report(findings, pub, rows, over, "window_over_budget", lambda k: (
-        f"per-slot spends sum to {sums[k]:.12g} > ε={epsilon[k]:g} over the window of "
+
+    def name(k: int) -> str:
+        return "" if plain[k] else f"class (w={window[k]}, ε={epsilon[k]:g}): "
+
+    _report(findings, pub, rows, over & plain, "window_over_budget", lambda k: (
+        f"per-slot charges sum to {sums[k]:.12g} > ε={epsilon[k]:g} over the window of "
         f"w={window[k]} ending here"
     ))  # fmt: skip
+    _report(findings, pub, rows, over & ~plain, "class_over_budget", lambda k: (
+        f"{name(k)}per-slot charges sum to {sums[k]:.12g} over its window ending here"
+    ))  # fmt: skip
     _report(findings, pub, rows, wrong, "declared_mismatch", lambda k: (
-        f"window_spent {declared[k]:.12g} but the per-slot spends sum to {sums[k]:.12g}"
+        f"{name(k)}window_spent {declared[k]:.12g} but the per-slot charges sum to "
+        f"{sums[k]:.12g}"
     ))  # fmt: skip
 
 
 def _population_windows(
     pub: Published, population: int | None, findings: Findings, counts: WindowCounts
 ) -> None:
-    led = pub.ledger
-    rows = np.flatnonzero(led.population_division & ~led.has_classes)
+    """Population division: the users who reported over each window (at most n), each
+    reporting user's spend (exactly ε), and the one class's declared charge and window spend
+    (ε when anybody reported at the slot, or in the window)."""
+    led, cls = pub.ledger, pub.classes
+    rows = np.flatnonzero(led.population_division)
     pair, slot, window = led.pair[rows], led.slot[rows], led.window[rows]
-    users = window_sums(pair, slot, led.users1[rows] + led.users2[rows], pair, slot, window)
+    reported = led.users1[rows] + led.users2[rows]
+    users = window_sums(pair, slot, reported, pair, slot, window)
     declared = led.window_users[rows]
+    epsilon = led.epsilon[rows]
+    charged, spent = _one_class(led.slot.size, cls)
+    charged, spent = charged[rows], spent[rows]
+    overspent = charged > epsilon * (1 + RELATIVE)
+    underspent = ~close(charged, np.where(reported > 0, epsilon, 0.0))
+    underspent |= ~close(spent, np.where(users > 0, epsilon, 0.0))
+    for part, users_part in ((led.m1[rows], led.users1[rows]), (led.m2[rows], led.users2[rows])):
+        overspent |= (users_part > 0) & (part > epsilon * (1 + RELATIVE))
+        underspent |= (users_part > 0) & ~close(part, epsilon)
+    underspent &= ~overspent
     wrong = users != declared
     over_users = users > population if population is not None else np.zeros_like(wrong)
-    epsilon = led.epsilon[rows]
-    overspent = np.zeros_like(wrong)
-    underspent = np.zeros_like(wrong)
-    for spend, reported in ((led.m1[rows], led.users1[rows]), (led.m2[rows], led.users2[rows])):
-        overspent |= (reported > 0) & (spend > epsilon * (1 + RELATIVE))
-        underspent |= (reported > 0) & ~close(spend, epsilon)
-    underspent &= ~overspent
     counts.over_users += int(over_users.sum())
     counts.over_budget += int(overspent.sum())
     counts.mismatches += int(wrong.sum() + underspent.sum())
@@ -306,27 +332,17 @@ def _population_windows(
     ))  # fmt: skip
     _report(findings, pub, rows, wrong | underspent, "declared_mismatch", lambda k: (
         f"window_users {declared[k]} against {users[k]} reports in the window, or a reporting "
-        f"user's spend differs from ε={epsilon[k]:g}"
+        f"user's spend, the class's charge or its window spend differs from ε={epsilon[k]:g} "
+        "(or 0 while nobody reported)"
     ))  # fmt: skip
 
 
-def _class_windows(pub: Published, findings: Findings, counts: WindowCounts) -> None:
-    led, cls = pub.ledger, pub.classes
-    pair, slot = led.pair[cls.row], led.slot[cls.row]
-    group, _ = group_ids(pair, cls.window, cls.epsilon)
-    sums = window_sums(group, slot, cls.spend, group, slot, cls.window)
-    over = sums > cls.epsilon * (1 + RELATIVE)
-    wrong = ~close(sums, cls.spent)
-    counts.over_budget += int(over.sum())
-    counts.mismatches += int(wrong.sum())
-    _report(findings, pub, cls.row, over, "class_over_budget", lambda k: (
-        f"class (w={cls.window[k]}, ε={cls.epsilon[k]:g}): per-slot spends sum to "
-        f"{sums[k]:.12g} over its window ending here"
-    ))  # fmt: skip
-    _report(findings, pub, cls.row, wrong, "declared_mismatch", lambda k: (
-        f"class (w={cls.window[k]}, ε={cls.epsilon[k]:g}): window_spent {cls.spent[k]:.12g} "
-        f"but the per-slot spends sum to {sums[k]:.12g}"
-    ))  # fmt: skip
+def _one_class(entries: int, cls: ClassTable) -> tuple[F64, F64]:
+    """Per entry, the charge and window spend of its class (NaN for an entry without one;
+    meant for the entries that have exactly one)."""
+    charged, spent = np.full(entries, np.nan), np.full(entries, np.nan)
+    charged[cls.row], spent[cls.row] = cls.charged, cls.spent
+    return charged, spent
 
 
 # -- check 4: the population accountant --------------------------------------------------------
@@ -357,25 +373,30 @@ class _Sources:
 
 
 def _sources(pub: Published) -> _Sources:
+    """Population division: the users who reported at each slot (a user who reports spends
+    the mechanism's ε once per window); budget division: each class's per-slot charges, one
+    source per ``plain`` mechanism, one per class of the others."""
     led, cls = pub.ledger, pub.classes
-    plain = np.flatnonzero(~led.has_classes)
-    per_slot = np.where(led.population_division, led.users1 + led.users2, led.m1 + led.m2)
-    pair = np.concatenate((led.pair[plain], led.pair[cls.row]))
-    kind = np.concatenate(
-        (led.population_division[plain].astype(np.int64), np.full_like(cls.row, 2))
-    )
-    window = np.concatenate((led.window[plain], cls.window))
-    epsilon = np.concatenate((np.zeros(plain.size), cls.epsilon))
-    group, first = group_ids(pair, kind, window, epsilon)
+    reports = np.flatnonzero(led.population_division)
+    budget = np.flatnonzero(~led.population_division[cls.row])
+    rows = cls.row[budget]
+    classwise = ~led.plain[rows]
+    pair = np.concatenate((led.pair[reports], led.pair[rows]))
+    kind = np.concatenate((np.ones(reports.size, dtype=np.int64), np.where(classwise, 2, 0)))
+    window = np.concatenate((led.window[reports], cls.window[budget]))
+    epsilon = np.concatenate((led.epsilon[reports], cls.epsilon[budget]))
+    key = np.where(kind == 2, epsilon, 0.0)
+    group, first = group_ids(pair, kind, window, key)
+    users = (led.users1 + led.users2)[reports].astype(np.float64)
     return _Sources(
         row_group=group,
-        row_slot=np.concatenate((led.slot[plain], led.slot[cls.row])),
-        row_value=np.concatenate((per_slot[plain].astype(np.float64), cls.spend)),
+        row_slot=np.concatenate((led.slot[reports], led.slot[rows])),
+        row_value=np.concatenate((users, cls.charged[budget])),
         pair=pair[first],
         window=window[first],
         population=kind[first] == 1,
         classwise=kind[first] == 2,
-        epsilon=np.concatenate((led.epsilon[plain], cls.epsilon))[first],
+        epsilon=epsilon[first],
     )
 
 
@@ -421,7 +442,7 @@ def _stream_plan(
     key_epsilon = np.empty(members.size)
     plain = ~src.classwise[members]
     if plain.any():
-        values, seen = np.unique(led.pop_epsilon[rows[~led.has_classes[rows]]], return_counts=True)
+        values, seen = np.unique(led.pop_epsilon[rows[led.plain[rows]]], return_counts=True)
         key_epsilon[plain] = values[np.argmax(seen)]
     if not plain.all():
         classwise = members[~plain]

@@ -39,7 +39,6 @@ from typing import Any, Final
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from privstream.connectors.broker import EmbeddedBroker
-from privstream.connectors.events import EventBatch
 from privstream.connectors.kafka import (
     RELEASE_TOPIC_CONFIG,
     KafkaSettings,
@@ -50,15 +49,15 @@ from privstream.connectors.kafka import (
     parse_raw_batch,
 )
 from privstream.connectors.producer import produce_synthetic, slot_messages
+from privstream.events import EventBatch
 from privstream.exposition import INTERNAL
+from privstream.flows.dataflow import build
 from privstream.flows.io import KafkaIO, Source, resolve_source
-from privstream.flows.ldp_ids import build
 from privstream.mechanisms.accountant import BudgetSplit
-from privstream.mechanisms.ldp_ids import LdpIdsConfig, mechanism_names
-from privstream.mechanisms.ldp_ids import build as build_mechanism
+from privstream.mechanisms.registry import LDP_IDS
 from privstream.mechanisms.seeding import NoiseKey
 from privstream.operators.metrics import BOARD
-from privstream.operators.slotting import LdpClients, SlottingConfig, _Plan, _SlottedLogic
+from privstream.operators.slotting import SlottedLogic, SlottingConfig, make_plan
 
 TARGET: Final = 0.70
 """The flow should reach this fraction of the raw consumer's rate on one worker."""
@@ -159,6 +158,7 @@ def run_flow_once(
     accepted0 = _metric("privstream_internal_events_total", {"stream": source.stream})
     rejected0 = _rejected_total()
     flow = build(
+        "ldp-ids",
         dataset=dataset,
         mechanisms=mechanisms,
         users=users,
@@ -214,21 +214,12 @@ def stage_times(
     """CPU seconds of the flow's own work on the same messages, without Kafka or Bytewax:
     ``parse`` (``parse_raw_batch`` per poll) and ``slotting`` (the slotting operator's
     ``on_batch``: user directory, dedup, buffering, closing slots and the mechanism steps)."""
-    config = LdpIdsConfig(1.0, 20, users, task=source.task)
-    cfg = SlottingConfig(close_on_eof=False)
+    config = LDP_IDS.make_config(epsilon=1.0, window=20, population=users, task=source.task)
     split = BudgetSplit.parse(None, len(mechanisms), compare=len(mechanisms) > 1)
-    plan = _Plan(
-        mechanisms={name: build_mechanism(name, config) for name in mechanisms},
-        shares=dict.fromkeys(mechanisms, 1.0),
-        task=source.task,
-        population=users,
-        key=_noise_key(),
-        config=cfg,
-        trust=LdpClients(source.task, cfg.client_path),
-        split=split,
-        epsilon=config.epsilon,
-    )
-    logic = _SlottedLogic("bench", plan, None)
+    built = LDP_IDS.build_shared(mechanisms, config, split.shares)
+    cfg = SlottingConfig(close_on_eof=False)
+    plan = make_plan("bench", built, source.task, users, _noise_key(), cfg, split=split)
+    logic = SlottedLogic("bench", plan, None)
     parse = slotting = 0.0
     messages = events = 0
     for raw in _raw_batches(source, slots, batch_size, "bench"):
@@ -304,7 +295,7 @@ def _bench(
 ) -> dict[str, Any]:
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    names = mechanism_names(mechanisms)
+    names = LDP_IDS.names(mechanisms)
     source = resolve_source(dataset, users, slots, SEED)
     if source.synthetic is None:
         raise ValueError(f"bench kafka needs a synthetic dataset, got {dataset!r}")

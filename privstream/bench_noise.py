@@ -27,7 +27,8 @@ import numpy as np
 from privstream.mechanisms.client import Requirements, SimulatedCurator
 from privstream.mechanisms.contract import Slot
 from privstream.mechanisms.noise import discrete_laplace, public_scale
-from privstream.mechanisms.personalized import PersonalizedConfig, build
+from privstream.mechanisms.personalized import PersonalizedConfig
+from privstream.mechanisms.registry import PERSONALIZED
 from privstream.mechanisms.seeding import NoiseKey, SlotRandomness, derive_rng
 
 
@@ -81,7 +82,7 @@ def central_noise(repeats: int) -> dict[str, Any]:
 def pbd_slot(n: int, repeats: int) -> dict[str, Any]:
     """Milliseconds of one PBD step over ``n`` users in two classes."""
     config = PersonalizedConfig(population=n, epsilon=1.0, window=20)
-    mech = build("PBD", config)
+    mech = PERSONALIZED.build("PBD", config)
     kind = np.arange(n) % 2
     requirements = Requirements(np.array([1.0, 2.0])[kind], np.array([20, 10])[kind], population=n)
     values = (np.random.default_rng(1).random(n) < 0.3).astype(np.float64)

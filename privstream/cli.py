@@ -17,14 +17,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from privstream.mechanisms.ldp_ids import MECHANISMS
-from privstream.mechanisms.personalized import MECHANISMS as PERSONALIZED
+from privstream.mechanisms.registry import FAMILIES, Family
 
 if TYPE_CHECKING:
     from privstream.operators.metrics import MetricsServer
 
-ALL_LDP_IDS = ",".join(MECHANISMS)
-ALL_PERSONALIZED = ",".join(PERSONALIZED)
 log = logging.getLogger("privstream")
 
 
@@ -108,18 +105,46 @@ def _topic_flags(p: argparse.ArgumentParser, *, input_required: bool) -> None:
     p.add_argument("--ledger-topic", help="topic of ledger entries (optional)")
 
 
-def _run_flags(
-    p: argparse.ArgumentParser,
-    *,
-    mechanisms: str,
-    default: str,
-    epsilon: float = 1.0,
-    window: int = 20,
-) -> None:
-    """Flags every ``privstream run`` family shares."""
-    _common(p, epsilon=epsilon, window=window)
+def _option_flags(p: argparse.ArgumentParser, family: Family) -> None:
+    """The family's config options (``Family.options``) as ``--flags``."""
+    for option in family.options:
+        p.add_argument(
+            f"--{option.name.replace('_', '-')}",
+            type=option.parse,
+            default=option.default,
+            help=f"{option.help} (default %(default)s)",
+        )
+
+
+def _family_flags(p: argparse.ArgumentParser, family: Family) -> None:
+    """The family's own run flags: its options, the mean task, the client path of the LDP
+    modes and the registration table of central DP — all from its registry entry."""
+    _option_flags(p, family)
+    if family.numeric:
+        p.add_argument(
+            "--mean-range",
+            type=_mean_range,
+            help="LOWER:UPPER: a file dataset is numeric, clipped to it",
+        )
+    if family.trust == "ldp-simulated":
+        p.add_argument("--client-path", choices=("aggregate", "per-user"), default="aggregate")
+    if family.trust == "cdp":
+        p.add_argument(
+            "--registrations",
+            "--preferences",
+            dest="preferences",
+            help="registration table: CSV (user,epsilon,window) or JSON lines; exactly these "
+            "users are counted (required for file and Kafka input)",
+        )
+
+
+def _run_flags(p: argparse.ArgumentParser, family: Family) -> None:
+    """Flags every ``privstream run`` family shares, with the family's defaults."""
+    _common(p, users=family.users, epsilon=family.epsilon, window=family.window)
     p.add_argument(
-        "--mechanism", default=default, help=f"one or more of {mechanisms}, comma separated"
+        "--mechanism",
+        default=family.default,
+        help=f"one or more of {','.join(family.mechanisms)}, comma separated (default %(default)s)",
     )
     p.add_argument(
         "--seed", type=int, default=1, help="seed of the synthetic data (never of the noise)"
@@ -143,6 +168,13 @@ def _run_flags(
         help="evaluation: run the mechanisms side by side with the full ε each; outputs are "
         "marked evaluation (together they are not ε-private)",
     )
+    _family_flags(p, family)
+    _output_flags(p)
+    _service_flags(p)
+
+
+def _output_flags(p: argparse.ArgumentParser) -> None:
+    """Where a run reads and writes: files, stream, Kafka topics."""
     p.add_argument("--out", default="releases.jsonl", help="releases, one JSON object per line")
     p.add_argument("--ledger-out", help="ledger entries as JSON lines (optional)")
     p.add_argument(
@@ -156,6 +188,18 @@ def _run_flags(
     )
     p.add_argument("--domain", type=_positive_int, help="categories d of a file or Kafka stream")
     p.add_argument("--stream", help="stream name (default: the dataset name)")
+    _kafka_flags(p)
+    _topic_flags(p, input_required=False)
+    p.add_argument(
+        "--max-event-bytes",
+        type=_positive_int,
+        default=64 * 1024,
+        help="larger Kafka messages are 'oversized' dead letters (default %(default)s)",
+    )
+
+
+def _service_flags(p: argparse.ArgumentParser) -> None:
+    """How a run is served: workers, recovery, the secret, metrics, progress, stall warnings."""
     p.add_argument(
         "--workers", type=_positive_int, default=1, help="Bytewax worker threads (default 1)"
     )
@@ -198,14 +242,6 @@ def _run_flags(
         help="address of the internal metrics server (default %(default)s: loopback only)",
     )
     p.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
-    _kafka_flags(p)
-    _topic_flags(p, input_required=False)
-    p.add_argument(
-        "--max-event-bytes",
-        type=_positive_int,
-        default=64 * 1024,
-        help="larger Kafka messages are 'oversized' dead letters (default %(default)s)",
-    )
     p.add_argument(
         "--stall-warning-seconds",
         type=_positive_float,
@@ -220,32 +256,48 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="privstream", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     commands = parser.add_subparsers(dest="command", required=True)
-
     run = commands.add_parser("run", help="run a ready dataflow")
     run_family = run.add_subparsers(dest="family", required=True)
-    ldp = run_family.add_parser("ldp-ids", help="LDP-IDS mechanisms (w-event LDP)")
-    _run_flags(ldp, mechanisms=ALL_LDP_IDS, default="LPA")
-    ldp.add_argument(
-        "--beta", type=float, default=0.5, help="share β of the dissimilarity step (default 0.5)"
+    bench = commands.add_parser(
+        "bench", help="run a reproduction benchmark on the engine-free core"
     )
-    ldp.add_argument("--client-path", choices=("aggregate", "per-user"), default="aggregate")
-    ldp.add_argument(
-        "--mean-range",
-        type=_mean_range,
-        help="LOWER:UPPER: a file dataset is numeric, clipped to it",
-    )
-    pers = run_family.add_parser(
-        "personalized", help="personalized w-event mechanisms (central DP, per-user (ε_i, w_i))"
-    )
-    _run_flags(pers, mechanisms=ALL_PERSONALIZED, default="PBD", epsilon=0.6, window=120)
-    pers.add_argument(
-        "--registrations",
-        "--preferences",
-        dest="preferences",
-        help="registration table: CSV (user,epsilon,window) or JSON lines; exactly these users "
-        "are counted (required for file and Kafka input)",
-    )
+    bench_family = bench.add_subparsers(dest="family", required=True)
+    for family in FAMILIES.values():
+        _run_flags(run_family.add_parser(family.name, help=family.summary), family)
+        _bench_flags(bench_family.add_parser(family.name, help=family.summary), family)
+    _kafka_tools(commands)
+    _bench_tools(bench_family)
+    _demo_audit(commands)
+    return parser
 
+
+def _bench_flags(p: argparse.ArgumentParser, family: Family) -> None:
+    """``privstream bench <family>``: the family's datasets, defaults and options."""
+    spec = family.bench
+    files = ", or file:PATH" if spec.files else ""
+    p.add_argument("--dataset", default="sin", help=f"{', '.join(spec.datasets)}{files}")
+    p.add_argument("--users", type=_positive_int, default=spec.users)
+    p.add_argument("--slots", type=_positive_int, default=spec.slots)
+    p.add_argument("--epsilon", type=_positive_float, default=family.epsilon)
+    p.add_argument("--window", type=_positive_int, default=family.window)
+    p.add_argument(
+        "--mechanisms",
+        default=",".join(spec.mechanisms),
+        help=f"comma-separated, of {','.join(family.mechanisms)} (default %(default)s)",
+    )
+    p.add_argument("--seeds", type=_positive_int, default=1, help="seeds 1..K to average over")
+    p.add_argument("--json", help="write the results as JSON to this file")
+    p.add_argument("--no-progress", action="store_true")
+    if spec.files:
+        p.add_argument("--domain", type=_positive_int, help="categories d of a file dataset")
+        p.add_argument(
+            "--numeric", action="store_true", help="a file dataset holds numbers: their mean"
+        )
+    _option_flags(p, family)
+
+
+def _kafka_tools(commands: Any) -> None:
+    """``privstream broker``, ``topics create`` and ``produce``."""
     broker = commands.add_parser(
         "broker", help="run the embedded Kafka-protocol broker (Tansu) until interrupted"
     )
@@ -282,47 +334,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     _kafka_flags(produce, required=True)
 
-    bench = commands.add_parser(
-        "bench", help="run a reproduction benchmark on the engine-free core"
-    )
-    bench_family = bench.add_subparsers(dest="family", required=True)
-    bldp = bench_family.add_parser("ldp-ids", help="LDP-IDS mechanisms")
-    _common(bldp)
-    bldp.add_argument(
-        "--mechanisms", default=ALL_LDP_IDS, help="comma-separated mechanisms (default all seven)"
-    )
-    bldp.add_argument(
-        "--seeds", type=_positive_int, default=1, help="seeds 1..K to average over (default 1)"
-    )
-    bldp.add_argument("--json", help="write the results as JSON to this file")
-    bldp.add_argument(
-        "--domain",
-        type=_positive_int,
-        help="categories d of a file dataset (default: largest value + 1)",
-    )
-    bldp.add_argument(
-        "--numeric", action="store_true", help="a file dataset holds numbers: estimate their mean"
-    )
-    bpers = bench_family.add_parser(
-        "personalized", help="personalized w-event mechanisms (spec §6 error metric)"
-    )
-    bpers.add_argument("--dataset", default="sin", choices=("tlns", "sin", "log"))
-    bpers.add_argument("--users", type=_positive_int, default=10_000)
-    bpers.add_argument("--slots", type=_positive_int, default=10_000)
-    bpers.add_argument(
-        "--epsilon", type=_positive_float, default=0.6, help="ε of the setting (default 0.6)"
-    )
-    bpers.add_argument(
-        "--window", type=_positive_int, default=120, help="w of the setting (default 120)"
-    )
-    bpers.add_argument(
-        "--mechanisms",
-        default="BD,BA,PBD,PBA",
-        help=f"comma-separated, of {ALL_PERSONALIZED} (default BD,BA,PBD,PBA)",
-    )
-    bpers.add_argument("--seeds", type=_positive_int, default=1, help="seeds 1..K (default 1)")
-    bpers.add_argument("--json", help="write the results as JSON to this file")
-    bpers.add_argument("--no-progress", action="store_true")
+
+def _bench_tools(bench_family: Any) -> None:
+    """``privstream bench noise`` and ``bench kafka``."""
     bnoise = bench_family.add_parser(
         "noise", help="cost of the keyed AES-CTR stream and the exact discrete Laplace"
     )
@@ -340,6 +354,9 @@ def _parser() -> argparse.ArgumentParser:
     bkafka.add_argument("--json", help="write the results as JSON to this file")
     _kafka_flags(bkafka)
 
+
+def _demo_audit(commands: Any) -> None:
+    """``privstream demo`` and ``audit``."""
     demo = commands.add_parser(
         "demo",
         help="the main job: embedded broker, synthetic Sin events on Kafka, all seven LDP-IDS "
@@ -382,7 +399,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     audit.add_argument("--json", metavar="FILE", help="also write the report to this file")
     audit.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
-    return parser
 
 
 def _run_flow(
@@ -443,91 +459,70 @@ def _progress_bar(total: int | None, unit: str) -> Any:
     return tqdm(total=total, unit=unit, file=sys.stderr, dynamic_ncols=True, mininterval=0.5)
 
 
+def _kafka_io(args: argparse.Namespace) -> Any:
+    """The Kafka topics of a run (None for file and synthetic input), checked to exist."""
+    from privstream.connectors.kafka import require_topics
+    from privstream.flows.io import KafkaIO
+
+    if not (args.bootstrap or args.input_topic or os.environ.get("PRIVSTREAM_BOOTSTRAP")):
+        return None
+    if not args.input_topic or not args.output_topic:
+        raise ValueError("Kafka runs need --input-topic and --output-topic")
+    settings = _kafka_settings(args)
+    kafka = KafkaIO(
+        settings, args.input_topic, args.output_topic, args.dead_letter_topic, args.ledger_topic,
+        until_slot=args.slots, max_event_bytes=args.max_event_bytes,
+        stall_warning_seconds=args.stall_warning_seconds,
+    )  # fmt: skip
+    return kafka.with_partitions(require_topics(settings, kafka.topics()))
+
+
+def _flow_options(args: argparse.Namespace, family: Family) -> dict[str, Any]:
+    """The family-specific keywords of ``flows.dataflow.build`` from its flags."""
+    from privstream.connectors.registrations import load_preferences
+
+    options: dict[str, Any] = {o.name: getattr(args, o.name) for o in family.options}
+    if family.numeric:
+        options["mean_range"] = args.mean_range
+    if family.trust == "ldp-simulated":
+        options["client_path"] = args.client_path
+    if family.trust == "cdp" and args.preferences:
+        options["preferences"] = load_preferences(args.preferences)
+    return options
+
+
 def run_flow(args: argparse.Namespace) -> int:
     """``privstream run FAMILY``: the family's ready flow on a synthetic, file or Kafka input."""
     from privstream.connectors import control
-    from privstream.connectors.kafka import require_topics
     from privstream.connectors.secret import resolve_noise_key
-    from privstream.flows.io import KafkaIO
+    from privstream.flows.dataflow import build
 
-    if args.family == "ldp-ids":
-        from privstream.mechanisms.ldp_ids import mechanism_names
-    else:
-        from privstream.mechanisms.personalized import mechanism_names
-    names = mechanism_names(args.mechanism)
-    kafka = None
-    if args.bootstrap or args.input_topic or os.environ.get("PRIVSTREAM_BOOTSTRAP"):
-        if not args.input_topic or not args.output_topic:
-            raise ValueError("Kafka runs need --input-topic and --output-topic")
-        settings = _kafka_settings(args)
-        kafka = KafkaIO(
-            settings,
-            args.input_topic,
-            args.output_topic,
-            args.dead_letter_topic,
-            args.ledger_topic,
-            until_slot=args.slots,
-            max_event_bytes=args.max_event_bytes,
-            stall_warning_seconds=args.stall_warning_seconds,
-        )
-        kafka = kafka.with_partitions(require_topics(settings, kafka.topics()))
+    family = FAMILIES[args.family]
+    names = family.names(args.mechanism)
+    kafka = _kafka_io(args)
     slots = args.slots or 800
     secret = resolve_noise_key(secret_file=args.secret_file, insecure_seed=args.insecure_seed)
     synthetic = kafka is None and not args.dataset.startswith("file:")
     total = slots if synthetic or (kafka is not None and args.slots) else None
-    bar = (
-        None
-        if args.no_progress
-        else _progress_bar(total * len(names) if total else None, "release")
-    )
-    common: dict[str, Any] = dict(
-        dataset=args.dataset,
-        mechanisms=names,
-        users=args.users,
-        slots=slots,
-        epsilon=args.epsilon,
-        window=args.window,
-        seed=args.seed,
-        out=args.out,
-        ledger_out=args.ledger_out,
-        dead_letter_out=args.dead_letter_out,
-        lateness=args.lateness,
-        domain=args.domain,
-        stream=args.stream,
+    bar = None if args.no_progress else _progress_bar(total * len(names) if total else None,
+                                                       "release")  # fmt: skip
+    flow = build(
+        family.name, dataset=args.dataset, mechanisms=names, users=args.users, slots=slots,
+        epsilon=args.epsilon, window=args.window, seed=args.seed, out=args.out,
+        ledger_out=args.ledger_out, dead_letter_out=args.dead_letter_out,
+        lateness=args.lateness, domain=args.domain, stream=args.stream,
         progress=(lambda _release: bar.update(1)) if bar is not None else None,
-        kafka=kafka,
-        secret=secret,
-        budget_split=args.budget_split,
-        compare=args.compare,
-    )
-    if args.family == "ldp-ids":
-        from privstream.flows.ldp_ids import build as build_ldp_ids
-
-        flow = build_ldp_ids(
-            **common, beta=args.beta, client_path=args.client_path, mean_range=args.mean_range
-        )
-    else:
-        from privstream.connectors.files import load_preferences
-        from privstream.flows.personalized import build as build_personalized
-
-        prefs = load_preferences(args.preferences) if args.preferences else None
-        flow = build_personalized(**common, preferences=prefs)
+        kafka=kafka, secret=secret, budget_split=args.budget_split, compare=args.compare,
+        **_flow_options(args, family),
+    )  # fmt: skip
     if kafka is None:
         for path in (args.out, args.ledger_out, args.dead_letter_out):
             if path:  # outputs exist after the run even when nothing was written to them
                 Path(path).touch()
     else:
         control.install_signal_handlers()
-    internal = None
-    if args.internal_metrics_port is not None:
-        internal = _serve_metrics(args.internal_metrics_port, args.internal_metrics_addr, True)
     started = time.perf_counter()
-    try:
-        _run_flow(flow, args.workers, args.recovery_dir, args.snapshot_interval,
-                  args.metrics_port, args.metrics_addr)  # fmt: skip
-    finally:
-        if internal is not None:
-            internal.close()
+    _serve_run(flow, args)
     if bar is not None:
         bar.close()
     where = f"topic {args.output_topic}" if kafka is not None else args.out
@@ -537,6 +532,19 @@ def run_flow(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _serve_run(flow: Any, args: argparse.Namespace) -> None:
+    """Run ``flow`` with the internal metrics server around it when asked for."""
+    internal = None
+    if args.internal_metrics_port is not None:
+        internal = _serve_metrics(args.internal_metrics_port, args.internal_metrics_addr, True)
+    try:
+        _run_flow(flow, args.workers, args.recovery_dir, args.snapshot_interval,
+                  args.metrics_port, args.metrics_addr)  # fmt: skip
+    finally:
+        if internal is not None:
+            internal.close()
 
 
 def broker(args: argparse.Namespace) -> int:
@@ -639,39 +647,18 @@ def bench_noise(args: argparse.Namespace) -> int:
     return _report(result, args.json)
 
 
-def bench_personalized(args: argparse.Namespace) -> int:
-    from privstream import personalized_experiments as pe
-    from privstream.mechanisms.personalized import mechanism_names
+def bench_family(args: argparse.Namespace) -> int:
+    """``privstream bench <family>``: the family's benchmark on the engine-free core."""
+    from privstream import harness
 
-    result = pe.bench_personalized(
-        args.dataset,
-        args.users,
-        args.slots,
-        mechanism_names(args.mechanisms),
-        args.seeds,
-        progress=not args.no_progress,
-        epsilon=args.epsilon,
-        window=args.window,
-    )
-    print(pe.format_personalized_table(result))
-    return _report(result, args.json)
-
-
-def bench_ldp_ids(args: argparse.Namespace) -> int:
-    from privstream import experiments
-
-    result = experiments.bench_ldp_ids(
-        dataset=args.dataset,
-        users=args.users,
-        slots=args.slots or 800,
-        epsilon=args.epsilon,
-        window=args.window,
-        mechanisms=[m.strip().upper() for m in args.mechanisms.split(",")],
-        seeds=args.seeds,
-        domain=args.domain,
-        numeric=args.numeric,
-    )
-    print(experiments.format_table(result))
+    family = FAMILIES[args.family]
+    files = {"domain": args.domain, "numeric": args.numeric} if family.bench.files else {}
+    result = harness.bench(
+        family, args.dataset, args.users, args.slots, args.epsilon, args.window,
+        family.names(args.mechanisms), args.seeds, progress=not args.no_progress,
+        **files, **{o.name: getattr(args, o.name) for o in family.options},
+    )  # fmt: skip
+    print(harness.format_table(result))
     return _report(result, args.json)
 
 
@@ -712,12 +699,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "broker": broker,
         "topics": topics_create,
         "produce": produce,
-        "bench": {
-            "kafka": bench_kafka,
-            "noise": bench_noise,
-            "personalized": bench_personalized,
-            "ldp-ids": bench_ldp_ids,
-        }.get(getattr(args, "family", ""), bench_ldp_ids),
+        "bench": {"kafka": bench_kafka, "noise": bench_noise}.get(
+            getattr(args, "family", ""), bench_family
+        ),
         "demo": demo,
         "audit": audit,
     }

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from privstream import experiments
+from privstream import harness, plots
 from privstream.connectors.broker import EmbeddedBroker, free_port
 from privstream.connectors.kafka import (
     RELEASE_TOPIC_CONFIG,
@@ -38,7 +38,9 @@ from privstream.connectors.kafka import (
 from privstream.connectors.producer import produce_synthetic
 from privstream.connectors.secret import ENV_SECRET
 from privstream.connectors.synthetic import SyntheticStream
-from privstream.flows.ldp_ids import KafkaIO, build
+from privstream.flows.dataflow import build
+from privstream.flows.io import KafkaIO
+from privstream.mechanisms import utility
 from privstream.mechanisms.ldp_ids import MECHANISMS
 
 TOPICS = {"events": "events", "releases": "releases", "dead_letters": "dead-letters",
@@ -64,11 +66,6 @@ def group_releases(lines: Sequence[bytes | str]) -> dict[str, list[dict[str, Any
     return by_mechanism
 
 
-def read_releases(path: Path) -> dict[str, list[dict[str, Any]]]:
-    """Releases per mechanism, ordered by slot, from a JSON-lines file."""
-    return group_releases(path.read_text().splitlines())
-
-
 def score(
     stream: SyntheticStream, releases: dict[str, list[dict[str, Any]]]
 ) -> dict[str, dict[str, float]]:
@@ -80,10 +77,10 @@ def score(
             raise RuntimeError(f"{name}: expected {stream.slots} releases, read {len(rels)}")
         estimates = np.array([r["estimate"] for r in rels])
         table[name] = {
-            "mre": experiments.mre(estimates, truth, 1 / stream.users),
-            "mae": experiments.mae(estimates, truth),
-            "bits_per_user": experiments.bits_per_user(
-                sum(r["bits"] for r in rels), stream.users, stream.slots
+            "mre": utility.mre(estimates, truth, 1 / stream.users),
+            "mae": utility.mae(estimates, truth),
+            "bits_per_user": utility.bits_per_user(
+                sum(r["details"]["bits"] for r in rels), stream.users, stream.slots
             ),
             "publications": float(sum(r["strategy"] == "publish" for r in rels)),
         }
@@ -153,7 +150,7 @@ def run_demo(
             until_slot=slots,
         )
         flow = build(
-            dataset="sin", mechanisms=names, users=users, slots=slots, epsilon=epsilon,
+            "ldp-ids", dataset="sin", mechanisms=names, users=users, slots=slots, epsilon=epsilon,
             window=window, seed=seed, kafka=kafka, progress=lambda _r: bar.update(1),
             secret=os.environ.get(ENV_SECRET) or secrets.token_hex(32), compare=True,
         )  # fmt: skip
@@ -189,7 +186,7 @@ def run_demo(
             "flow": users * slots / seconds,
         },
     }
-    text = experiments.format_table(result)
+    text = harness.format_table(result)
     print(text)
     print("seconds: wall time of the one Kafka flow that ran all seven mechanisms side by side")
     print(
@@ -218,7 +215,7 @@ def run_demo(
         "".join(json.dumps(r, separators=(",", ":")) + "\n" for rs in releases.values() for r in rs)
     )
     plot = out_dir / "sin.png"
-    experiments.plot_releases(
+    plots.plot_releases(
         np.array([stream.truth(t)[1] for t in range(1, slots + 1)]),
         {name: np.array([r["estimate"][1] for r in releases[name]]) for name in names},
         plot,

@@ -151,10 +151,10 @@ def test_the_last_released_slot_is_what_was_handed_to_the_sink() -> None:
     1,014: the operator had computed slots the sink never got. The gauge (and the ``--slots``
     stop) now follow the releases handed to the sink; a resumed state's last slot counts as
     handed (it was written before its snapshot)."""
-    from privstream.mechanisms.contract import PrivacyCost
-    from privstream.operators.metrics import Tally
+    from privstream.mechanisms.guarantees import Guarantee, PureDP, WindowScope
+    from privstream.operators.stream_state import Tally
 
-    cost = PrivacyCost(1.0, 10, "budget")
+    cost = Guarantee(PureDP(1.0), WindowScope(10), "ldp")
     board = LedgerBoard()
     tally = Tally()
     board.update("s", "LBU", cost, 100, tally, False)  # a fresh stream: nothing handed

@@ -35,7 +35,7 @@ import numpy as np
 import pytest
 
 from privstream import experiments as ex
-from privstream.connectors.files import RecordedStream
+from privstream.connectors.recorded import RecordedStream
 from privstream.connectors.synthetic import SyntheticStream
 from privstream.experiments import PAPER_TABLE2_BITS, RunResult, load_dataset, run_mechanisms
 from privstream.mechanisms.tasks import FrequencyTask
@@ -378,9 +378,9 @@ def test_plot_releases_writes_a_png(tmp_path: Path) -> None:
 
 
 def test_recorded_file_streams_run_through_the_harness(tmp_path: Path) -> None:
-    """``privstream.connectors.files.RecordedStream`` is a slot source: its task comes from its
+    """``privstream.connectors.recorded.RecordedStream`` is a slot source: its task comes from its
     ``d``/``numeric`` description, and users without a value yet simply do not report."""
-    from privstream.connectors.files import load_records
+    from privstream.connectors.recorded import load_records
 
     rng = np.random.default_rng(5)
     rows = [

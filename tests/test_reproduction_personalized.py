@@ -35,11 +35,11 @@ from privstream.connectors.synthetic import (
 from privstream.personalized_experiments import (
     DATASETS,
     PAPER_HEADLINES,
-    BinaryStream,
     ajsd,
     amre,
     assign_requirements,
     bench_personalized,
+    binary_stream,
     compare,
     format_personalized_table,
     reductions,
@@ -86,7 +86,7 @@ def test_binary_stream_is_bernoulli_per_user() -> None:
     """§6.2: at slot t each user holds 1 with probability p_t, independently: the count of ones
     is Binomial(n, p_t) (mean within four binomial standard errors over many slots), and a slot
     regenerates identically."""
-    stream = BinaryStream("sin", 2_000, 300, seed=4)
+    stream = binary_stream("sin", 2_000, 300, seed=4)
     ones = np.array([stream.values(t).sum() for t in range(1, 301)])
     p = stream.probabilities
     z = (ones - 2_000 * p) / np.sqrt(2_000 * p * (1 - p))
@@ -94,7 +94,7 @@ def test_binary_stream_is_bernoulli_per_user() -> None:
     assert abs(z.var() - 1) <= Z * math.sqrt(2 / 300)
     assert np.array_equal(stream.values(7), stream.values(7))
     with pytest.raises(ValueError, match="unknown dataset"):
-        BinaryStream("taxi", 10, 10)
+        binary_stream("taxi", 10, 10, 0)
 
 
 # -- the harness ----------------------------------------------------------------------------------
@@ -146,7 +146,7 @@ def test_bench_result_has_the_ldp_ids_shape() -> None:
 
 
 def test_runs_are_reproducible_and_independent_of_companions() -> None:
-    stream = BinaryStream("log", 500, 40, seed=2)
+    stream = binary_stream("log", 500, 40, seed=2)
     req = assign_requirements(500, 0.6, 20, seed=2, windows=(10, 20))
     alone = run_personalized(["PBA"], stream, req, 0.6, 20, seed=2)["PBA"]
     together = run_personalized(["BD", "PBA"], stream, req, 0.6, 20, seed=2)["PBA"]
@@ -164,7 +164,7 @@ def default_runs() -> dict[str, dict[str, float]]:
     for dataset in DATASETS:
         sums: dict[str, float] = {}
         for seed in SEEDS:
-            stream = BinaryStream(dataset, N, T, seed)
+            stream = binary_stream(dataset, N, T, seed)
             req = assign_requirements(N, EPS, W, seed)
             runs = run_personalized(["BD", "BA", "PBD", "PBA"], stream, req, EPS, W, seed)
             for name, run in runs.items():
@@ -198,7 +198,7 @@ def test_plbu_is_worst(dataset: str) -> None:
     """Claim 4 on Sin and Log. PLBU's OUE reports at ε_i/w_i ≈ 0.005 have a per-user variance
     near 1/(4(1/2 − q)²) ≈ 1.6·10⁵, three orders of magnitude above the CDP mechanisms' error,
     so one seed and 300 slots settle it."""
-    stream = BinaryStream(dataset, N, 300, 1)
+    stream = binary_stream(dataset, N, 300, 1)
     req = assign_requirements(N, EPS, W, 1)
     runs = run_personalized(["BD", "BA", "PBD", "PBA", "PLBU"], stream, req, EPS, W, 1)
     err = {name: run.amre() for name, run in runs.items()}

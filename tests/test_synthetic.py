@@ -13,7 +13,6 @@ from privstream.connectors.synthetic import (
     CON_SIGMA,
     DATASETS,
     SyntheticStream,
-    dataset_d,
     lns_probabilities,
     log_probabilities,
     sin_probabilities,
@@ -85,7 +84,7 @@ def test_values_are_a_pure_function_of_seed_and_slot(name: str) -> None:
 @pytest.mark.parametrize("name", [n for n in DATASETS if n.endswith("-con")])
 def test_con_streams_are_gaussian_around_p_t(name: str) -> None:
     s = SyntheticStream(name, 200_000, 40, seed=2)
-    assert s.numeric and s.d == 1 and dataset_d(name) == 1
+    assert s.numeric and s.d == 1
     lo, hi = s.bounds
     assert lo == pytest.approx(s.probabilities.min() - 3 * CON_SIGMA)
     assert hi == pytest.approx(s.probabilities.max() + 3 * CON_SIGMA)
@@ -99,7 +98,7 @@ def test_con_streams_are_gaussian_around_p_t(name: str) -> None:
 
 def test_binary_metadata_and_validation() -> None:
     s = SyntheticStream("sin", 100, 10)
-    assert not s.numeric and s.d == 2 and dataset_d("sin") == 2
+    assert not s.numeric and s.d == 2
     with pytest.raises(ValueError, match="unknown synthetic dataset"):
         SyntheticStream("cos", 100, 10)
     with pytest.raises(ValueError, match="users and slots"):
@@ -108,6 +107,21 @@ def test_binary_metadata_and_validation() -> None:
         s.values(0)
     with pytest.raises(ValueError, match="slot must lie"):
         s.values(11)
+    with pytest.raises(ValueError, match="binary streams"):
+        SyntheticStream("sin-con", 100, 10, independent=True)
+
+
+@pytest.mark.parametrize("name", BINARY)
+def test_independent_population_counts_what_it_drew(name: str) -> None:
+    """The personalized population (each user 1 with probability p_t) reports the ones it drew,
+    not round(p_t·n), and shares the probability sequence of the LDP-IDS population."""
+    s = SyntheticStream(name, 3_000, 20, seed=8, independent=True)
+    exact = SyntheticStream(name, 3_000, 20, seed=8)
+    np.testing.assert_array_equal(s.probabilities, exact.probabilities)
+    for t in (1, 20):
+        v = s.values(t)
+        assert v.dtype == np.int64 and s.ones(t) == int(v.sum())
+        assert s.truth(t) == pytest.approx(np.bincount(v, minlength=2) / 3_000, abs=1e-15)
 
 
 @pytest.mark.parametrize("n,k", [(6, 2), (6, 4), (7, 3)])

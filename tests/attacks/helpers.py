@@ -12,8 +12,8 @@ from bytewax.dataflow import Dataflow
 from bytewax.operators import KeyedStream
 from bytewax.testing import TestingSink, TestingSource, run_main
 
-from privstream.connectors.events import EventBatch
 from privstream.connectors.jsonl import to_json
+from privstream.events import EventBatch
 from privstream.operators.slotting import MechanismOut
 
 Outputs = dict[str, list[Any]]

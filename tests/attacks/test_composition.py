@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from privstream.connectors.events import EventBatch
+from privstream.events import EventBatch
 from privstream.mechanisms.accountant import BudgetSplit, PopulationAccountant
 from privstream.mechanisms.contract import PrivacyCost
 from privstream.mechanisms.errors import PrivacyBudgetExceeded

@@ -125,7 +125,7 @@ def test_the_audits_mechanisms_release_only_integers() -> None:
     reachable from both neighbouring counts (the pointwise ε bound is checked above)."""
     import math as _math
 
-    from privstream.connectors.events import EventBatch
+    from privstream.events import EventBatch
     from privstream.mechanisms.accountant import BudgetSplit
     from privstream.mechanisms.personalized import PersonalizedConfig
     from privstream.operators.personalized import personalized

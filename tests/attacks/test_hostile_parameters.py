@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from privstream.connectors.events import EventBatch
+from privstream.events import EventBatch
 from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.ldp_ids import LBU, LdpIdsConfig, build
 from privstream.mechanisms.personalized import MIN_SLOT_EPSILON, PersonalizedConfig

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from privstream.connectors.events import UNREGISTERED, EventBatch
+from privstream.events import UNREGISTERED, EventBatch
 from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.personalized import PersonalizedConfig
 from privstream.operators.personalized import personalized

@@ -22,8 +22,8 @@ from bytewax.dataflow import Dataflow
 from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.testing import TestingSink, TestingSource, run_main
 
-from privstream.connectors.events import EventBatch
 from privstream.connectors.jsonl import to_json
+from privstream.events import EventBatch
 from privstream.mechanisms.ldp_ids import LdpIdsConfig
 from privstream.mechanisms.seeding import NoiseKey
 from privstream.operators.ldp_ids import ldp_ids

@@ -17,7 +17,6 @@ from confluent_kafka import KafkaError, KafkaException
 from prometheus_client import REGISTRY
 
 from privstream.connectors import kafka, kafka_sink
-from privstream.connectors.events import OVERSIZED, DeadLetter
 from privstream.connectors.kafka import (
     DEAD_LETTER_HEADER_BYTES,
     DEAD_LETTER_MAX_PAYLOAD,
@@ -44,6 +43,7 @@ from privstream.connectors.kafka_sink import (
     producer_config,
     report_timeout,
 )
+from privstream.events import OVERSIZED, DeadLetter
 from privstream.operators.metrics import INTERNAL
 
 # -- dead letters -----------------------------------------------------------------------------

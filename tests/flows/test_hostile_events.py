@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from privstream.connectors.events import EventBatch
+from privstream.events import EventBatch
 from privstream.mechanisms.ldp_ids import LdpIdsConfig
 from privstream.operators.ldp_ids import ldp_ids
 from privstream.operators.metrics import INTERNAL

@@ -13,8 +13,9 @@ from bytewax.dataflow import Dataflow
 from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.testing import TestingSink, TestingSource, cluster_main, run_main
 
-from privstream.connectors.events import EventBatch, parse_json_lines
+from privstream.connectors.json_events import parse_json_lines
 from privstream.connectors.jsonl import to_json
+from privstream.events import EventBatch
 from privstream.mechanisms.ldp_ids import LdpIdsConfig
 from privstream.mechanisms.tasks import FrequencyTask
 from privstream.operators.ldp_ids import ldp_ids

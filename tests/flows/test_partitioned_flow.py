@@ -17,8 +17,8 @@ from bytewax.errors import BytewaxRuntimeError
 from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.testing import TestingSink, TestingSource, run_main
 
-from privstream.connectors.events import EventBatch
 from privstream.connectors.jsonl import to_json
+from privstream.events import EventBatch
 from privstream.mechanisms.errors import IncompatibleState
 from privstream.mechanisms.ldp_ids import LdpIdsConfig
 from privstream.mechanisms.tasks import FrequencyTask

@@ -16,9 +16,10 @@ from bytewax.dataflow import Dataflow
 from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.testing import TestingSink, TestingSource, run_main
 
-from privstream.connectors.events import EventBatch, parse_json_lines
-from privstream.connectors.files import load_preferences
+from privstream.connectors.json_events import parse_json_lines
 from privstream.connectors.jsonl import to_json
+from privstream.connectors.registrations import load_preferences
+from privstream.events import EventBatch
 from privstream.flows.personalized import build
 from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.personalized import MECHANISMS, PersonalizedConfig

@@ -16,13 +16,13 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
-from privstream.connectors.events import REASONS
 from privstream.connectors.kafka import (
     DEAD_LETTER_REASON_HEADER,
     KafkaSettings,
     existing_topics,
     wait_for_messages,
 )
+from privstream.events import REASONS
 from privstream.flows.ldp_ids import KafkaIO, build
 
 from .conftest import PRIVSTREAM, Topics, cli_env, read_all, read_json, run_cli, write_secret

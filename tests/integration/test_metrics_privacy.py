@@ -32,13 +32,13 @@ from prometheus_client import Counter as PromCounter
 from prometheus_client.parser import text_string_to_metric_families
 
 from privstream.connectors.broker import free_port
-from privstream.connectors.events import LATE, REASONS, DeadLetter
 from privstream.connectors.kafka import (
     DEAD_LETTER_REASON_HEADER,
     KafkaSettings,
     wait_for_messages,
 )
 from privstream.connectors.synthetic import SyntheticStream
+from privstream.events import LATE, REASONS, DeadLetter
 from privstream.operators.metrics import (
     EVENTS,
     INTERNAL_PREFIX,

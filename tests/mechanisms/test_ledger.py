@@ -47,7 +47,9 @@ def test_budget_window_sums_and_parts() -> None:
     assert led.spent(1, 3, "m1") == pytest.approx(0.3)
     assert led.spent(1, 3, "m2") == pytest.approx(0.5)
     assert led.spent(2, 3) == pytest.approx(0.5)
-    assert led.remaining(3) == pytest.approx(0.2)
+    with pytest.raises(PrivacyBudgetExceeded):  # 0.2 is left in the window ending at 3
+        led.charge(3, 0.25, "m2")
+    assert led.window_spent(3) == pytest.approx(0.8)  # the refused charge left no trace
     # Ring reuse: slot 4 takes slot 1's position; slot 1 leaves the window.
     led.charge(4, 0.1, "m1")
     assert led.window_spent(4) == pytest.approx(0.6)
@@ -63,7 +65,6 @@ def test_budget_stale_positions_read_zero() -> None:
     # Slot 6 has slot 2's ring position but nobody charged at 6: the old value must not count.
     assert led.window_spent(6) == 0.0
     assert led.window_spent(100) == 0.0
-    assert led.remaining(6) == 1.0
     led.charge(10, 0.9, "m1")  # position of slot 2 (10 mod 4 == 2): stale entry replaced
     assert led.window_spent(10) == pytest.approx(0.9)
     assert led.spent(2, 2) == 0.0
@@ -175,7 +176,6 @@ def test_budget_ledger_matches_reference_model(
         expected = sum(v for s, v in ref.items() if t - w + 1 <= s <= t)
         assert led.window_spent(t) == pytest.approx(expected, abs=1e-12)
         assert led.window_spent(t) <= budget_limit(eps)
-        assert led.remaining(t) == pytest.approx(max(0.0, eps - expected), abs=1e-12)
 
 
 # -- PopulationLedger ------------------------------------------------------------------------------

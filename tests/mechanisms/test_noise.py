@@ -166,9 +166,30 @@ def test_scale_rejects_bad_arguments(sensitivity: float, epsilon: float) -> None
         laplace_scale(sensitivity, epsilon)
 
 
-def test_float_laplace_is_gone() -> None:
-    assert not hasattr(noise_module, "laplace")
-    assert not hasattr(noise_module, "laplace_mechanism")
+FLOAT_SAMPLERS = frozenset(
+    {"laplace", "normal", "standard_normal", "exponential", "standard_exponential", "gumbel",
+     "logistic"}
+)  # fmt: skip
+
+
+def float_sampler_calls(source: str) -> list[str]:
+    """The calls ``x.laplace(...)`` & co. in ``source``: NumPy/random's float noise samplers."""
+    return [
+        f"{node.func.attr} at line {node.lineno}"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in FLOAT_SAMPLERS
+    ]
+
+
+def test_no_mechanism_draws_float_noise() -> None:
+    """The floating-point attack (Mironov 2012) needs noise drawn from a float distribution:
+    every noise draw goes through the exact integer samplers above, so no module of the engine-
+    free core may call a float Laplace (or Gaussian, or exponential) sampler."""
+    assert float_sampler_calls("noise = rng.laplace(0.0, b, d)") == ["laplace at line 1"]
+    for path in sorted(Path(noise_module.__file__).parent.glob("*.py")):
+        assert float_sampler_calls(path.read_text()) == [], path.name
 
 
 def test_module_is_engine_free() -> None:

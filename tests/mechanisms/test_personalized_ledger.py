@@ -47,7 +47,6 @@ def test_window_sums_use_each_class_window() -> None:
     assert led.window_spent(4) == pytest.approx([0.5, 0.9])
     assert led.lookback(4, "pub") == pytest.approx([0.3, 0.5])  # slots 3 and 1..3
     assert led.spent(1, 4, "dc") == pytest.approx([0.4, 0.4])
-    assert led.remaining(4) == pytest.approx([0.5, 0.1])
     # slot 5 takes slot 1's ring position (ring length = max w = 4)
     led.charge(5, np.array([0.1, 0.1]), "dc")
     assert led.window_spent(5) == pytest.approx([0.2, 0.7])

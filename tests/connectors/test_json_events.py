@@ -1,24 +1,18 @@
-"""The event schema parser (design §5): accepted rows per stream, dead letters with reasons."""
+"""The JSON-lines event parser (design §5): accepted rows per stream, dead letters with
+reasons, and the batch fast path agreeing with the line-by-line checks."""
 
 from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta, timezone
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from privstream.connectors.events import (
-    REASONS,
-    DeadLetter,
-    EventBatch,
-    SlotClock,
-    _fast_json,
-    parse_csv_lines,
-    parse_json_lines,
-)
+from privstream.connectors.json_events import _fast_json, parse_json_lines
+from privstream.connectors.parsing import SlotClock
+from privstream.events import REASONS, DeadLetter, EventBatch
 
 
 def split(items: list[EventBatch | DeadLetter]) -> tuple[dict[str, EventBatch], list[DeadLetter]]:
@@ -82,14 +76,6 @@ def test_timestamps_map_to_slots_with_a_clock() -> None:
     assert [d.reason for d in dead] == ["invalid_type"]
     with pytest.raises(ValueError, match="positive"):
         SlotClock(datetime(2026, 1, 1, tzinfo=timezone.utc), timedelta(0))
-
-
-def test_csv_with_header_and_default_stream() -> None:
-    lines = ["user,slot,value", "alice,1,0", "bob,1,2", "carol,x,1", "dave,2"]
-    batches, dead = split(parse_csv_lines(lines, default_stream="file"))
-    assert batches["file"].users.tolist() == ["alice", "bob"]
-    assert np.array_equal(batches["file"].values, [0.0, 2.0])
-    assert [d.reason for d in dead] == ["invalid_type", "malformed_csv"]
 
 
 def test_dead_letters_serialise_without_loss() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from privstream.connectors.files import load_records
+from privstream.connectors.recorded import load_records
 
 
 def test_csv_records_with_carry_forward_and_first_report_wins(tmp_path: Path) -> None:

@@ -1,5 +1,4 @@
-"""Load a user's own CSV/JSON-lines file of ``(user, slot, value)`` records into memory, and
-preferences tables of users' privacy requirements.
+"""Load a user's own CSV/JSON-lines file of ``(user, slot, value)`` records into memory.
 
 The flow reads such files incrementally (``sources.file_source``); benchmarks need the whole
 stream at once, with ground truth. ``RecordedStream`` offers the same interface as
@@ -11,17 +10,16 @@ user's first report in a slot wins. Users keep their last value between slots
 
 from __future__ import annotations
 
-import csv
-import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from numpy.typing import NDArray
 
-from privstream.connectors.events import DeadLetter, EventBatch, parse_csv_lines, parse_json_lines
+from privstream.connectors.csv_events import parse_csv_lines
+from privstream.connectors.json_events import parse_json_lines
 from privstream.connectors.sources import detect_format
+from privstream.events import DeadLetter, EventBatch
 
 
 @dataclass(frozen=True)
@@ -110,56 +108,28 @@ def load_records(
     idx = np.array([index.setdefault(u, len(index)) for u in batch.users.tolist()], dtype=np.int64)
     if len(index) > users:
         raise ValueError(f"{p} has {len(index)} users, more than the population of {users}")
-    first, last = int(batch.slots.min()), int(batch.slots.max())
-    columns: list[NDArray[np.float64]] = []
-    current = np.full(users, np.nan)
-    for slot in range(first, last + 1):
-        rows = np.flatnonzero(batch.slots == slot)
-        _, first_rows = np.unique(idx[rows], return_index=True)  # first report wins
-        rows = rows[np.sort(first_rows)]
-        current = current.copy()
-        current[idx[rows]] = values[rows]
-        columns.append(current)
     return RecordedStream(
         batch.stream,
-        first,
-        tuple(columns),
+        int(batch.slots.min()),
+        _carry_forward(batch.slots, idx, values, users),
         1 if numeric else int(domain or 2),
         numeric,
         tuple(rejected),
     )
 
 
-def load_preferences(path: str | Path) -> dict[str, tuple[float, int]]:
-    """Users' privacy requirements from a preferences table (spec personalized-w-event §9.1):
-    CSV ``user,epsilon,window`` (a header line naming them is skipped) or JSON lines
-    ``{"user": ..., "epsilon": ..., "window": ...}``. ``ValueError`` names the bad line."""
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"preferences file {p} does not exist")
-    table: dict[str, tuple[float, int]] = {}
-    csv_file = p.suffix.lower() == ".csv"
-    with p.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            text = line.strip()
-            if not text:
-                continue
-            try:
-                if csv_file:
-                    fields = [x.strip() for x in next(csv.reader([text]))]
-                    if fields == ["user", "epsilon", "window"]:
-                        continue
-                    user, eps_text, win_text = fields
-                    epsilon, window = float(eps_text), int(win_text)
-                else:
-                    rec = json.loads(text)
-                    user, epsilon, window = str(rec["user"]), float(rec["epsilon"]), rec["window"]
-                    if isinstance(window, bool) or not isinstance(window, int):
-                        raise ValueError("window must be an integer")
-            except (ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
-                raise ValueError(f"{p}:{number}: expected user, epsilon, window ({exc})") from None
-            if not user or not (math.isfinite(epsilon) and epsilon > 0) or window < 1:
-                raise ValueError(f"{p}:{number}: need a user, epsilon > 0 and window >= 1")
-            if table.setdefault(user, (epsilon, window)) != (epsilon, window):
-                raise ValueError(f"{p}:{number}: user listed twice with different requirements")
-    return table
+def _carry_forward(
+    slots: NDArray[np.int64], idx: NDArray[np.int64], values: NDArray[np.float64], users: int
+) -> tuple[NDArray[np.float64], ...]:
+    """Every user's value at each slot from the first to the last: a user's first report in a
+    slot wins, a user keeps the last value between reports, NaN before the first."""
+    columns: list[NDArray[np.float64]] = []
+    current = np.full(users, np.nan)
+    for slot in range(int(slots.min()), int(slots.max()) + 1):
+        rows = np.flatnonzero(slots == slot)
+        _, first_rows = np.unique(idx[rows], return_index=True)  # first report wins
+        rows = rows[np.sort(first_rows)]
+        current = current.copy()
+        current[idx[rows]] = values[rows]
+        columns.append(current)
+    return tuple(columns)

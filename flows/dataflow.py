@@ -1,0 +1,157 @@
+"""The ready dataflow of every mechanism family: synthetic, file or Kafka events → the family's
+mechanisms → JSON lines or Kafka topics, with Prometheus metrics of the privacy spend.
+
+Run it with Bytewax's runner, e.g.::
+
+    python -m bytewax.run "privstream.flows.dataflow:build('ldp-ids', dataset='sin', mechanisms='LPA', users=20000, slots=100, out='releases.jsonl')"
+
+with ``PRIVSTREAM_SECRET`` set in the environment, or through ``privstream run <family>``.
+Several mechanisms can run over the same input in one flow, each with its own ledgers and its
+share of ε (``budget_split``), or side by side with the full ε each as an evaluation
+(``compare``). Guarantee: each mechanism's declared one (``mechanisms.registry``), composed over
+the mechanisms of a production run. A secret noise key is required (``$PRIVSTREAM_SECRET``), or
+an explicit ``insecure_seed``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from bytewax.dataflow import Dataflow
+from bytewax.operators import KeyedStream
+
+from privstream.connectors.secret import resolve_noise_key
+from privstream.events import EventBatch
+from privstream.flows.io import KafkaIO, Source, assemble, resolve_source, slotting_for
+from privstream.mechanisms.accountant import BudgetSplit
+from privstream.mechanisms.contract import Release
+from privstream.mechanisms.registry import Family, family
+from privstream.mechanisms.seeding import NoiseKey
+from privstream.mechanisms.tasks import FrequencyTask
+from privstream.operators.family import family_mechanisms
+from privstream.operators.registration import Preferences
+from privstream.operators.slotting import MechanismOut
+
+__all__ = ["KafkaIO", "build"]
+
+
+def build(
+    family_name: str,
+    dataset: str = "sin",
+    mechanisms: str | Sequence[str] | None = None,
+    users: int | None = None,
+    slots: int = 800,
+    epsilon: float | None = None,
+    window: int | None = None,
+    seed: int = 1,
+    out: str = "releases.jsonl",
+    ledger_out: str | None = None,
+    dead_letter_out: str | None = None,
+    lateness: int = 1,
+    client_path: str = "aggregate",
+    domain: int | None = None,
+    mean_range: tuple[float, float] | None = None,
+    stream: str | None = None,
+    preferences: Mapping[str, tuple[float, int]] | None = None,
+    progress: Callable[[Release], None] | None = None,
+    kafka: KafkaIO | None = None,
+    secret: NoiseKey | str | bytes | None = None,
+    insecure_seed: int | None = None,
+    budget_split: str | None = None,
+    compare: bool = False,
+    **options: Any,
+) -> Dataflow:
+    """The dataflow of the family ``family_name`` (``mechanisms.registry.FAMILIES``).
+
+    Args:
+        dataset: a synthetic dataset name (``lns``, ``sin``, ``log``, their ``-con`` variants)
+            or ``file:PATH`` for a CSV/JSONL file of ``(user, slot, value)`` records.
+        mechanisms: one name or a comma-separated list (default: the family's default).
+        users: registered population size n (for files and Kafka: the most users).
+        slots: slots of a synthetic dataset (ignored for files).
+        epsilon, window: the population's budget ε per window of w slots (the family's
+            defaults when None); for central-DP families the default requirement.
+        seed: seed of the synthetic data (and of a synthetic registration; never the noise).
+        out, ledger_out, dead_letter_out: JSON-lines outputs (ignored with ``kafka``).
+        lateness, client_path: slotting options (``SlottingConfig``).
+        domain, mean_range: task of a file or Kafka stream: ``d`` categories (default 2) or the
+            ``(lower, upper)`` clipping range of a numeric mean (families that estimate means).
+        stream: stream name (defaults to the dataset name).
+        preferences: the registration table of a central-DP family, user id → (ε_i, w_i):
+            exactly these users are counted (required for file and Kafka input).
+        progress: called with every release.
+        kafka: read events from and write outputs to Kafka (open slots then stay open when the
+            flow stops: the stream goes on).
+        secret, insecure_seed: the noise key (design §6) — a ``NoiseKey`` or its text (≥ 128
+            bits), else ``$PRIVSTREAM_SECRET``; without either the flow refuses to build unless
+            ``insecure_seed`` asks for a reproducible run, whose outputs are all marked.
+        budget_split, compare: how several mechanisms share the population's ε: ``equal`` or
+            weights ``w1,w2,…``; or an evaluation with the full ε each (outputs marked).
+        options: the family's own config options (``Family.options``, e.g. LDP-IDS ``beta``).
+    """
+    entry = family(family_name)
+    names = entry.names(mechanisms or entry.default)
+    key = resolve_noise_key(secret, insecure_seed)
+    split = BudgetSplit.parse(budget_split, len(names), compare=compare)
+    users = users or entry.users
+    eps, win = epsilon or entry.epsilon, window or entry.window
+    source = resolve_source(
+        dataset, users, slots, seed, domain, mean_range, stream, entry.bench.independent
+    )
+    if not entry.numeric and not isinstance(source.task, FrequencyTask):
+        raise ValueError(f"the {entry.name} mechanisms release histograms; {dataset!r} is numeric")
+    config = entry.make_config(
+        epsilon=eps, window=win, population=users, task=source.task, **options
+    )
+    registration = _registration(entry, source, kafka, preferences, (users, eps, win, seed))
+    slotting = slotting_for(kafka, lateness, client_path)
+
+    def operator(keyed: KeyedStream[EventBatch]) -> MechanismOut:
+        return family_mechanisms(
+            entry.name.replace("-", "_"),
+            keyed,
+            family=entry,
+            mechanism=names,
+            config=config,
+            secret=key,
+            slotting=slotting,
+            split=split,
+            registration=registration,
+        )
+
+    return assemble(
+        f"privstream_{entry.name.replace('-', '_')}",
+        source,
+        names,
+        operator,
+        kafka=kafka,
+        out=out,
+        ledger_out=ledger_out,
+        dead_letter_out=dead_letter_out,
+        progress=progress,
+    )
+
+
+def _registration(
+    entry: Family,
+    source: Source,
+    kafka: KafkaIO | None,
+    preferences: Mapping[str, tuple[float, int]] | None,
+    setting: tuple[int, float, int, int],
+) -> Preferences | None:
+    """The registration of a central-DP family: a synthetic population's assignment
+    (``Family.requirements``) or the given table; None for families that need none."""
+    if entry.trust != "cdp":
+        if preferences:
+            raise ValueError(f"the {entry.name} family has no registration table")
+        return None
+    if source.synthetic is not None and kafka is None and entry.requirements is not None:
+        eps, win = entry.requirements(*setting)
+        return Preferences(epsilons=eps, windows=win)
+    if preferences:
+        return Preferences(by_user=dict(preferences))
+    raise ValueError(
+        "central DP counts only registered users, fixed before the data arrive: give the "
+        "registration table (user,epsilon,window) with --registrations FILE"
+    )

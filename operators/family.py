@@ -1,0 +1,84 @@
+"""The one Bytewax operator of every mechanism family (design §3–§5): a family's registry entry
+(``mechanisms.registry``) and its config are all it needs.
+
+Example::
+
+    import bytewax.operators as op
+    from bytewax.dataflow import Dataflow
+    from bytewax.testing import TestingSink, TestingSource, run_main
+    import numpy as np
+    from privstream.events import EventBatch
+    from privstream.mechanisms.registry import LDP_IDS
+    from privstream.mechanisms.tasks import FrequencyTask
+    from privstream.operators.family import family_mechanisms
+
+    n = 1000
+    batches = [EventBatch("clicks", np.full(n, t), np.arange(n), np.arange(n) % 2.0,
+                          complete_through=t) for t in range(1, 41)]
+    flow = Dataflow("example")
+    keyed = op.key_on("by_stream", op.input("in", flow, TestingSource(batches)), lambda b: b.stream)
+    config = LDP_IDS.make_config(epsilon=1.0, window=20, population=n, task=FrequencyTask(2))
+    out = family_mechanisms("lpa", keyed, family=LDP_IDS, mechanism="LPA", config=config, secret=7)
+    releases = []
+    op.output("releases", out.releases, TestingSink(releases))
+    run_main(flow)
+    assert [r.slot for r in releases] == list(range(1, 41))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from bytewax.dataflow import operator
+from bytewax.operators import KeyedStream
+
+from privstream.events import EventBatch
+from privstream.mechanisms.accountant import BudgetSplit
+from privstream.mechanisms.registry import Family, FamilyConfig, family
+from privstream.mechanisms.seeding import NoiseKey
+from privstream.operators.registration import Preferences
+from privstream.operators.slotting import MechanismOut, SlottingConfig, slotted_mechanism
+
+
+@operator
+def family_mechanisms(
+    step_id: str,
+    up: KeyedStream[EventBatch],
+    *,
+    family: Family | str,
+    mechanism: str | Sequence[str],
+    config: FamilyConfig,
+    secret: NoiseKey | int | bytes,
+    slotting: SlottingConfig | None = None,
+    split: BudgetSplit | None = None,
+    registration: Preferences | None = None,
+) -> MechanismOut:
+    """Publish the family's ``mechanism`` releases for every stream of ``up`` (keyed by stream).
+
+    ``mechanism`` may be a list of names: they then run side by side over one slotting of the
+    input, each with its own ledger and its share ``s_j`` of ``split`` (required for several:
+    ``BudgetSplit.parse("equal", k)``, or an evaluation). Guarantee: each mechanism's declared
+    ``privacy_cost`` (w-event ε-LDP for LDP-IDS, (w_i, ε_i)-EPDP for personalized) at the
+    population budget ``config.epsilon``, composed over the mechanisms by the population
+    accountant and enforced by their ledgers before release. ``registration`` is the
+    registration table of a central-DP (``cdp``) family.
+    """
+    entry = _family(family)
+    names = entry.names(mechanism)
+    split = split or BudgetSplit.parse(None, len(names))
+    return slotted_mechanism(
+        "mechanism",
+        up,
+        mechanisms=entry.build_shared(names, config, split.shares),
+        task=config.task,
+        population=config.population,
+        secret=secret,
+        slotting=slotting,
+        split=split,
+        epsilon=config.epsilon,
+        registration=registration,
+    )
+
+
+def _family(entry: Family | str) -> Family:
+    return entry if isinstance(entry, Family) else family(entry)

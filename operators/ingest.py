@@ -1,0 +1,219 @@
+"""Ingest of event batches into a stream's open slots (design §5), vectorised per batch.
+
+Every row gets a reason code (0 = accepted): user-id kind, domain, lateness (the stream's
+watermark, or with several partitions the row's own partition), far-future slots, unknown
+users; accepted rows are buffered in their slot (first report of a user in a slot wins, a second
+is a duplicate). Everything refused becomes a dead letter with a machine-readable reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import NDArray
+
+from privstream.events import (
+    DUPLICATE,
+    FAR_FUTURE,
+    LATE,
+    OUT_OF_DOMAIN,
+    POPULATION_FULL,
+    REQUIREMENT_CHANGED,
+    UNREGISTERED,
+    USER_ID_KIND,
+    DeadLetter,
+    EventBatch,
+)
+from privstream.mechanisms.tasks import EstimationTask
+from privstream.operators.metrics import EVENTS
+from privstream.operators.reasons import CODE, REASON, Output
+from privstream.operators.registration import Registration
+from privstream.operators.stream_state import StreamState
+
+if TYPE_CHECKING:
+    from privstream.operators.ports import Ports
+    from privstream.operators.slotting import SlottingConfig
+
+
+class Ingest(Registration):
+    """The ingest steps of the slotted operator (a mixin of its logic)."""
+
+    task: EstimationTask
+    cfg: SlottingConfig
+    trust: Ports
+
+    def _reject_all(self, batch: EventBatch, reason: str, detail: str) -> list[Output]:
+        return [
+            (
+                "dead_letter",
+                DeadLetter(reason, batch.stream, batch.row_text(i), detail, batch.row_original(i)),
+            )
+            for i in range(len(batch))
+        ]
+
+    def _user_index(
+        self, state: StreamState, batch: EventBatch, ok: NDArray[np.bool_]
+    ) -> tuple[NDArray[np.int64], str]:
+        """Dense user indices of the rows (−1 where unknown: not registered yet) and the
+        batch's id kind."""
+        if batch.users.dtype.kind in "iu":
+            idx = batch.users.astype(np.int64)
+            return np.where((idx >= 0) & (idx < self.n), idx, -1), "dense"
+        directory = state.directory
+        every = bool(ok.all())
+        rows = np.flatnonzero(ok)
+        users = batch.users.tolist() if every else batch.users[rows].tolist()
+        known = np.fromiter(
+            map(directory.get, users, itertools.repeat(-1)), dtype=np.int64, count=len(users)
+        )
+        if every:
+            return known, "named"
+        idx = np.full(len(batch), -1, dtype=np.int64)
+        idx[rows] = known
+        return idx, "named"
+
+    def _ingest(self, state: StreamState, batch: EventBatch) -> list[DeadLetter]:
+        """Buffer the batch's acceptable rows in their open slots; dead letters for the rest.
+
+        Vectorised over the batch: a reason code per row, 0 = accepted.
+        """
+        size = len(batch)
+        if size == 0:
+            return []
+        code = np.zeros(size, dtype=np.int8)
+        kind = "dense" if batch.users.dtype.kind in "iu" else "named"
+        if state.id_kind is not None and state.id_kind != kind:
+            code[:] = CODE[USER_ID_KIND]
+        code[(code == 0) & ~self.task.in_domain(batch.values)] = CODE[OUT_OF_DOMAIN]
+        slots = batch.slots
+        passed = self._passed_slot(state)
+        if passed is not None:
+            code[(code == 0) & (slots <= passed)] = CODE[LATE]
+        pending = code == 0
+        if pending.any():
+            reference = state.max_seen if state.max_seen is not None else int(slots[pending].min())
+            code[pending & (slots > reference + self.cfg.max_slot_gap)] = CODE[FAR_FUTURE]
+        late = self._late_rows(state, batch, code == 0)  # in its own partition's order
+        if late is not None:
+            code[late] = CODE[LATE]
+        idx, kind = self._user_index(state, batch, code == 0)
+        held = np.zeros(size, dtype=bool)
+        if kind == "named" and not self.trust.fixed_population:
+            held = (code == 0) & (idx < 0)  # new users register when their slot closes
+            self._hold_newcomers(state, batch, np.flatnonzero(held), code)
+        unknown = UNREGISTERED if kind == "named" else OUT_OF_DOMAIN
+        code[(code == 0) & (idx < 0) & ~held] = CODE[unknown]
+        if self.trust.tracks_requirements:
+            self._requirements(state, batch, idx, code)
+        ok = np.flatnonzero((code == 0) & ~held)
+        self._buffer(state, batch, idx, code, ok)
+        accepted = int((code == 0).sum())
+        if accepted:
+            hi = int(slots[code == 0].max())
+            EVENTS.labels(state.stream).inc(accepted)
+            state.id_kind = kind
+            state.max_seen = hi if state.max_seen is None else max(state.max_seen, hi)
+        rejected = np.flatnonzero(code)
+        if rejected.size == 0:
+            return []
+        details = self._details(state, batch, late is not None)
+        return [
+            DeadLetter(
+                REASON[c],
+                batch.stream,
+                batch.row_text(i),
+                details[REASON[c]],
+                batch.row_original(i),
+            )
+            for i, c in zip(rejected.tolist(), code[rejected].tolist(), strict=True)
+        ]
+
+    def _passed_slot(self, state: StreamState) -> int | None:
+        """The last slot an event may no longer enter: the last released one, and with one
+        partition also the watermark (newest slot − lateness − 1) — so events far behind the
+        stream cannot move its start back before its first release."""
+        passed = state.last_closed
+        if self.cfg.partitions == 1 and state.max_seen is not None:
+            watermark = state.max_seen - self.cfg.lateness - 1
+            passed = watermark if passed is None else max(passed, watermark)
+        return passed
+
+    def _buffer(
+        self,
+        state: StreamState,
+        batch: EventBatch,
+        idx: NDArray[np.int64],
+        code: NDArray[np.int8],
+        ok: NDArray[np.intp],
+    ) -> None:
+        """Write the accepted rows ``ok`` into their open slots; a user's second report of a
+        slot (in the batch or since the slot opened) becomes a duplicate."""
+        ok_slots = batch.slots[ok]
+        lo, hi = (int(ok_slots.min()), int(ok_slots.max())) if ok.size else (0, -1)
+        for slot in [lo] if lo == hi else np.unique(ok_slots).tolist():
+            rows = ok if lo == hi else ok[ok_slots == slot]
+            users = idx[rows]
+            _, first = np.unique(users, return_index=True)
+            if first.shape[0] < users.shape[0]:  # rare: repeats inside the batch
+                repeat = np.ones(rows.shape[0], dtype=bool)
+                repeat[first] = False
+                code[rows[repeat]] = CODE[DUPLICATE]
+                rows, users = rows[~repeat], users[~repeat]
+            target = state.open_slots.get(slot)
+            if target is None:
+                target = state.open_slots[slot] = np.full(self.n, np.nan)
+            seen = ~np.isnan(target[users])
+            if seen.any():
+                code[rows[seen]] = CODE[DUPLICATE]
+                rows, users = rows[~seen], users[~seen]
+            target[users] = batch.values[rows]
+
+    def _details(self, state: StreamState, batch: EventBatch, by_partition: bool) -> dict[str, str]:
+        """The dead-letter detail of each reason the slotting gives."""
+        late = (
+            f"slot already released or behind the stream's watermark (last released slot "
+            f"{state.last_closed}, newest slot {state.max_seen}, lateness {self.cfg.lateness})"
+            if not by_partition
+            else f"slot already passed by its input partition {batch.partition} (by a later "
+            f"slot beyond the lateness of {self.cfg.lateness} or an end-of-slot marker)"
+        )
+        return {
+            OUT_OF_DOMAIN: f"value or user outside the domain (d={self.task.d}, n={self.n})",
+            LATE: late,
+            FAR_FUTURE: f"slot more than {self.cfg.max_slot_gap} slots ahead of the stream",
+            DUPLICATE: "user already reported in this slot (first report wins)",
+            POPULATION_FULL: f"registered population of {self.n} users is full",
+            REQUIREMENT_CHANGED: "the user registered with another privacy requirement "
+            "(epsilon, window); it cannot change within a stream",
+            USER_ID_KIND: "user ids must be all strings or all dense indices within a stream",
+            UNREGISTERED: "the user is not in the stream's registration table",
+        }
+
+    def _late_rows(
+        self, state: StreamState, batch: EventBatch, usable: NDArray[np.bool_]
+    ) -> NDArray[np.bool_] | None:
+        """Record the ``usable`` rows' progress in their partition's watermark and, with several
+        partitions, return the rows that partition had already passed (None with one).
+
+        Row by row in the partition's own order — a row is late once an earlier row of its
+        partition (in this batch or before) or a marker has passed its slot, even while another
+        partition holds the slot open — so lateness depends neither on how the partitions
+        interleave nor on where the polls cut them."""
+        marks = state.watermarks
+        assert marks is not None
+        slots, late = batch.slots, None
+        if self.cfg.partitions > 1 and usable.any():
+            prior = marks.max_slots[batch.partition]
+            rows = np.where(usable, slots, -1)[:-1]
+            seen = np.maximum.accumulate(np.concatenate(([-1 if prior is None else prior], rows)))
+            passed = seen - self.cfg.lateness - 1  # the data watermark before each row
+            mark = marks.marks[batch.partition]
+            if mark is not None:
+                passed = np.maximum(passed, mark)
+            late = usable & (slots <= passed)
+            usable = usable & ~late
+        if usable.any():
+            marks.observe(batch.partition, int(slots[usable].max()))
+        return late

@@ -1,0 +1,130 @@
+"""The trust mode's port of every slot (design §4): what a mechanism sees of the users.
+
+The mechanisms declare the trust modes they support (``Mechanism.trust_modes``); ``ports_for``
+picks the mode they share and builds its ``Ports``: ``SimulatedClients`` (``ldp-simulated``:
+privstream's client code behind a ``ClientPort``) or ``TrustedCurator`` (``cdp``: the registered
+users' values and requirements behind a ``CuratorPort``). ``ldp-reports`` (devices perturb
+their own values) has no server-side port in this version and is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from privstream.mechanisms.client import (
+    ClientPath,
+    ClientPort,
+    CuratorPort,
+    Requirements,
+    SimulatedClientPort,
+    SimulatedCurator,
+)
+from privstream.mechanisms.contract import Mechanism
+from privstream.mechanisms.seeding import SlotRandomness
+from privstream.mechanisms.tasks import EstimationTask
+from privstream.mechanisms.trust import TrustMode
+from privstream.operators.registration import Preferences
+from privstream.operators.stream_state import StreamState
+
+
+class Ports:
+    """Builds the port of one trust mode (``mechanisms.trust``) for every slot of a stream.
+
+    ``fixed_population``: the registered users are given at start (``cdp``), so who sent data
+    never changes who is counted; otherwise users enrol on their first accepted event.
+    """
+
+    mode: ClassVar[TrustMode]
+    tracks_requirements: ClassVar[bool] = False
+    fixed_population: ClassVar[bool] = False
+
+    def port(
+        self,
+        state: StreamState,
+        values: NDArray[np.float64],
+        randomness: SlotRandomness,
+        client_state: Any = None,
+    ) -> ClientPort | CuratorPort:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class SimulatedClients(Ports):
+    """``ldp-simulated``: privstream's client code answers on behalf of each asked user, with
+    the mechanism's client-side per-user state behind the port."""
+
+    mode: ClassVar[TrustMode] = "ldp-simulated"
+    task: EstimationTask
+    path: ClientPath = "aggregate"
+
+    def port(
+        self,
+        state: StreamState,
+        values: NDArray[np.float64],
+        randomness: SlotRandomness,
+        client_state: Any = None,
+    ) -> ClientPort:
+        return SimulatedClientPort(values, self.task, randomness, self.path, client_state)
+
+
+class TrustedCurator(Ports):
+    """``cdp``: the curator sees the registered users' values and requirements; the mechanism
+    samples and adds noise. The population is the registration (``Preferences``), fixed at
+    start; the ``Requirements`` are built once per stream."""
+
+    mode: ClassVar[TrustMode] = "cdp"
+    tracks_requirements = True
+    fixed_population = True
+
+    def __init__(self, task: EstimationTask, preferences: Preferences | None = None) -> None:
+        self.task = task
+        self.preferences = preferences or Preferences()
+        self._cache: dict[str, tuple[tuple[int, str | None], Requirements]] = {}
+
+    def port(
+        self,
+        state: StreamState,
+        values: NDArray[np.float64],
+        randomness: SlotRandomness,
+        client_state: Any = None,
+    ) -> CuratorPort:
+        key = (len(state.directory), state.id_kind)
+        cached = self._cache.get(state.stream)
+        if cached is None or cached[0] != key:
+            requirements = Requirements(
+                state.epsilons,
+                state.windows,
+                population=state.current.shape[0],
+                registered=state.registered(),
+            )
+            cached = self._cache[state.stream] = (key, requirements)
+        return SimulatedCurator(values, self.task, cached[1])
+
+
+def ports_for(
+    mechanisms: Sequence[Mechanism[Any, Any]],
+    task: EstimationTask,
+    path: ClientPath = "aggregate",
+    registration: Preferences | None = None,
+) -> Ports:
+    """The ports of the trust mode every one of ``mechanisms`` supports (the first such mode
+    of the first mechanism's declaration); a registration only for ``cdp``."""
+    shared = [
+        mode for mode in mechanisms[0].trust_modes if all(mode in m.trust_modes for m in mechanisms)
+    ]
+    if not shared:
+        names = {m.name: m.trust_modes for m in mechanisms}
+        raise ValueError(f"the mechanisms share no trust mode: {names}")
+    mode = shared[0]
+    if mode != "cdp" and registration is not None:
+        raise ValueError(f"a registration table is for central DP (cdp); these run {mode}")
+    if mode == "cdp":
+        return TrustedCurator(task, registration)
+    if mode == "ldp-simulated":
+        return SimulatedClients(task, path)
+    raise ValueError(f"trust mode {mode!r} has no server-side port in this version")

@@ -1,0 +1,144 @@
+"""The snapshotted state of one stream: what a recovery restores, and what it is bound to.
+
+``StreamState`` holds each mechanism's state, the client side's per-user state (``clients``,
+design §4: dense arrays, handed only to the client port), the slotting bookkeeping, the
+registration and the population accountant. ``Tally`` is each mechanism's running account
+(the source of the exported gauges). A snapshot is bound (``check_binding``) to the noise key's
+fingerprint and every privacy parameter, so a resume under another secret or configuration is
+refused instead of re-drawing replayed slots or resetting budgets (design §6).
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+from numpy.typing import NDArray
+
+from privstream.mechanisms.accountant import PopulationAccountant
+from privstream.mechanisms.contract import LedgerEntry, Release
+from privstream.mechanisms.errors import IncompatibleState
+from privstream.operators.watermark import PartitionWatermarks
+
+STREAM_STATE_VERSION: Final = 5
+"""2: per-mechanism tallies; 3: users' privacy requirements; 4: binding to the noise key and
+the privacy parameters, the population accountant, per-partition watermarks; 5: the release
+envelope of schema 2 in the tallies, the client side's per-user state."""
+
+
+@dataclass
+class Tally:
+    """One mechanism's running account on one stream: its release counts by strategy, its
+    privacy violations and its last ledger entry and diagnostics — the source of the exported
+    gauges after a restart (``operators.metrics``)."""
+
+    publications: int = 0
+    approximations: int = 0
+    nullified: int = 0
+    violations: int = 0
+    last_slot: int = -1
+    last_ledger: LedgerEntry | None = None
+    last_dissimilarity: float | None = None
+    last_error: float | None = None
+
+    def record(self, events: Iterable[Release | LedgerEntry]) -> None:
+        for event in events:
+            if isinstance(event, LedgerEntry):
+                self.last_ledger = event
+                continue
+            self.last_slot = event.slot
+            if event.strategy == "publish":
+                self.publications += 1
+            elif event.strategy == "approximate":
+                self.approximations += 1
+            else:
+                self.nullified += 1
+            dissimilarity = getattr(event.details, "dissimilarity", None)
+            error = getattr(event.details, "error", None)
+            if dissimilarity is not None:
+                self.last_dissimilarity = dissimilarity
+            if error is not None:
+                self.last_error = error
+
+
+@dataclass
+class StreamState:
+    """Snapshot of one stream: each mechanism's state plus the shared slotting bookkeeping.
+
+    ``halted`` maps a mechanism whose ledger refused a charge to the reason; it releases nothing
+    more. When every mechanism of the stream is halted, its events become dead letters.
+    ``tallies`` are each mechanism's release counts and last ledger entry, the source of the
+    exported gauges (``operators.metrics``). ``epsilons``/``windows`` are the registered users'
+    requirements (NaN / 0: the stream default), kept only by a trusted-curator stream.
+    ``watermarks`` is the progress of each input partition (set by the first batch).
+    ``binding`` names what the state belongs to — the noise key's fingerprint (never the key)
+    and every privacy parameter — so a resume with another secret or configuration is refused
+    (design §6). ``accountant`` composes the mechanisms' spend over the stream's population.
+    ``newcomers`` holds, per open slot, the reports of named users who are not registered yet
+    (``ldp-simulated``): they register when the slot closes, in user-id order. ``clients``
+    holds each mechanism's client-side per-user state (``Mechanism.client_state``), which only
+    the client port sees.
+    """
+
+    stream: str
+    mechanisms: dict[str, Any]
+    current: NDArray[np.float64]
+    version: int = STREAM_STATE_VERSION
+    open_slots: dict[int, NDArray[np.float64]] = field(default_factory=dict)
+    directory: dict[str, int] = field(default_factory=dict)
+    id_kind: str | None = None
+    max_seen: int | None = None
+    last_closed: int | None = None
+    halted: dict[str, str] = field(default_factory=dict)
+    tallies: dict[str, Tally] = field(default_factory=dict)
+    epsilons: NDArray[np.float64] | None = None
+    windows: NDArray[np.int64] | None = None
+    watermarks: PartitionWatermarks | None = None
+    binding: dict[str, str] = field(default_factory=dict)
+    accountant: PopulationAccountant = field(default_factory=PopulationAccountant)
+    newcomers: dict[int, dict[str, tuple[float, str, bytes | None]]] = field(default_factory=dict)
+    clients: dict[str, Any] = field(default_factory=dict)
+
+    def registered(self) -> NDArray[np.bool_] | None:
+        """Mask of registered users (None: all ``n``, as with dense user indices)."""
+        if self.id_kind == "dense":
+            return None
+        return np.arange(self.current.shape[0]) < len(self.directory)
+
+    def all_halted(self) -> bool:
+        return len(self.halted) == len(self.mechanisms)
+
+
+def failure(exc: BaseException) -> str:
+    """An unexpected error as its type and where it was raised, never its message: a message
+    may quote the data (a user id, a value), and halt reasons reach the log and the ledger."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return type(exc).__name__
+    last = frames[-1]
+    return f"{type(exc).__name__} at {Path(last.filename).name}:{last.lineno} in {last.name}"
+
+
+def check_binding(step_id: str, resume: StreamState, expected: dict[str, str]) -> None:
+    """Refuse a snapshot written under another secret or other privacy parameters (design §6):
+    resuming it would release the replayed slots with other noise, or reset budgets."""
+    found = resume.binding
+    differ = sorted(k for k in expected.keys() | found.keys() if expected.get(k) != found.get(k))
+    if not differ:
+        return
+    lines = [
+        "another secret (its fingerprint differs)"
+        if key == "noise key"
+        else f"{key}: stored {found.get(key, '(none)')}, now {expected.get(key, '(none)')}"
+        for key in differ
+    ]
+    raise IncompatibleState(
+        f"step {step_id!r}: the recovery store of stream {resume.stream!r} was written with "
+        + "; ".join(lines)
+        + ". Resume with the same secret and configuration, or start a new recovery directory "
+        "(a new store starts every budget afresh: only do that for a new stream)."
+    )
