@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import math
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, Final, Generic, Literal, TypeVar, cast
 
 from privstream.mechanisms.client import ClientPort, CuratorPort
@@ -247,6 +247,18 @@ def finite_or_none(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
+@dataclass(frozen=True)
+class Conformance:
+    """What a mechanism tells the conformance checks (``privstream.checks``) about itself:
+    config changes its validation must refuse (field, bad value), checks that do not apply to
+    it with the reason, and the size of the example population and run."""
+
+    invalid: tuple[tuple[str, Any], ...] = ()
+    skips: dict[str, str] = field(default_factory=dict)
+    population: int = 400
+    slots: int = 24
+
+
 C = TypeVar("C")
 S = TypeVar("S")
 
@@ -260,6 +272,7 @@ class Mechanism(ABC, Generic[C, S]):
     """The trust modes whose ports this mechanism's slots may carry (design §4); the operator
     builds the port of the first one the run supports."""
     division: ClassVar[Division] = "budget"
+    conformance: ClassVar[Conformance] = Conformance()
 
     def __init__(self, config: C) -> None:
         self.config = config

@@ -24,6 +24,7 @@ from numpy.typing import NDArray
 from privstream.mechanisms.client import Aggregate
 from privstream.mechanisms.contract import (
     ClassSpend,
+    Conformance,
     Details,
     Division,
     LedgerEntry,
@@ -174,6 +175,11 @@ class LdpIdsMechanism(Mechanism[LdpIdsConfig, LdpIdsState]):
     division: ClassVar[Division]
 
     trust_modes: ClassVar[tuple[TrustMode, ...]] = ("ldp-simulated",)
+    conformance: ClassVar[Conformance] = Conformance(
+        invalid=(("epsilon", 0.0), ("epsilon", -1.0), ("epsilon", float("inf")), ("window", 0),
+                 ("population", 0), ("beta", 0.0), ("beta", 1.0), ("u_min", 0),
+                 ("absorption_init", "sometimes")),
+    )  # fmt: skip
 
     @property
     def privacy_cost(self) -> Guarantee:

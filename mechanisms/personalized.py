@@ -58,6 +58,7 @@ from numpy.typing import ArrayLike, NDArray
 from privstream.mechanisms.client import ClassHistogram, check_requirement
 from privstream.mechanisms.contract import (
     ClassSpend,
+    Conformance,
     Details,
     LedgerEntry,
     Mechanism,
@@ -415,6 +416,11 @@ class PersonalizedMechanism(Mechanism[PersonalizedConfig, PersonalizedState]):
         return self.config.epsilon * self.config.budget_share
 
     trust_modes: ClassVar[tuple[TrustMode, ...]] = ("cdp",)
+    conformance: ClassVar[Conformance] = Conformance(
+        invalid=(("epsilon", 0.0), ("epsilon", -1.0), ("epsilon", float("nan")), ("window", 0),
+                 ("window", 2.5), ("population", 0), ("task", None),
+                 ("threshold_mode", "sometimes")),
+    )  # fmt: skip
     model: ClassVar[Model] = "cdp"
 
     @property

@@ -236,10 +236,12 @@ def test_identical_duplicates_are_counted_not_failed(tmp_path: Path, ldp: Run) -
 
 
 def test_an_overspent_window_is_caught(tmp_path: Path, ldp: Run) -> None:
-    """One LBU entry spends ε_j more at slot 12: every window of w slots holding it is over."""
-    ledger = edit(
-        ldp.ledger, at("LBU", 12), lambda r: r.update(epsilon_m2=r["epsilon_m2"] + r["epsilon"])
-    )
+    """One LBU entry charges ε_j more at slot 12: every window of w slots holding it is over."""
+
+    def overcharge(r: dict[str, Any]) -> None:
+        r["classes"][0]["charged"] += r["guarantee"]["epsilon"]
+
+    ledger = edit(ldp.ledger, at("LBU", 12), overcharge)
     status, report = audit(tmp_path, ldp.releases, ledger)
     assert status == 1 and "window_budget" in failed(report)
     assert report["counts"]["windows_over_budget"] == WINDOW  # windows ending at 12..21
@@ -248,7 +250,10 @@ def test_an_overspent_window_is_caught(tmp_path: Path, ldp: Run) -> None:
 
 
 def test_a_population_window_with_too_many_users_is_caught(tmp_path: Path, ldp: Run) -> None:
-    ledger = edit(ldp.ledger, at("LPU", 20), lambda r: r.update(users_m2=r["users_m2"] + USERS))
+    def more_users(r: dict[str, Any]) -> None:
+        r["details"]["users_m2"] += USERS
+
+    ledger = edit(ldp.ledger, at("LPU", 20), more_users)
     status, report = audit(tmp_path, ldp.releases, ledger, "--population", str(USERS))
     assert status == 1 and "window_budget" in failed(report)
     assert report["counts"]["windows_over_users"] == WINDOW
@@ -265,7 +270,7 @@ def test_a_personalized_class_overspending_is_caught(tmp_path: Path, pers: Run) 
     window = entry["classes"][0]["window"]
 
     def overspend(r: dict[str, Any]) -> None:
-        r["classes"][0]["epsilon_pub"] += r["classes"][0]["epsilon"]
+        r["classes"][0]["charged"] += r["classes"][0]["epsilon"]
 
     ledger = edit(pers.ledger, at("PBD", 20), overspend)
     status, report = audit(tmp_path, pers.releases, ledger)
@@ -287,9 +292,9 @@ def composed_spend(ledger: list[dict[str, Any]]) -> dict[int, float]:
         for by_slot in entries.values():
             window = [by_slot[s] for s in range(t - WINDOW + 1, t + 1) if s in by_slot]
             if by_slot[t]["division"] == "budget":
-                total += sum(e["epsilon_m1"] + e["epsilon_m2"] for e in window)
-            elif sum(e["users_m1"] + e["users_m2"] for e in window) > 0:
-                total += by_slot[t]["epsilon"]
+                total += sum(e["classes"][0]["charged"] for e in window)
+            elif sum(e["details"]["users_m1"] + e["details"]["users_m2"] for e in window) > 0:
+                total += by_slot[t]["guarantee"]["epsilon"]
         out[t] = total
     return out
 
@@ -300,8 +305,11 @@ def test_the_accountant_overspend_across_mechanisms_is_caught(tmp_path: Path, ld
     assert max(composed_spend(ldp.records("ledger")).values()) <= EPSILON * (1 + 1e-9)
 
     def triple(r: dict[str, Any]) -> None:
-        for field in ("epsilon", "epsilon_m1", "epsilon_m2", "window_spent", "remaining"):
-            r[field] *= 3
+        r["guarantee"]["epsilon"] *= 3
+        for field in ("epsilon", "charged", "window_spent"):
+            r["classes"][0][field] *= 3
+        for field in ("epsilon_m1", "epsilon_m2", "remaining"):
+            r["details"][field] *= 3
 
     ledger = edit(ldp.ledger, lambda r: r["mechanism"] in ("LBU", "LBA"), triple)
     over = sum(
@@ -316,12 +324,32 @@ def test_the_accountant_overspend_across_mechanisms_is_caught(tmp_path: Path, ld
 
 
 def test_a_lying_window_spent_is_caught(tmp_path: Path, ldp: Run) -> None:
-    ledger = edit(ldp.ledger, at("LBD", 15), lambda r: r.update(window_spent=r["window_spent"] / 2))
+    def halve(r: dict[str, Any]) -> None:
+        r["classes"][0]["window_spent"] /= 2
+
+    ledger = edit(ldp.ledger, at("LBD", 15), halve)
     status, report = audit(tmp_path, ldp.releases, ledger)
     assert status == 1 and failed(report) == {"declared_spend"}
     assert report["counts"]["declared_mismatches"] == 1
     assert report["problems"][0]["kind"] == "declared_mismatch"
     assert report["problems"][0]["id"] == "sin/LBD/15"
+
+
+def test_a_lying_population_division_class_is_caught(tmp_path: Path, ldp: Run) -> None:
+    """A population-division class has spent ε once anybody reported in its window: an entry
+    declaring less is a mismatch."""
+
+    def understate(r: dict[str, Any]) -> None:
+        assert r["classes"][0]["window_spent"] > 0
+        r["classes"][0]["window_spent"] = 0.0
+
+    ledger = edit(ldp.ledger, at("LPU", 15), understate)
+    status, report = audit(tmp_path, ldp.releases, ledger)
+    assert status == 1 and failed(report) == {"declared_spend"}
+    assert report["counts"]["declared_mismatches"] == 1
+    assert [(p["kind"], p["id"]) for p in report["problems"]] == [
+        ("declared_mismatch", "sin/LPU/15")
+    ]
 
 
 def test_a_lying_population_window_spent_is_caught(tmp_path: Path, pers: Run) -> None:
@@ -345,6 +373,16 @@ def test_a_raw_user_field_is_caught(tmp_path: Path, ldp: Run) -> None:
         ("raw_user_field", "sin/LSP/3"),
         ("raw_user_field", "sin/LPD/8"),
     ]
+
+
+def test_a_raw_user_field_in_details_is_caught(tmp_path: Path, pers: Run) -> None:
+    releases = edit(pers.releases, at("PBA", 7), lambda r: r["details"].update(user_id=4))
+    status, report = audit(tmp_path, releases, pers.ledger)
+    assert status == 1 and failed(report) == {"no_user_ids"}
+    assert report["problems"] == [{
+        "kind": "raw_user_field", "id": "sin/PBA/7",
+        "detail": "release has a field 'user_id' that looks like a raw user id",
+    }]  # fmt: skip
 
 
 def test_a_raw_user_list_in_a_privacy_class_is_caught(tmp_path: Path, pers: Run) -> None:
@@ -383,12 +421,31 @@ def test_entries_from_before_the_accountant_skip_it_with_a_note(tmp_path: Path, 
 
 def test_a_malformed_line_fails_well_formed(tmp_path: Path, ldp: Run) -> None:
     ledger = [*ldp.ledger[:5], '{"stream": "sin", "mechanism": "LBU"', *ldp.ledger[5:]]
-    negative = edit(ldp.ledger[5:6], lambda r: True, lambda r: r.update(epsilon_m1=-1.0))
+    negative = edit(ldp.ledger[5:6], lambda r: True, lambda r: r["details"].update(epsilon_m1=-1.0))
     status, report = audit(tmp_path, ldp.releases, [*ledger, *negative])
     assert status == 1 and failed(report) == {"well_formed"}
     assert report["checks"]["well_formed"]["count"] == 2
     assert [p["id"] for p in report["problems"]] == ["ledger #6", "ledger #282"]
     assert "negative spend" in report["problems"][1]["detail"]
+
+
+def test_records_of_another_schema_are_refused_by_name(tmp_path: Path, ldp: Run) -> None:
+    """The audit reads schema 2 only: a record naming another schema, or none (an output from
+    before the one release envelope), is not of the schema, with the reason said."""
+    future = edit(ldp.releases[:1], lambda r: True, lambda r: r.update(schema=3))
+    old = '{"release_id":"sin/LBU/1","stream":"sin","mechanism":"LBU","slot":1,"epsilon":0.1}'
+    halt = '{"schema":1,"kind":"halt","stream":"sin","mechanism":"LBU","slot":3,"reason":"x"}'
+    releases = [*future, old, *ldp.releases[1:]]
+    status, report = audit(tmp_path, releases, [*ldp.ledger, halt])
+    assert status == 1 and failed(report) == {"well_formed", "complete_slots"}
+    assert report["checks"]["well_formed"]["count"] == 3
+    assert report["counts"]["halted"] == 0
+    details = {p["id"]: p["detail"] for p in report["problems"] if p["kind"] == "malformed"}
+    assert details == {
+        "release #1": "schema 3, but this audit reads schema 2",
+        "release #2": "no schema field (a privstream output from before schema 2)",
+        "ledger #281": "halt record: schema 1, but this audit reads schema 2",
+    }
 
 
 def test_input_errors_exit_2(tmp_path: Path, ldp: Run, capsys: pytest.CaptureFixture[str]) -> None:

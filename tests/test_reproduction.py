@@ -9,8 +9,9 @@ Default parameters (spec §5.4): n = 200,000 users, T = 800 slots, ε = 1, w = 2
   for LBU and LPU.
 * The §4.2 closed forms behind them: LBU's MSE is ``V(ε/w, n)`` and LPU's is ``V(ε, n/w)`` plus
   the sampling variance of its group (§2.5), within four standard errors.
-* Fast checks of the harness itself (``privstream.experiments``): metrics, runners, the bench
-  result format, the dataflow giving the same releases as the harness, and the plot.
+* Fast checks of the harness itself (``privstream.harness`` over the ``ldp-ids`` family, the
+  metrics of ``privstream.mechanisms.utility``): metrics, runners, the bench result format, the
+  dataflow giving the same releases as the harness, and the plot.
 
 Each ``(dataset, seed)`` grid is computed once per session and shared by every test and, under
 pytest-xdist, by every worker: a worker claims a grid unit with an exclusive lock file, computes
@@ -23,6 +24,7 @@ near 2.5 %, so one seed already separates them by more than ten standard deviati
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -34,11 +36,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from privstream import experiments as ex
+from privstream import harness
 from privstream.connectors.recorded import RecordedStream
 from privstream.connectors.synthetic import SyntheticStream
-from privstream.experiments import PAPER_TABLE2_BITS, RunResult, load_dataset, run_mechanisms
+from privstream.mechanisms import utility
+from privstream.mechanisms.registry import LDP_IDS
 from privstream.mechanisms.tasks import FrequencyTask
+from privstream.mechanisms.utility import Run
+from privstream.paper_results import PAPER_TABLE2_BITS
+from privstream.plots import plot_releases
 
 N, T, EPS, W = 200_000, 800, 1.0, 20
 DATASETS = ("sin", "log")
@@ -51,11 +57,20 @@ GRID_W40 = ("LBU", "LPU")
 
 Unit = dict[str, Any]
 
+load_dataset = functools.partial(harness.load_dataset, LDP_IDS)
+run_mechanisms = functools.partial(harness.run_lockstep, LDP_IDS)
+
+
+def run_mechanism(name: str, source: harness.SlotSource, *args: Any, **kwargs: Any) -> Run:
+    """One LDP-IDS mechanism's run over ``source`` (``run_lockstep`` of it alone)."""
+    (run,) = run_mechanisms([name], source, *args, **kwargs).values()
+    return run
+
 
 # --- the shared grid ------------------------------------------------------------------------
 
 
-def _summary(run: RunResult) -> dict[str, float]:
+def _summary(run: Run) -> dict[str, float]:
     err2 = np.mean((run.estimates - run.truth) ** 2, axis=1)  # per-slot MSE over the bins
     return {
         "mre": run.mre(),
@@ -68,7 +83,7 @@ def _summary(run: RunResult) -> dict[str, float]:
 
 
 def compute_unit(dataset: str, seed: int) -> Unit:
-    """Seed ``seed`` drives both the dataset and the mechanisms (as in ``bench_ldp_ids``)."""
+    """Seed ``seed`` drives both the dataset and the mechanisms (as in ``harness.bench``)."""
     stream = load_dataset(dataset, N, T, seed)
     ones = np.array([stream.ones(t) / N for t in range(1, T + 1)])
     unit: Unit = {"c1_var": float(np.mean(ones * (1 - ones)))}
@@ -263,18 +278,18 @@ def test_metrics_follow_spec_5_3() -> None:
     c = np.array([[0.75, 0.25], [0.0, 1.0]])
     # MRE: |r − c| / max(c, δ) averaged over bins and slots; a zero truth uses δ.
     want = np.mean([0.25 / 0.75, 0.25 / 0.25, 0.2 / 0.1, 0.2 / 1.0])
-    assert ex.mre(r, c, 0.1) == pytest.approx(want)
-    assert ex.mae(r, c) == pytest.approx(np.mean([0.25, 0.25, 0.2, 0.2]))
-    assert ex.mse(r, c) == pytest.approx(np.mean([0.0625, 0.0625, 0.04, 0.04]))
+    assert utility.mre(r, c, 0.1) == pytest.approx(want)
+    assert utility.mae(r, c) == pytest.approx(np.mean([0.25, 0.25, 0.2, 0.2]))
+    assert utility.mse(r, c) == pytest.approx(np.mean([0.0625, 0.0625, 0.04, 0.04]))
     # A mean (d = 1): one-dimensional series are T×1, and |c| is the denominator.
-    assert ex.mre([1.0, -3.0], [-2.0, -2.0], 1e-3) == pytest.approx((3 / 2 + 1 / 2) / 2)
-    assert ex.bits_per_user(3_000, 100, 10) == 3.0
+    assert utility.mre([1.0, -3.0], [-2.0, -2.0], 1e-3) == pytest.approx((3 / 2 + 1 / 2) / 2)
+    assert utility.bits_per_user(3_000, 100, 10) == 3.0
     with pytest.raises(ValueError):
-        ex.mre(r, c[:1], 0.1)
+        utility.mre(r, c[:1], 0.1)
     with pytest.raises(ValueError):
-        ex.mre(r, c, 0.0)
+        utility.mre(r, c, 0.0)
     with pytest.raises(ValueError):
-        ex.bits_per_user(1, 0, 1)
+        utility.bits_per_user(1, 0, 1)
 
 
 def test_recorded_stream_releases_like_the_synthetic_one() -> None:
@@ -283,8 +298,8 @@ def test_recorded_stream_releases_like_the_synthetic_one() -> None:
     same = RecordedStream("sin", 1, columns, d=2, numeric=False)
     assert all(np.array_equal(same.truth(t), stream.truth(t)) for t in range(1, 46))
     for name in ("LBD", "LPA"):
-        a = ex.run_mechanism(name, stream, 1.0, 10, seed=4)
-        b = ex.run_mechanism(name, same, 1.0, 10, seed=4)
+        a = run_mechanism(name, stream, 1.0, 10, seed=4)
+        b = run_mechanism(name, same, 1.0, 10, seed=4)
         np.testing.assert_array_equal(a.estimates, b.estimates)
         assert a.strategies == b.strategies and a.total_bits == b.total_bits
         assert a.publications == a.strategies.count("publish") > 0
@@ -293,14 +308,16 @@ def test_recorded_stream_releases_like_the_synthetic_one() -> None:
 
 def test_lockstep_runs_do_not_depend_on_companions_or_share_state() -> None:
     stream = SyntheticStream("log", 2_000, 30, seed=2)
-    alone = ex.run_mechanism("lpa", stream, 1.0, 10, seed=9)
-    together = ex.run_mechanisms(["LBU", "LPA", "LPD"], stream, 1.0, 10, seed=9)
+    alone = run_mechanism("lpa", stream, 1.0, 10, seed=9)
+    together = run_mechanisms(["LBU", "LPA", "LPD"], stream, 1.0, 10, seed=9)
     np.testing.assert_array_equal(alone.estimates, together["LPA"].estimates)
     assert alone.mechanism == "LPA" and alone.stream == "log"
-    per_user = ex.run_mechanism("LPA", stream, 1.0, 10, seed=9, path="per-user")
-    assert per_user.path == "per-user" and per_user.estimates.shape == alone.estimates.shape
-    with pytest.raises(ValueError, match="unknown mechanism"):
-        ex.run_mechanisms(["LXX"], stream, 1.0, 10, seed=1)
+    per_user = run_mechanism("LPA", stream, 1.0, 10, seed=9, path="per-user")
+    # ``Run`` no longer records the path: the per-user clients draw their own reports instead.
+    assert per_user.estimates.shape == alone.estimates.shape
+    assert not np.array_equal(per_user.estimates, alone.estimates)
+    with pytest.raises(ValueError, match="unknown ldp-ids mechanism"):
+        run_mechanisms(["LXX"], stream, 1.0, 10, seed=1)
 
 
 def test_harness_releases_what_the_dataflow_releases(tmp_path: Path) -> None:
@@ -323,58 +340,61 @@ def test_harness_releases_what_the_dataflow_releases(tmp_path: Path) -> None:
     released: dict[str, dict[int, list[float]]] = {n: {} for n in names}
     for line in out.read_text().splitlines():
         r = json.loads(line)
-        assert r["insecure_seed"] is True and r["evaluation"] is True and r["epsilon"] == 1.0
+        assert r["insecure_seed"] is True and r["evaluation"] is True
+        assert r["guarantee"]["epsilon"] == 1.0
         released[r["mechanism"]][r["slot"]] = r["estimate"]
-    runs = ex.run_mechanisms(names, load_dataset("sin", 1_500, 25, 3), 1.0, 5, seed=3)
+    runs = run_mechanisms(names, load_dataset("sin", 1_500, 25, 3), 1.0, 5, seed=3)
     for name in names:
         flow_estimates = np.array([released[name][t] for t in range(1, 26)])
         np.testing.assert_allclose(runs[name].estimates, flow_estimates, rtol=0, atol=1e-12)
 
 
 def test_bench_result_format_and_seed_averaging() -> None:
-    result = ex.bench_ldp_ids("sin", 2_000, 40, 1.0, 10, ["lbu", "LPA"], seeds=2, progress=False)
+    result = harness.bench(
+        LDP_IDS, "sin", 2_000, 40, 1.0, 10, ["lbu", "LPA"], seeds=2, progress=False
+    )
     assert set(result) == {"params", "results"}
     assert list(result["results"]) == ["LBU", "LPA"]
     for row in result["results"].values():
         assert set(row) == {"mre", "mae", "bits_per_user", "publications", "seconds"}
     per_seed = [
-        ex.run_mechanism("LPA", load_dataset("sin", 2_000, 40, k), 1.0, 10, seed=k) for k in (1, 2)
+        run_mechanism("LPA", load_dataset("sin", 2_000, 40, k), 1.0, 10, seed=k) for k in (1, 2)
     ]
     assert result["results"]["LPA"]["mre"] == pytest.approx(np.mean([r.mre() for r in per_seed]))
     assert result["params"]["seeds"] == 2 and result["params"]["dataset"] == "sin"
-    table = ex.format_table(result)
+    table = harness.format_table(result)
     lines = table.splitlines()
     assert "dataset=sin" in lines[0] and any(line.startswith("LPA ") for line in lines)
     assert len({len(line) for line in lines[1:]}) == 1  # aligned columns
 
 
 def test_numeric_datasets_use_the_mean_task() -> None:
-    result = ex.bench_ldp_ids("sin-con", 1_000, 10, 1.0, 5, ["LPU"], seeds=1, progress=False)
+    result = harness.bench(LDP_IDS, "sin-con", 1_000, 10, 1.0, 5, ["LPU"], seeds=1, progress=False)
     assert result["results"]["LPU"]["bits_per_user"] == pytest.approx(65 / 5)  # HM: 64 + 1 bits
-    run = ex.run_mechanism("LBU", load_dataset("log-con", 1_000, 10, 1), 1.0, 5, seed=1)
+    run = run_mechanism("LBU", load_dataset("log-con", 1_000, 10, 1), 1.0, 5, seed=1)
     assert run.estimates.shape == run.truth.shape == (10, 1)
 
 
 def test_load_dataset_boundary(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
-        ex.load_dataset(f"file:{tmp_path / 'missing.jsonl'}", 10, 10, 1)
+        load_dataset(f"file:{tmp_path / 'missing.jsonl'}", 10, 10, 1)
     src = tmp_path / "events.csv"
     src.write_text("a,1,0\nb,1,1\na,2,1\n")
-    recorded = ex.load_dataset(f"file:{src}", 10, 999, 1)
+    recorded = load_dataset(f"file:{src}", 10, 999, 1)
     assert (recorded.users, recorded.slots, recorded.d) == (10, 2, 2)
-    with pytest.raises(ValueError, match="unknown dataset"):
-        ex.load_dataset("taxi", 10, 10, 1)
-    assert isinstance(ex.load_dataset("SIN", 10, 10, 1), SyntheticStream)
+    with pytest.raises(ValueError, match="unknown ldp-ids dataset"):
+        load_dataset("taxi", 10, 10, 1)
+    assert isinstance(load_dataset("SIN", 10, 10, 1), SyntheticStream)
 
 
 def test_plot_releases_writes_a_png(tmp_path: Path) -> None:
     truth = np.linspace(0.1, 0.2, 50)
     rng = np.random.default_rng(0)
     series = {name: truth + rng.normal(0, 0.01, 50) for name in ("LBU", "LPU", "LPA")}
-    path = ex.plot_releases(truth, series, tmp_path / "plots" / "x.png", title="test")
+    path = plot_releases(truth, series, tmp_path / "plots" / "x.png", title="test")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError):
-        ex.plot_releases(truth, {"LBU": truth[:-1]}, tmp_path / "bad.png", title="bad")
+        plot_releases(truth, {"LBU": truth[:-1]}, tmp_path / "bad.png", title="bad")
 
 
 def test_recorded_file_streams_run_through_the_harness(tmp_path: Path) -> None:
@@ -392,8 +412,8 @@ def test_recorded_file_streams_run_through_the_harness(tmp_path: Path) -> None:
     src = tmp_path / "clicks.csv"
     src.write_text("user,slot,value\n" + "\n".join(rows) + "\n")
     stream = load_records(src, users=60)
-    assert ex.task_for(stream) == FrequencyTask(3)
-    runs = ex.run_mechanisms(["LBU", "LPA"], stream, 1.0, 4, seed=1)
+    assert harness.task_for(stream) == FrequencyTask(3)
+    runs = run_mechanisms(["LBU", "LPA"], stream, 1.0, 4, seed=1)
     for run in runs.values():
         assert run.estimates.shape == run.truth.shape == (12, 3)
         assert np.isfinite(run.mre())

@@ -3,8 +3,9 @@ personalized-w-event §6, §10 items 6 and 8).
 
 * §10 item 6 — the generators: Sin stays in [0.025, 0.125], Log rises monotonically from
   ≈ 0.125 toward 0.25, TLNS stays in [0, 1] with increments of standard deviation 0.0025.
-* The harness itself (``privstream.personalized_experiments``): metrics, requirements, the
-  Bernoulli streams and the ``bench_personalized`` result shape.
+* The harness itself (``privstream.harness`` over the ``personalized`` family, the metrics of
+  ``privstream.mechanisms.utility``): metrics, requirements, the Bernoulli streams and the
+  bench result shape.
 * §6.5 at the defaults (ε = 0.6, w = 120, personalized requirements of §6.3, n = 10,000):
   PBD has less AMRE than BD and PBA less than BA on TLNS, Sin and Log (claim 3: PBD beats BD on
   every dataset; PBA is best on the synthetic ones); PLBU is worst on Sin and Log (claim 4).
@@ -21,34 +22,29 @@ gaps measured at T = 1,500 are above 20 % for every pair.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 import pytest
 
-from privstream import experiments
+from privstream import harness
 from privstream.connectors.synthetic import (
+    SyntheticStream,
     log_probabilities,
     sin_probabilities,
     tlns_probabilities,
 )
-from privstream.personalized_experiments import (
-    DATASETS,
-    PAPER_HEADLINES,
-    ajsd,
-    amre,
-    assign_requirements,
-    bench_personalized,
-    binary_stream,
-    compare,
-    format_personalized_table,
-    reductions,
-    run_personalized,
-)
+from privstream.mechanisms.client import Requirements
+from privstream.mechanisms.personalized import requirement_arrays
+from privstream.mechanisms.registry import LDP_IDS, PERSONALIZED
+from privstream.mechanisms.utility import ajsd, amre, reductions
+from privstream.paper_results import PAPER_HEADLINES
 
 Z = 4.0
 N, T, SEEDS = 10_000, 1_500, (1, 2, 3)
 EPS, W = 0.6, 120
+DATASETS = PERSONALIZED.bench.datasets  # TLNS, Sin, Log (§6.2)
 
 # -- §10 item 6: generators -----------------------------------------------------------------------
 
@@ -86,15 +82,15 @@ def test_binary_stream_is_bernoulli_per_user() -> None:
     """§6.2: at slot t each user holds 1 with probability p_t, independently: the count of ones
     is Binomial(n, p_t) (mean within four binomial standard errors over many slots), and a slot
     regenerates identically."""
-    stream = binary_stream("sin", 2_000, 300, seed=4)
+    stream = SyntheticStream("sin", 2_000, 300, seed=4, independent=True)
     ones = np.array([stream.values(t).sum() for t in range(1, 301)])
     p = stream.probabilities
     z = (ones - 2_000 * p) / np.sqrt(2_000 * p * (1 - p))
     assert abs(z.mean()) <= Z / math.sqrt(300)
     assert abs(z.var() - 1) <= Z * math.sqrt(2 / 300)
     assert np.array_equal(stream.values(7), stream.values(7))
-    with pytest.raises(ValueError, match="unknown dataset"):
-        binary_stream("taxi", 10, 10, 0)
+    with pytest.raises(ValueError, match="unknown synthetic dataset"):
+        SyntheticStream("taxi", 10, 10, seed=0, independent=True)
 
 
 # -- the harness ----------------------------------------------------------------------------------
@@ -118,7 +114,7 @@ def test_metrics() -> None:
 
 
 def test_requirements_follow_the_grid_in_ten_contiguous_types() -> None:
-    req = assign_requirements(1_003, 0.4, 80, seed=9)
+    req = Requirements(*requirement_arrays(1_003, 0.4, 80, seed=9))
     classes = req.classes(0.4, 80)
     assert classes.count <= 10 and classes.sizes.sum() == 1_003
     assert set(classes.epsilons.tolist()) <= {0.4, 0.6, 0.8, 1.0}
@@ -126,30 +122,32 @@ def test_requirements_follow_the_grid_in_ten_contiguous_types() -> None:
     members = classes.members
     blocks = [members[i : i + 101] for i in range(0, 1_003, 101)]
     assert all(np.all(b == b[0]) for b in blocks)  # ceil(1003/10) = 101 users per type
-    again = assign_requirements(1_003, 0.4, 80, seed=9).classes(0.4, 80)
+    again = Requirements(*requirement_arrays(1_003, 0.4, 80, seed=9)).classes(0.4, 80)
     assert again.digest == classes.digest
 
 
 def test_bench_result_has_the_ldp_ids_shape() -> None:
-    result = bench_personalized("sin", 300, 30, ["pbd", "BD"], 2, epsilon=0.6, window=40)
+    result = harness.bench(PERSONALIZED, "sin", 300, 30, 0.6, 40, ["pbd", "BD"], 2, progress=False)
     assert set(result) == {"params", "results"}
     assert list(result["results"]) == ["PBD", "BD"]
     assert all(set(r) == {"amre", "ln_amre", "ajsd", "publications", "seconds"}
                for r in result["results"].values())  # fmt: skip
     assert result["params"]["mechanisms"] == ["PBD", "BD"]
     assert result["params"]["dataset"] == "sin" and result["params"]["seeds"] == 2
-    ldp = experiments.bench_ldp_ids("sin", 300, 5, 1.0, 5, ["LBU"], 1, progress=False)
+    assert result["params"]["family"] == "personalized"
+    ldp = harness.bench(LDP_IDS, "sin", 300, 5, 1.0, 5, ["LBU"], 1, progress=False)
     assert set(ldp) == set(result)
-    assert "PBD" in format_personalized_table(result)
+    assert "PBD" in harness.format_table(result)
     with pytest.raises(ValueError, match="seeds"):
-        bench_personalized("sin", 10, 10, ["PBD"], 0)
+        harness.bench(PERSONALIZED, "sin", 10, 10, EPS, W, ["PBD"], 0, progress=False)
 
 
 def test_runs_are_reproducible_and_independent_of_companions() -> None:
-    stream = binary_stream("log", 500, 40, seed=2)
-    req = assign_requirements(500, 0.6, 20, seed=2, windows=(10, 20))
-    alone = run_personalized(["PBA"], stream, req, 0.6, 20, seed=2)["PBA"]
-    together = run_personalized(["BD", "PBA"], stream, req, 0.6, 20, seed=2)["PBA"]
+    stream = SyntheticStream("log", 500, 40, seed=2, independent=True)
+    req = Requirements(*requirement_arrays(500, 0.6, 20, seed=2, windows=(10, 20)))
+    run = functools.partial(harness.run_lockstep, PERSONALIZED, seed=2, requirements=req)
+    alone = run(["PBA"], stream, 0.6, 20)["PBA"]
+    together = run(["BD", "PBA"], stream, 0.6, 20)["PBA"]
     assert np.array_equal(alone.estimates, together.estimates)
     assert alone.strategies == together.strategies
 
@@ -164,9 +162,11 @@ def default_runs() -> dict[str, dict[str, float]]:
     for dataset in DATASETS:
         sums: dict[str, float] = {}
         for seed in SEEDS:
-            stream = binary_stream(dataset, N, T, seed)
-            req = assign_requirements(N, EPS, W, seed)
-            runs = run_personalized(["BD", "BA", "PBD", "PBA"], stream, req, EPS, W, seed)
+            stream = SyntheticStream(dataset, N, T, seed=seed, independent=True)
+            req = Requirements(*requirement_arrays(N, EPS, W, seed))
+            runs = harness.run_lockstep(
+                PERSONALIZED, ["BD", "BA", "PBD", "PBA"], stream, EPS, W, seed, requirements=req
+            )
             for name, run in runs.items():
                 sums[name] = sums.get(name, 0.0) + run.amre() / len(SEEDS)
         out[dataset] = sums
@@ -198,13 +198,9 @@ def test_plbu_is_worst(dataset: str) -> None:
     """Claim 4 on Sin and Log. PLBU's OUE reports at ε_i/w_i ≈ 0.005 have a per-user variance
     near 1/(4(1/2 − q)²) ≈ 1.6·10⁵, three orders of magnitude above the CDP mechanisms' error,
     so one seed and 300 slots settle it."""
-    stream = binary_stream(dataset, N, 300, 1)
-    req = assign_requirements(N, EPS, W, 1)
-    runs = run_personalized(["BD", "BA", "PBD", "PBA", "PLBU"], stream, req, EPS, W, 1)
+    stream = SyntheticStream(dataset, N, 300, seed=1, independent=True)
+    req = Requirements(*requirement_arrays(N, EPS, W, 1))
+    names = ["BD", "BA", "PBD", "PBA", "PLBU"]
+    runs = harness.run_lockstep(PERSONALIZED, names, stream, EPS, W, 1, requirements=req)
     err = {name: run.amre() for name, run in runs.items()}
     assert err["PLBU"] == max(err.values())
-
-
-def test_compare_reads_a_bench_result() -> None:
-    result = {"results": {"BD": {"amre": 10.0}, "PBD": {"amre": 4.0}}}
-    assert compare(result, "PBD", "BD")["amre"] == pytest.approx(0.6)

@@ -29,10 +29,12 @@ from privstream.mechanisms.errors import PrivacyBudgetExceeded
 from privstream.mechanisms.ldp_ids import (
     AbsorptionInit,
     LdpIdsConfig,
+    LdpIdsLedger,
     LdpIdsMechanism,
+    LdpIdsRelease,
     LdpIdsState,
-    build,
 )
+from privstream.mechanisms.registry import LDP_IDS
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import FrequencyTask
 
@@ -80,6 +82,18 @@ class StepRecord:
     entry: LedgerEntry
     calls: list[Call] = field(default_factory=list)
 
+    @property
+    def rel(self) -> LdpIdsRelease:
+        """The release's LDP-IDS details."""
+        assert isinstance(self.release.details, LdpIdsRelease)
+        return self.release.details
+
+    @property
+    def led(self) -> LdpIdsLedger:
+        """The ledger entry's LDP-IDS details."""
+        assert isinstance(self.entry.details, LdpIdsLedger)
+        return self.entry.details
+
     def eps_spent(self, user: int | None = None) -> float:
         return sum(c.eps for c in self.calls if user is None or user in c.users)
 
@@ -123,6 +137,12 @@ def drive(
     return records
 
 
+def build(name: str, cfg: LdpIdsConfig) -> LdpIdsMechanism:
+    mech = LDP_IDS.build(name, cfg)
+    assert isinstance(mech, LdpIdsMechanism)
+    return mech
+
+
 def scripted(name: str, cfg: LdpIdsConfig, decisions: list[bool]) -> LdpIdsMechanism:
     mech = build(name, cfg)
     mech.dissimilarity = script(decisions)  # type: ignore[method-assign,assignment]
@@ -134,7 +154,7 @@ def scripted(name: str, cfg: LdpIdsConfig, decisions: list[bool]) -> LdpIdsMecha
 
 def check_common(records: list[StepRecord], cfg: LdpIdsConfig) -> None:
     for rec in records:
-        rel, ent = rec.release, rec.entry
+        rel, ent = rec.rel, rec.led
         assert (rel.epsilon_m1, rel.epsilon_m2, rel.users_m1, rel.users_m2) == (
             ent.epsilon_m1,
             ent.epsilon_m2,
@@ -143,8 +163,15 @@ def check_common(records: list[StepRecord], cfg: LdpIdsConfig) -> None:
         )
         assert rel.users_m1 == rec.users("m1").shape[0]
         assert rel.users_m2 == rec.users("m2").shape[0]
-        assert (rel.strategy == "publish") == any(c.purpose == "m2" for c in rec.calls)
-        assert len(rel.estimate) == cfg.task.d
+        assert (rec.release.strategy == "publish") == any(c.purpose == "m2" for c in rec.calls)
+        assert len(rec.release.estimate) == cfg.task.d
+        assert (
+            rec.release.guarantee
+            == rec.entry.guarantee
+            == LDP_IDS.build(rec.release.mechanism, cfg).privacy_cost
+        )
+        (one,) = rec.entry.classes  # every user shares (w, ε): one class of all n users
+        assert (one.window, one.epsilon, one.users) == (cfg.window, cfg.epsilon, cfg.population)
 
 
 def check_budget_division(records: list[StepRecord], cfg: LdpIdsConfig) -> list[float]:
@@ -157,11 +184,10 @@ def check_budget_division(records: list[StepRecord], cfg: LdpIdsConfig) -> list[
             assert np.array_equal(call.users, np.arange(n))
             assert call.eps > 0
         spend.append(rec.eps_spent())
-        assert rec.release.epsilon_m1 + rec.release.epsilon_m2 == pytest.approx(
-            spend[-1], abs=1e-15
-        )
-        assert rec.release.epsilon_m1 == sum(c.eps for c in rec.calls if c.purpose == "m1")
-        assert rec.release.epsilon_m2 == sum(c.eps for c in rec.calls if c.purpose == "m2")
+        assert rec.rel.epsilon_m1 + rec.rel.epsilon_m2 == pytest.approx(spend[-1], abs=1e-15)
+        assert rec.entry.classes[0].charged == pytest.approx(spend[-1], abs=1e-15)
+        assert rec.rel.epsilon_m1 == sum(c.eps for c in rec.calls if c.purpose == "m1")
+        assert rec.rel.epsilon_m2 == sum(c.eps for c in rec.calls if c.purpose == "m2")
     for i, rec in enumerate(records):
         window = sum(spend[max(0, i - w + 1) : i + 1])
         assert window <= cfg.epsilon + TOL, (rec.t, window)
@@ -191,11 +217,14 @@ def check_population_division(records: list[StepRecord], cfg: LdpIdsConfig) -> d
             for r in records
             if rec.t - w < r.t <= rec.t
         )
-        assert rec.entry.window_users == window_users
+        assert rec.led.window_users == window_users
+        # a reporting user spends ε at most once per window: the class's charge and spend
+        assert rec.entry.classes[0].charged == (cfg.epsilon if in_slot.size else 0.0)
+        assert rec.entry.window_spent == (cfg.epsilon if window_users else 0.0)
         free_next = sum(
             1 for u in range(n) if not reports.get(u) or rec.t + 1 - reports[u][-1] >= w
         )
-        assert rec.entry.available_users == free_next
+        assert rec.led.available_users == free_next
         assert rec.entry.division == "population"
     for u, slots in reports.items():
         assert all(b - a >= w for a, b in itertools.pairwise(slots)), (u, slots)
@@ -255,16 +284,16 @@ def test_lbd_invariants(case: tuple[str, LdpIdsConfig, list[bool]]) -> None:
     eps, w, beta = cfg.epsilon, cfg.window, cfg.beta
     eps2: list[float] = []
     for rec, decision in zip(records, decisions, strict=True):
-        rel = rec.release
+        rel = rec.rel
         assert rel.epsilon_m1 == beta * eps / w and rel.users_m1 == cfg.population
         eps_rm = (1 - beta) * eps - sum(eps2[max(0, rec.t - w) : rec.t - 1])
-        assert rel.strategy == ("publish" if decision else "approximate")
+        assert rec.release.strategy == ("publish" if decision else "approximate")
         # the ledger sums a ring, we sum a list: equal up to rounding of a w-term sum of <= ε
         abs_tol = w * 2**-52 * eps
-        assert rec.entry.remaining == pytest.approx(eps_rm, rel=1e-9, abs=abs_tol)
+        assert rec.led.remaining == pytest.approx(eps_rm, rel=1e-9, abs=abs_tol)
         if decision:
             assert rel.epsilon_m2 == pytest.approx(eps_rm / 2, rel=1e-9, abs=abs_tol)
-            assert rel.source_slot == rec.t and rel.users_m2 == cfg.population
+            assert rec.release.source_slot == rec.t and rel.users_m2 == cfg.population
         else:
             assert rel.epsilon_m2 == 0.0 and rel.users_m2 == 0
         eps2.append(rel.epsilon_m2)
@@ -280,10 +309,8 @@ def test_lba_invariants_and_units(case: tuple[str, LdpIdsConfig, list[bool]]) ->
     eps_u = (1 - cfg.beta) * cfg.epsilon / cfg.window
     units = []
     for rec in records:
-        assert (
-            rec.release.epsilon_m1 == cfg.beta * cfg.epsilon / cfg.window
-        )  # M1 at every slot (A7)
-        k = rec.release.epsilon_m2 / eps_u
+        assert rec.rel.epsilon_m1 == cfg.beta * cfg.epsilon / cfg.window  # M1 at every slot (A7)
+        k = rec.rel.epsilon_m2 / eps_u
         assert k == pytest.approx(round(k), abs=1e-9)
         units.append(round(k))
     check_absorption(records, units, decisions, cfg)
@@ -298,17 +325,15 @@ def test_lpd_invariants(case: tuple[str, LdpIdsConfig, list[bool]]) -> None:
     check_population_division(records, cfg)
     used2: list[int] = []
     for rec, decision in zip(records, decisions, strict=True):
-        rel = rec.release
+        rel, strategy = rec.rel, rec.release.strategy
         assert rel.users_m1 == math.floor(beta * n / w)
         n_rm = math.floor((1 - beta) * n) - sum(used2[max(0, rec.t - w) : rec.t - 1])
         n_pp = n_rm // 2
-        assert rec.entry.remaining == n_rm
+        assert rec.led.remaining == n_rm
         if decision and n_pp >= cfg.u_min:
-            assert (
-                rel.strategy == "publish" and rel.users_m2 == n_pp and rel.epsilon_m2 == cfg.epsilon
-            )
+            assert strategy == "publish" and rel.users_m2 == n_pp and rel.epsilon_m2 == cfg.epsilon
         else:
-            assert rel.strategy == "approximate" and rel.users_m2 == 0 and rel.epsilon_m2 == 0.0
+            assert strategy == "approximate" and rel.users_m2 == 0 and rel.epsilon_m2 == 0.0
         used2.append(rel.users_m2)
 
 
@@ -323,9 +348,9 @@ def test_lpa_invariants_and_units(case: tuple[str, LdpIdsConfig, list[bool]]) ->
     assert m_u >= 1
     units = []
     for rec in records:
-        assert rec.release.users_m1 == math.floor(beta * n / w)  # M1 at every slot
-        assert rec.release.users_m2 % m_u == 0
-        units.append(rec.release.users_m2 // m_u)
+        assert rec.rel.users_m1 == math.floor(beta * n / w)  # M1 at every slot
+        assert rec.rel.users_m2 % m_u == 0
+        units.append(rec.rel.users_m2 // m_u)
     check_absorption(records, units, decisions, cfg)
 
 
@@ -385,19 +410,19 @@ def test_baseline_invariants(case: tuple[str, LdpIdsConfig, int]) -> None:
         check_budget_division(records, cfg)
         for rec in records:
             assert rec.release.strategy == "publish"
-            assert (rec.release.epsilon_m1, rec.release.epsilon_m2) == (0.0, eps / w)
+            assert (rec.rel.epsilon_m1, rec.rel.epsilon_m2) == (0.0, eps / w)
         return
     reports = check_population_division(records, cfg)
     if name == "LSP":
         for rec in records:
             sampling = (rec.t - 1) % w == 0
             assert rec.release.strategy == ("publish" if sampling else "approximate")
-            assert rec.release.users_m2 == (n if sampling else 0)
+            assert rec.rel.users_m2 == (n if sampling else 0)
         assert all(slots == list(range(1, T + 1, w)) for slots in reports.values())
     else:  # LPU: w groups whose sizes differ by at most one, each reporting every w slots
         for rec in records:
             assert rec.release.strategy == "publish"
-            assert rec.release.users_m2 in (n // w, -(-n // w))
+            assert rec.rel.users_m2 in (n // w, -(-n // w))
         for start in range(0, T - w + 1):
             seen = np.concatenate([records[i].users("m2") for i in range(start, start + w)])
             assert np.array_equal(np.sort(seen), np.arange(n))
@@ -467,9 +492,9 @@ def test_first_publication_absorbs_min_t_plus_1_w(name: str, w: int, first: int)
     assert strategies[: first - 1] == ["approximate"] * (first - 1)
     assert strategies[first - 1] == "publish"
     if name == "LBA":
-        assert records[first - 1].release.epsilon_m2 == pytest.approx(k * 0.5 / w, rel=1e-12)
+        assert records[first - 1].rel.epsilon_m2 == pytest.approx(k * 0.5 / w, rel=1e-12)
     else:
-        assert records[first - 1].release.users_m2 == k * math.floor(0.5 * n / w)
+        assert records[first - 1].rel.users_m2 == k * math.floor(0.5 * n / w)
     assert strategies[first : first + k - 1] == ["nullified"] * (k - 1)
     assert strategies[first + k - 1] == "publish"  # one unit has accrued since the nullified run
 
@@ -491,9 +516,9 @@ def test_lbd_budget_sequence_forced_publications(w: int, eps: float) -> None:
     cfg = LdpIdsConfig(epsilon=eps, window=w, population=200, task=TASK, beta=0.5)
     records = drive(scripted("LBD", cfg, [True] * T), T, all_present(200))
     check_budget_division(records, cfg)
-    got = [r.release.epsilon_m2 for r in records]
+    got = [r.rel.epsilon_m2 for r in records]
     assert all(r.release.strategy == "publish" for r in records)
-    assert all(r.release.epsilon_m1 == eps / (2 * w) for r in records)
+    assert all(r.rel.epsilon_m1 == eps / (2 * w) for r in records)
     # ε_rm is ε/2 minus a window sum: allow the rounding of a w-term sum of values <= ε.
     abs_tol = w * 2**-52 * eps
     for t in range(1, w + 1):  # ε/4, ε/8, ε/16, … while nothing is recycled
@@ -608,8 +633,9 @@ def test_step_is_pure_and_deterministic(name: str) -> None:
             assert events_again == events and pickle.dumps(again) == pickle.dumps(new)
             state = new
             release = events[0]
-            assert isinstance(release, Release)
-            out.append((release.strategy, release.estimate, release.dissimilarity, events[1]))
+            assert isinstance(release, Release) and isinstance(release.details, LdpIdsRelease)
+            dissimilarity = release.details.dissimilarity
+            out.append((release.strategy, release.estimate, dissimilarity, events[1]))
         return out
 
     first = run(3)
