@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from privstream import flow_checks
 from privstream.mechanisms.client import Requirements, SimulatedClientPort, SimulatedCurator
@@ -70,11 +71,12 @@ def _require(ok: bool, mech: Mechanism[Any, Any], what: str) -> None:
         raise CheckFailed(f"{mech.name}: {what}")
 
 
-def population_values(t: int, n: int) -> np.ndarray:
+def population_values(t: int, n: int) -> NDArray[np.float64]:
     """A drifting binary population, so adaptive mechanisms both publish and approximate."""
     rng = np.random.default_rng([99, t])
     p = 0.2 + 0.15 * np.sin(t / 3)
-    return (rng.random(n) < p).astype(np.float64)
+    values: NDArray[np.float64] = (rng.random(n) < p).astype(np.float64)
+    return values
 
 
 def registration(n: int) -> Requirements:

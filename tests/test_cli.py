@@ -89,7 +89,7 @@ def test_bad_arguments_are_rejected_clearly(
         main(["run", "ldp-ids", "--epsilon", "-1"])
     assert "positive" in capsys.readouterr().err
     assert main(["run", "ldp-ids", "--mechanism", "XYZ", "--no-progress"]) == 2
-    assert "unknown mechanism" in capsys.readouterr().err
+    assert "unknown ldp-ids mechanism" in capsys.readouterr().err
     key = ["--secret-file", str(secret_file(tmp_path))]
     assert (
         main(["run", "ldp-ids", "--dataset", "file:/nonexistent.csv", "--no-progress", *key]) == 2
@@ -140,6 +140,7 @@ def test_bench_ldp_ids_writes_the_documented_json(
     assert main(argv) == 0
     result = json.loads(out.read_text())
     assert result["params"]["seeds"] == 2 and result["params"]["users"] == 4000
+    assert result["params"]["family"] == "ldp-ids"
     assert set(result["results"]) == {"LBU", "LPA"}
     for row in result["results"].values():
         assert set(row) == {"mre", "mae", "bits_per_user", "publications", "seconds"}
@@ -194,6 +195,7 @@ def test_bench_personalized_writes_the_documented_json(
     assert main(argv) == 0
     result = json.loads(out.read_text())
     assert result["params"]["seeds"] == 2 and result["params"]["dataset"] == "tlns"
+    assert result["params"]["family"] == "personalized"
     assert set(result["results"]) == {"BD", "PBD"}
     for row in result["results"].values():
         assert {"amre", "ln_amre", "ajsd", "publications", "seconds"} <= set(row)

@@ -5,36 +5,74 @@ class joins its ledger; a new class joins at its first step with zero history (P
 look-back, PBA: ``a_c = t_c``), appended to the stream's classes, growing the ledger's ring
 when its window is the largest yet; a class that shrinks or disappears halts the stream before
 anything is charged or released; the uniform baselines refuse a stricter class at the step it
-appears; nobody registered means skip, charge nobody.
+appears; nobody registered means approximate (repeat the last release), charge nobody.
 """
 
 from __future__ import annotations
 
 import pickle
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 from numpy.typing import NDArray
 
 from privstream.mechanisms.client import Requirements, SimulatedCurator
-from privstream.mechanisms.contract import ClassSpend, LedgerEntry, Release, Slot
+from privstream.mechanisms.contract import LedgerEntry, Release, Slot
 from privstream.mechanisms.errors import IncompatibleState, PrivacyBudgetExceeded
 from privstream.mechanisms.ledger import RELATIVE_TOLERANCE
 from privstream.mechanisms.personalized import (
     MECHANISMS,
     STATE_VERSION,
     PersonalizedConfig,
+    PersonalizedLedgerDetails,
     PersonalizedMechanism,
+    PersonalizedRelease,
     PersonalizedState,
-    build,
 )
+from privstream.mechanisms.registry import PERSONALIZED
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import FrequencyTask
 
 Step = tuple[Release, LedgerEntry]
 ALL = list(MECHANISMS)
 UNIFORM = ["BD", "BA", "Uniform", "Sample"]
+
+
+def build(name: str, config: PersonalizedConfig) -> PersonalizedMechanism:
+    mech = PERSONALIZED.build(name, config)
+    assert isinstance(mech, PersonalizedMechanism)
+    return mech
+
+
+def details(release: Release) -> PersonalizedRelease:
+    assert isinstance(release.details, PersonalizedRelease)
+    return release.details
+
+
+@dataclass(frozen=True)
+class Row:
+    """One privacy class of a ledger entry with its charge split into the dissimilarity
+    calculation and the publication (the entry's personalized details)."""
+
+    window: int
+    epsilon: float
+    users: int
+    epsilon_dc: float
+    epsilon_pub: float
+    window_spent: float
+
+
+def class_rows(entry: LedgerEntry) -> tuple[Row, ...]:
+    """The entry's classes with their split; each class's ``charged`` is the split's sum."""
+    split = entry.details
+    assert isinstance(split, PersonalizedLedgerDetails)
+    out = []
+    for c, dc, pub in zip(entry.classes, split.epsilon_dc, split.epsilon_pub, strict=True):
+        assert c.charged == dc + pub
+        out.append(Row(c.window, c.epsilon, c.users, dc, pub, c.window_spent))
+    return tuple(out)
 
 
 def config(n: int, eps: float = 1.0, w: int = 4, d: int = 2) -> PersonalizedConfig:
@@ -87,12 +125,8 @@ def drive(
     return state, steps
 
 
-def rows(steps: list[Step]) -> list[tuple[ClassSpend, ...]]:
-    out = []
-    for _, entry in steps:
-        assert entry.classes is not None
-        out.append(entry.classes)
-    return out
+def rows(steps: list[Step]) -> list[tuple[Row, ...]]:
+    return [class_rows(entry) for _, entry in steps]
 
 
 def per_class(steps: list[Step]) -> dict[tuple[int, float], list[tuple[int, float]]]:
@@ -196,7 +230,7 @@ def test_pba_new_class_starts_at_its_join_step() -> None:
     # t=3: class w=4 absorbs 3 shares (a: 1 → 6); class w=8 joins with 1 share (a: 3 → 4).
     # t=4, 5 nullified (t < max a = 6). t=6: w=4 has 1 share (a → 7), w=8 has 3 (a → 9), w=2
     # joins with 1 (a → 7). t=7, 8 nullified by w=8, w=2's shares accrue. t=9: 3, 1, 2 shares.
-    assert strategies[:9] == ["skip", "skip", "publish"] + ["nullified"] * 2 + [
+    assert strategies[:9] == ["approximate", "approximate", "publish"] + ["nullified"] * 2 + [
         "publish",
         "nullified",
         "nullified",
@@ -226,7 +260,7 @@ def test_growing_population_keeps_every_class_within_its_requirement(name: str) 
     pop = Population(eps, win, arrival, d=3)
     mech = build(name, config(n, eps=1.0, w=9, d=3))
     state, steps = drive(mech, pop.requirements, pop.values, 90)
-    assert [r.strategy for r, _ in steps[:3]] == ["skip"] * 3
+    assert [r.strategy for r, _ in steps[:3]] == ["approximate"] * 3
     assert state.ledger is not None and state.ledger.classes == len(kinds)
     assert state.sizes.sum() == n
     assert_c1(steps)
@@ -270,18 +304,21 @@ def test_shrinking_class_is_refused_without_trace(
 
 
 @pytest.mark.parametrize("name", ALL)
-def test_empty_population_skips_and_charges_nobody(name: str) -> None:
+def test_empty_population_approximates_and_charges_nobody(name: str) -> None:
     d = 3
     pop = Population([1.0, 2.0, 1.0], [4, 2, 4], [4, 4, 6], d=d)
     mech = forced(build(name, config(3, w=4, d=d)), lambda t: True)
     state, steps = drive(mech, pop.requirements, pop.values, 12)
     for release, entry in steps[:3]:
-        assert release.strategy == "skip" and release.estimate == (0.0,) * d
-        assert release.source_slot is None and release.users_m1 == release.users_m2 == 0
-        assert entry.classes == () and entry.window_spent == 0.0 and entry.window_users == 0
-        assert (entry.epsilon, entry.window, entry.remaining) == (1.0, 4, 1.0)
+        assert release.strategy == "approximate" and release.estimate == (0.0,) * d
+        assert release.source_slot is None
+        assert details(release).users_dc == details(release).users_pub == 0
+        assert details(release).registered == 0
+        assert entry.classes == () and entry.window_spent == 0.0
+        assert (entry.epsilon, entry.window, entry.epsilon - entry.window_spent) == (1.0, 4, 1.0)
     assert all(len(r) == 2 for r in rows(steps)[3:])
-    assert steps[4][1].window_users == 2 and steps[5][1].window_users == 3
+    assert details(steps[4][0]).registered == sum(c.users for c in steps[4][1].classes) == 2
+    assert details(steps[5][0]).registered == sum(c.users for c in steps[5][1].classes) == 3
     if name != "Sample":  # Sample's next sampling step is 5 (t ≡ 1 mod w)
         assert steps[3][0].strategy == "publish"
     assert any(r.strategy == "publish" for r, _ in steps)
@@ -294,7 +331,7 @@ def test_nobody_registered_ever() -> None:
         req = Requirements(population=5, registered=np.zeros(5, dtype=bool))
         mech = build(name, config(5))
         state, steps = drive(mech, lambda t, req=req: req, lambda t: np.ones(5, np.int64), 6)
-        assert all(r.strategy == "skip" and r.estimate == (0.0, 0.0) for r, _ in steps)
+        assert all(r.strategy == "approximate" and r.estimate == (0.0, 0.0) for r, _ in steps)
         assert state.ledger is not None and state.ledger.classes == 0
 
 
@@ -341,8 +378,8 @@ def test_bd_looks_back_over_its_own_window() -> None:
     values = Population([1.0] * 2, [2] * 2, [1] * 2).values
     _, a = drive(short, lambda t: Requirements([1.0, 1.5], [2, 1]), values, 30)
     _, b = drive(same, lambda t: Requirements([1.0, 1.5], [6, 1]), values, 30)
-    pub = np.array([r.epsilon_m2 for r, _ in a])
-    assert np.array_equal(pub, [r.epsilon_m2 for r, _ in b])
+    pub = np.array([details(r).theta_pub for r, _ in a])
+    assert np.array_equal(pub, [details(r).theta_pub for r, _ in b])
     assert np.convolve(pub, np.ones(6))[:30].max() <= 0.5 * (1 + 1e-12)
 
 
