@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -26,7 +25,6 @@ from privstream.mechanisms.personalized import (
     MECHANISMS,
     STATE_VERSION,
     PersonalizedConfig,
-    PersonalizedLedgerDetails,
     PersonalizedMechanism,
     PersonalizedRelease,
     PersonalizedState,
@@ -34,6 +32,7 @@ from privstream.mechanisms.personalized import (
 from privstream.mechanisms.registry import PERSONALIZED
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import FrequencyTask
+from tests.mechanisms.ledger_rows import Row, class_rows
 
 Step = tuple[Release, LedgerEntry]
 ALL = list(MECHANISMS)
@@ -49,30 +48,6 @@ def build(name: str, config: PersonalizedConfig) -> PersonalizedMechanism:
 def details(release: Release) -> PersonalizedRelease:
     assert isinstance(release.details, PersonalizedRelease)
     return release.details
-
-
-@dataclass(frozen=True)
-class Row:
-    """One privacy class of a ledger entry with its charge split into the dissimilarity
-    calculation and the publication (the entry's personalized details)."""
-
-    window: int
-    epsilon: float
-    users: int
-    epsilon_dc: float
-    epsilon_pub: float
-    window_spent: float
-
-
-def class_rows(entry: LedgerEntry) -> tuple[Row, ...]:
-    """The entry's classes with their split; each class's ``charged`` is the split's sum."""
-    split = entry.details
-    assert isinstance(split, PersonalizedLedgerDetails)
-    out = []
-    for c, dc, pub in zip(entry.classes, split.epsilon_dc, split.epsilon_pub, strict=True):
-        assert c.charged == dc + pub
-        out.append(Row(c.window, c.epsilon, c.users, dc, pub, c.window_spent))
-    return tuple(out)
 
 
 def config(n: int, eps: float = 1.0, w: int = 4, d: int = 2) -> PersonalizedConfig:

@@ -45,8 +45,8 @@ from privstream.mechanisms.personalized import (
     PersonalizedConfig,
     PersonalizedMechanism,
     PersonalizedState,
-    build,
 )
+from privstream.mechanisms.registry import PERSONALIZED
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import FrequencyTask
 
@@ -443,14 +443,14 @@ def tolerance(case: Case) -> list[float]:
 
 
 def check_pbd(case: Case) -> None:
-    result = run(build("PBD", case.config()), case)
+    result = run(PERSONALIZED.build("PBD", case.config()), case)
     assert_actual_loss_within_requirements(result, case)
     assert_float_charges_within_requirements(result, case)
     check_schedule(exact_pbd(case, result, uniform=False), result, case, tolerance(case))
 
 
 def check_pba(case: Case) -> None:
-    result = run(build("PBA", case.config()), case)
+    result = run(PERSONALIZED.build("PBA", case.config()), case)
     assert_actual_loss_within_requirements(result, case)
     assert_float_charges_within_requirements(result, case)
     shares = [ULP * eps for _, eps in case.classes]  # one rounded product per charge
@@ -458,7 +458,7 @@ def check_pba(case: Case) -> None:
 
 
 def check_bd(case: Case) -> None:
-    result = run(build("BD", case.config()), case)
+    result = run(PERSONALIZED.build("BD", case.config()), case)
     assert_actual_loss_within_requirements(result, case)
     assert_float_charges_within_requirements(result, case)
     cfg = case.config()
@@ -467,7 +467,7 @@ def check_bd(case: Case) -> None:
 
 
 def check_ba(case: Case) -> None:
-    result = run(build("BA", case.config()), case)
+    result = run(PERSONALIZED.build("BA", case.config()), case)
     assert_actual_loss_within_requirements(result, case)
     assert_float_charges_within_requirements(result, case)
     cfg = case.config()
@@ -602,7 +602,10 @@ DEFECT_CASE = Case(((6, 1.0), (12, 2.0)), (3, 2), (True,) * 60)
 
 
 def test_the_checks_pass_on_the_real_mechanisms() -> None:
-    for mech in (build("PBD", DEFECT_CASE.config()), build("PBA", DEFECT_CASE.config())):
+    for mech in (
+        PERSONALIZED.build("PBD", DEFECT_CASE.config()),
+        PERSONALIZED.build("PBA", DEFECT_CASE.config()),
+    ):
         result = run(mech, DEFECT_CASE)
         assert_actual_loss_within_requirements(result, DEFECT_CASE)
         assert_float_charges_within_requirements(result, DEFECT_CASE)

@@ -24,9 +24,9 @@ from privstream.mechanisms.client import (
 from privstream.mechanisms.contract import Slot
 from privstream.mechanisms.errors import PrivacyBudgetExceeded
 from privstream.mechanisms.ldp_ids import LdpIdsConfig
-from privstream.mechanisms.ldp_ids import build as build_ldp
 from privstream.mechanisms.ledger import RELATIVE_TOLERANCE, PersonalizedLedger
-from privstream.mechanisms.personalized import PersonalizedConfig, build
+from privstream.mechanisms.personalized import PersonalizedConfig
+from privstream.mechanisms.registry import LDP_IDS, PERSONALIZED
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import FrequencyTask, MeanTask
 
@@ -483,10 +483,10 @@ def test_slot_ports_are_refused_across_trust_modes() -> None:
         _ = cdp_slot.client
     with pytest.raises(TypeError, match="LDP clients"):
         _ = ldp_slot.curator
-    pbd = build("PBD", PersonalizedConfig(population=10, epsilon=1.0, window=3))
+    pbd = PERSONALIZED.build("PBD", PersonalizedConfig(population=10, epsilon=1.0, window=3))
     with pytest.raises(TypeError, match="CuratorPort"):
         pbd.step(pbd.initial_state(), ldp_slot)
-    lbd = build_ldp("LBD", LdpIdsConfig(epsilon=1.0, window=3, population=10))
+    lbd = LDP_IDS.build("LBD", LdpIdsConfig(epsilon=1.0, window=3, population=10))
     with pytest.raises(TypeError, match="ClientPort"):
         lbd.step(lbd.initial_state(), cdp_slot)
     port: ClientPort = clients

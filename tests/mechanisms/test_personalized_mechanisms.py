@@ -32,9 +32,8 @@ from privstream.mechanisms.personalized import (
     PersonalizedConfig,
     PersonalizedMechanism,
     PersonalizedState,
-    build,
-    mechanism_names,
 )
+from privstream.mechanisms.registry import PERSONALIZED
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import FrequencyTask
 
@@ -122,7 +121,7 @@ def config(n: int, eps: float = 1.0, w: int = 4, d: int = 2, **kw: object) -> Pe
 def test_pbd_1_paper_figure_5() -> None:
     """One user class with w = 4: decisions [pub, skip, pub] propose ε/4, ε/8 (not charged),
     ε/8; DC is ε/8 every slot; slot 1 charges 3ε/8."""
-    mech = forced(build("PBD", config(3)), [True, False, True])
+    mech = forced(PERSONALIZED.build("PBD", config(3)), [True, False, True])
     seen = proposals(mech)
     steps = drive(mech, Requirements(population=3), constant(3), 3)
     assert [exact(float(p[0])) for p in seen] == [Fraction(1, 4), Fraction(1, 8), Fraction(1, 8)]
@@ -136,7 +135,7 @@ def test_pbd_1_paper_figure_5() -> None:
 
 def test_pbd_1_scales_with_epsilon() -> None:
     """The allocation fraction depends on w only (§4.2): the same trace at ε = 0.6."""
-    mech = forced(build("PBD", config(3, eps=0.6)), [True, False, True])
+    mech = forced(PERSONALIZED.build("PBD", config(3, eps=0.6)), [True, False, True])
     seen = proposals(mech)
     drive(mech, Requirements(population=3), constant(3), 3)
     assert [float(p[0]) for p in seen] == pytest.approx([0.15, 0.075, 0.075], rel=1e-15)
@@ -145,7 +144,7 @@ def test_pbd_1_scales_with_epsilon() -> None:
 def test_pbd_2_two_windows() -> None:
     """§4.2 PBD-2: windows 4 and 2, decisions pub, pub, pub, skip, pub, pub (exact fractions)."""
     req = Requirements([1.0] * 4, [4, 4, 2, 2])
-    mech = forced(build("PBD", config(4)), [True, True, True, False, True, True])
+    mech = forced(PERSONALIZED.build("PBD", config(4)), [True, True, True, False, True, True])
     seen = proposals(mech)
     steps = drive(mech, req, constant(4), 6)
     w2 = [
@@ -173,7 +172,7 @@ def test_pbd_2_two_windows() -> None:
 
 
 def test_pbd_publishing_every_slot_w4() -> None:
-    mech = forced(build("PBD", config(2)), [True] * 8)
+    mech = forced(PERSONALIZED.build("PBD", config(2)), [True] * 8)
     seen = proposals(mech)
     drive(mech, Requirements(population=2), constant(2), 8)
     want = [Fraction(1, 4), Fraction(1, 8), Fraction(1, 16), Fraction(1, 32),
@@ -182,7 +181,7 @@ def test_pbd_publishing_every_slot_w4() -> None:
 
 
 def test_bd_is_the_single_class_pbd_trace() -> None:
-    mech = forced(build("BD", config(3)), [True, False, True])
+    mech = forced(PERSONALIZED.build("BD", config(3)), [True, False, True])
     rows = [c[0] for c in classes_of(drive(mech, Requirements(population=3), constant(3), 3))]
     assert [exact(r.epsilon_pub) for r in rows] == [Fraction(1, 4), 0, Fraction(1, 8)]
     assert [exact(r.epsilon_dc) for r in rows] == [Fraction(1, 8)] * 3
@@ -192,7 +191,7 @@ def test_pba_1_paper_figure_6() -> None:
     """§4.3 PBA-1: users with windows (4, 2, 3); pub, skip, pub, (nullified), pub."""
     eps = {4: 0.8, 2: 0.5, 3: 0.9}
     req = Requirements([eps[4], eps[2], eps[3]], [4, 2, 3])
-    mech = forced(build("PBA", config(3)), [True, False, True, True, True])
+    mech = forced(PERSONALIZED.build("PBA", config(3)), [True, False, True, True, True])
     steps = drive(mech, req, constant(3), 5)
     assert [r.strategy for r, _ in steps] == ["publish", "skip", "publish", "nullified", "publish"]
     shares = {1: 1, 2: 0, 3: 2, 4: 0, 5: 1}
@@ -211,7 +210,7 @@ def test_pba_2_cap_and_mixed_windows() -> None:
     """§4.3 PBA-2: windows {3, 5}; skip slots 1–6, then "wanted publish" every slot."""
     req = Requirements([1.0, 1.0], [3, 5])
     T = 14
-    mech = forced(build("PBA", config(2, w=5)), [False] * 6 + [True] * (T - 6))
+    mech = forced(PERSONALIZED.build("PBA", config(2, w=5)), [False] * 6 + [True] * (T - 6))
     state = mech.initial_state()
     steps: list[Step] = []
     absorbed: dict[int, list[int]] = {}
@@ -240,7 +239,7 @@ def test_pba_2_cap_and_mixed_windows() -> None:
 
 def test_ba_is_the_single_class_pba_trace() -> None:
     """BA with w = 2: publish (1 share), skip, publish (2 shares), nullified, publish (1)."""
-    mech = forced(build("BA", config(2, w=2)), [True, False, True, True, True])
+    mech = forced(PERSONALIZED.build("BA", config(2, w=2)), [True, False, True, True, True])
     steps = drive(mech, Requirements(population=2), constant(2), 5)
     assert [r.strategy for r, _ in steps] == ["publish", "skip", "publish", "nullified", "publish"]
     assert [r.epsilon_m2 for r, _ in steps] == [0.25, 0.0, 0.5, 0.0, 0.25]
@@ -255,8 +254,8 @@ def test_single_class_equals_kellaris_bit_for_bit(personal: str, kellaris: str) 
     n, d, T = 3000, 3, 250
     cfg = config(n, eps=1.0, w=10, d=d, threshold_mode="laplace_scale")
     req = Requirements(population=n)  # nobody states a preference: one class (1.0, 10)
-    ours = drive(build(personal, cfg), req, drifting(n, d), T, scope="shared")
-    theirs = drive(build(kellaris, cfg), req, drifting(n, d), T, scope="shared")
+    ours = drive(PERSONALIZED.build(personal, cfg), req, drifting(n, d), T, scope="shared")
+    theirs = drive(PERSONALIZED.build(kellaris, cfg), req, drifting(n, d), T, scope="shared")
     for (a, ea), (b, eb) in zip(ours, theirs, strict=True):
         assert dataclasses.replace(a, mechanism=kellaris) == b
         assert dataclasses.replace(ea, mechanism=kellaris) == eb
@@ -268,14 +267,16 @@ def test_single_class_equals_kellaris_bit_for_bit(personal: str, kellaris: str) 
 
 def test_default_threshold_is_the_papers() -> None:
     """A14: PBD/PBA compare with sqrt(err); BD/BA with the Laplace scale Δ/ε2."""
-    assert build("PBD", config(3)).threshold_mode == "sqrt_err"
-    assert build("PBA", config(3)).threshold_mode == "sqrt_err"
-    assert build("BD", config(3)).threshold_mode == "laplace_scale"
-    assert build("BA", config(3)).threshold_mode == "laplace_scale"
-    assert build("BD", config(3, threshold_mode="sqrt_err")).threshold_mode == "sqrt_err"
-    mech = build("PBD", config(3))
+    assert PERSONALIZED.build("PBD", config(3)).threshold_mode == "sqrt_err"
+    assert PERSONALIZED.build("PBA", config(3)).threshold_mode == "sqrt_err"
+    assert PERSONALIZED.build("BD", config(3)).threshold_mode == "laplace_scale"
+    assert PERSONALIZED.build("BA", config(3)).threshold_mode == "laplace_scale"
+    assert (
+        PERSONALIZED.build("BD", config(3, threshold_mode="sqrt_err")).threshold_mode == "sqrt_err"
+    )
+    mech = PERSONALIZED.build("PBD", config(3))
     assert mech.threshold(0.5, 8.0) == math.sqrt(8.0)
-    assert build("BD", config(3)).threshold(0.5, 8.0) == 2.0
+    assert PERSONALIZED.build("BD", config(3)).threshold(0.5, 8.0) == 2.0
 
 
 # -- §10 item 7: end-to-end smoke tests -----------------------------------------------------------
@@ -289,7 +290,7 @@ def test_huge_budgets_track_the_truth(name: str) -> None:
     n, d, T = 400, 4, 40
     req = Requirements(np.resize([1e6, 2e6], n), np.resize([2, 5], n))
     values = drifting(n, d)
-    mech = build(name, config(n, eps=1e6, w=5, d=d))
+    mech = PERSONALIZED.build(name, config(n, eps=1e6, w=5, d=d))
     steps = drive(mech, req, values, T)
     truth = np.array([np.bincount(values(t), minlength=d) for t in range(1, T + 1)])
     releases = np.array([r.estimate for r, _ in steps])
@@ -307,7 +308,7 @@ def test_tiny_budgets_stop_publishing(name: str) -> None:
     gives a coin flip, so this holds for PBD/PBA, not BD/BA.)"""
     n, d, T = 100_000, 100, 120
     req = Requirements(np.resize([0.01, 0.02], n), np.resize([1, 2], n))
-    mech = build(name, config(n, eps=0.01, w=2, d=d))
+    mech = PERSONALIZED.build(name, config(n, eps=0.01, w=2, d=d))
     steps = drive(mech, req, lambda t: np.random.default_rng([3, t]).integers(0, d, n), T)
     strategies = [r.strategy for r, _ in steps]
     assert strategies[0] == "publish"
@@ -325,7 +326,7 @@ def test_plbu_is_unbiased_with_the_oue_variance() -> None:
     n, d, K = 300, 3, 3000
     req = Requirements(np.resize([1.0, 0.5], n), np.resize([2, 5], n))
     values = np.resize(np.array([0, 1, 1, 2, 2, 2]), n)
-    mech = build("PLBU", config(n, eps=0.5, w=5, d=d))
+    mech = PERSONALIZED.build("PLBU", config(n, eps=0.5, w=5, d=d))
     assert mech.privacy_cost.model.startswith("w-event ε-LDP")
     steps = drive(mech, req, lambda t: values, K)
     estimates = np.array([r.estimate for r, _ in steps])
@@ -348,14 +349,19 @@ def test_plbu_is_unbiased_with_the_oue_variance() -> None:
 def test_uniform_baselines_refuse_stricter_users(name: str) -> None:
     """One (ε, w) protects user i only if ε ≤ ε_i and w ≥ w_i (spec §3)."""
     for eps, win in (([0.5, 1.0], [3, 3]), ([1.0, 1.0], [3, 6])):
-        mech = build(name, config(2, eps=1.0, w=5))
+        mech = PERSONALIZED.build(name, config(2, eps=1.0, w=5))
         with pytest.raises(PrivacyBudgetExceeded, match="cannot protect"):
             drive(mech, Requirements(eps, win), constant(2), 1)
-    drive(build(name, config(2, eps=1.0, w=5)), Requirements([1.0, 3.0], [5, 2]), constant(2), 3)
+    drive(
+        PERSONALIZED.build(name, config(2, eps=1.0, w=5)),
+        Requirements([1.0, 3.0], [5, 2]),
+        constant(2),
+        3,
+    )
 
 
 def test_changed_requirements_halt_the_stream() -> None:
-    mech = build("PBD", config(4))
+    mech = PERSONALIZED.build("PBD", config(4))
     steps_state = mech.initial_state()
     first = Requirements([1.0, 1.0, 2.0, 2.0], [4, 4, 2, 2])
     moved = Requirements([1.0, 2.0, 2.0, 2.0], [4, 2, 2, 2])  # user 1 changes class
@@ -373,7 +379,7 @@ def test_changed_requirements_halt_the_stream() -> None:
 
 
 def test_population_and_domain_must_match() -> None:
-    mech = build("PBA", config(4, d=3))
+    mech = PERSONALIZED.build("PBA", config(4, d=3))
     r = SlotRandomness(1, "s", 1)
     with pytest.raises(ValueError, match="expects n=4"):
         mech.step(
@@ -400,7 +406,7 @@ def test_population_and_domain_must_match() -> None:
 def test_release_and_entry_fields() -> None:
     n = 6
     req = Requirements([0.5, 0.5, 1.0, 1.0, np.nan, np.nan], [2, 2, 4, 4, 0, 0])
-    mech = forced(build("PBA", config(n, eps=1.0, w=4)), [True, False, True, True])
+    mech = forced(PERSONALIZED.build("PBA", config(n, eps=1.0, w=4)), [True, False, True, True])
     steps = drive(mech, req, constant(n), 4)
     release, entry = steps[0]
     assert release.release_id == "s/PBA/1" and release.source_slot == 1
@@ -414,16 +420,16 @@ def test_release_and_entry_fields() -> None:
     assert nullified.estimate == steps[2][0].estimate and nullified.source_slot == 3
     assert steps[1][0].estimate == release.estimate  # a skip repeats r_{t−1}
     assert mech.privacy_cost.model == "w-event ε-DP (personalized, (w, ε)-EPDP)"
-    assert build("BD", config(3)).privacy_cost.model == "w-event ε-DP"
+    assert PERSONALIZED.build("BD", config(3)).privacy_cost.model == "w-event ε-DP"
 
 
 def test_mechanism_names() -> None:
-    assert mechanism_names("pbd, BA,uniform") == ["PBD", "BA", "Uniform"]
-    assert mechanism_names(["sample", "PLBU"]) == ["Sample", "PLBU"]
+    assert PERSONALIZED.names("pbd, BA,uniform") == ["PBD", "BA", "Uniform"]
+    assert PERSONALIZED.names(["sample", "PLBU"]) == ["Sample", "PLBU"]
     with pytest.raises(ValueError, match="unknown"):
-        mechanism_names("PBX")
+        PERSONALIZED.names("PBX")
     with pytest.raises(ValueError, match="twice"):
-        mechanism_names("pbd,PBD")
+        PERSONALIZED.names("pbd,PBD")
     with pytest.raises(ValueError, match="unknown personalized mechanism"):
-        build("LBD", config(3))
+        PERSONALIZED.build("LBD", config(3))
     assert set(MECHANISMS) == {"BD", "BA", "Uniform", "Sample", "PLBU", "PU", "PBD", "PBA"}

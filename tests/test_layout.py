@@ -1,0 +1,40 @@
+"""The checkout and the installed package are one package (design §2): no runtime ``__path__``
+extension, so the checkout's folders do not import as sub-packages of themselves and every
+class has one identity."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import privstream
+from privstream.mechanisms import errors
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("name", ["privstream.privstream", "privstream.tests", "privstream.bench"])
+def test_the_checkout_does_not_import_as_a_sub_package_of_itself(name: str) -> None:
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(name)
+
+
+def test_exported_errors_have_one_identity() -> None:
+    assert privstream.PrivacyBudgetExceeded is errors.PrivacyBudgetExceeded
+
+
+def test_an_import_from_the_checkout_sees_the_same_modules() -> None:
+    code = (
+        "import privstream.mechanisms.errors as e, privstream.operators.slotting as s;"
+        "print(e.__file__); print(s.__file__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.split()  # fmt: skip
+    assert [Path(p).resolve() for p in out] == [
+        (ROOT / "mechanisms" / "errors.py").resolve(),
+        (ROOT / "operators" / "slotting.py").resolve(),
+    ]
