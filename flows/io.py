@@ -10,13 +10,14 @@ format.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Final
 
 from bytewax import operators as op
 from bytewax.dataflow import Dataflow, Stream
-from bytewax.operators import KeyedStream
+from bytewax.operators import KeyedStream, StatefulBatchLogic
 
 from privstream.connectors import control
 from privstream.connectors.control import StopSignal
@@ -36,7 +37,7 @@ from privstream.connectors.kafka_sink import kafka_output
 from privstream.connectors.sources import SyntheticSource, detect_format, file_source
 from privstream.connectors.synthetic import DATASETS, SyntheticStream
 from privstream.events import MAX_EVENT_BYTES, DeadLetter, EventBatch
-from privstream.mechanisms.contract import Release
+from privstream.mechanisms.contract import Halt, Release
 from privstream.mechanisms.tasks import EstimationTask, FrequencyTask, MeanTask
 from privstream.operators.metrics import BOARD, count_dead_letter
 from privstream.operators.slotting import MechanismOut, SlottingConfig
@@ -230,11 +231,66 @@ def outputs(
             ),
         )
     if kafka.until_slot is not None:
-        # Read from the ledger board, so a run resumed after its last slot stops at once too.
         assert stop is not None, "until_slot needs a stop signal"
+        progress_of = _release_progress(releases, mech.ledger)
         pairs = [(s, m) for s in known for m in mechanisms]
         last = kafka.until_slot
-        stop.when(lambda: BOARD.released_through(pairs, last), f"slot {last} released")
+        stop.when(lambda: progress_of.through(pairs, last), f"slot {last} released")
+
+
+HALTED: Final = 2**62
+"""The progress of a halted mechanism: it will release nothing more, so it is done."""
+
+
+class ReleaseProgress:
+    """The last slot handed on per (stream, mechanism), read from the release stream and the
+    ``Halt`` records of the ledger stream — what ``KafkaIO.until_slot`` waits for. Kept in a
+    recovered state (``_ProgressLogic``), so a run resumed after its last slot stops at once."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+
+    def update(self, last: Mapping[tuple[str, str], int]) -> None:
+        with self._lock:
+            self._last.update(last)
+
+    def through(self, pairs: Iterable[tuple[str, str]], slot: int) -> bool:
+        """Every pair has released ``slot`` (or halted)."""
+        with self._lock:
+            return all(self._last.get(pair, -1) >= slot for pair in pairs)
+
+
+Progress = dict[tuple[str, str], int]
+
+
+class _ProgressLogic(StatefulBatchLogic[Any, None, Progress]):
+    """One stream's released slots per mechanism (a halted one counts as done)."""
+
+    def __init__(self, progress: ReleaseProgress, resume: Progress | None) -> None:
+        self.progress = progress
+        self.last: Progress = dict(resume or {})
+        progress.update(self.last)
+
+    def on_batch(self, values: list[Any]) -> tuple[Iterable[None], bool]:
+        for item in values:
+            key = (item.stream, item.mechanism)
+            slot = HALTED if isinstance(item, Halt) else item.slot
+            self.last[key] = max(self.last.get(key, -1), slot)
+        self.progress.update(self.last)
+        return (), StatefulBatchLogic.RETAIN
+
+    def snapshot(self) -> Progress:
+        return dict(self.last)
+
+
+def _release_progress(releases: Stream[Release], ledger: Stream[Any]) -> ReleaseProgress:
+    """Track each stream's released slots (and halts) in the recovered step ``progress``."""
+    progress = ReleaseProgress()
+    halts = op.filter("halts", ledger, lambda item: isinstance(item, Halt))
+    done = op.key_on("progress_key", op.merge("progress_in", releases, halts), lambda e: e.stream)
+    op.stateful_batch("progress", done, lambda resume: _ProgressLogic(progress, resume))
+    return progress
 
 
 def assemble(

@@ -25,35 +25,13 @@ import dataclasses
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Any, Final, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import EstimationTask
-
-MIN_EPSILON: Final = 1e-3
-MAX_EPSILON: Final = 1e6
-MAX_WINDOW: Final = 100_000
-"""Limits of a requirement ``(ε, w)``, the stream's and every user's: beyond them a ledger ring
-would not fit in memory (w up to 2^62 was tried) or a noise scale would not be finite (ε =
-1e−310). A registration outside them is refused at start."""
-
-
-def check_requirement(epsilon: float, window: int, what: str) -> None:
-    """Refuse a requirement outside ``[MIN_EPSILON, MAX_EPSILON] × [1, MAX_WINDOW]``."""
-    if not (isinstance(epsilon, (int, float)) and MIN_EPSILON <= epsilon <= MAX_EPSILON):
-        raise ValueError(
-            f"{what}: epsilon must lie in [{MIN_EPSILON:g}, {MAX_EPSILON:g}], got {epsilon!r}"
-        )
-    if (
-        isinstance(window, bool)
-        or not isinstance(window, (int, np.integer))
-        or not (1 <= window <= MAX_WINDOW)
-    ):
-        raise ValueError(f"{what}: window must be an integer in [1, {MAX_WINDOW}], got {window!r}")
-
 
 ClientPath = Literal["aggregate", "per-user"]
 ABSENT = -1  # marker of a user with no current value in an integer value array

@@ -38,6 +38,7 @@ from privstream.mechanisms.guarantees import Guarantee, PureDP, WindowScope
 from privstream.mechanisms.ledger import BudgetLedger, PopulationLedger
 from privstream.mechanisms.tasks import EstimationTask, FrequencyTask
 from privstream.mechanisms.trust import TrustMode
+from privstream.mechanisms.validation import check_fraction, check_population, check_requirement
 
 STATE_VERSION: Final = 1
 AbsorptionInit = Literal["literal", "tA_eq_t"]
@@ -74,20 +75,11 @@ class LdpIdsConfig:
         return replace(self, epsilon=self.epsilon * share)
 
     def __post_init__(self) -> None:
-        if not (
-            isinstance(self.epsilon, (int, float))
-            and math.isfinite(self.epsilon)
-            and self.epsilon > 0
-        ):
-            raise ValueError(f"epsilon must be a positive finite number, got {self.epsilon!r}")
-        if not isinstance(self.window, int) or self.window < 1:
-            raise ValueError(f"window must be an integer >= 1, got {self.window!r}")
-        if not isinstance(self.population, int) or self.population < 1:
-            raise ValueError(f"population must be an integer >= 1, got {self.population!r}")
+        check_requirement(self.epsilon, self.window, "the stream's budget")
+        check_population(self.population)
         if not isinstance(self.task, EstimationTask):
             raise ValueError(f"task must be a FrequencyTask or MeanTask, got {self.task!r}")
-        if not (0 < self.beta < 1):
-            raise ValueError(f"beta must lie in (0, 1), got {self.beta!r}")
+        check_fraction("beta", self.beta)
         if not isinstance(self.u_min, int) or self.u_min < 1:
             raise ValueError(f"u_min must be an integer >= 1, got {self.u_min!r}")
         if self.absorption_init not in ("literal", "tA_eq_t"):

@@ -55,7 +55,7 @@ from typing import Any, ClassVar, Final, Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from privstream.mechanisms.client import ClassHistogram, check_requirement
+from privstream.mechanisms.client import ClassHistogram
 from privstream.mechanisms.contract import (
     ClassSpend,
     Conformance,
@@ -74,6 +74,7 @@ from privstream.mechanisms.noise import discrete_laplace, laplace_variance, publ
 from privstream.mechanisms.oracles import OUE
 from privstream.mechanisms.tasks import FrequencyTask
 from privstream.mechanisms.trust import TrustMode
+from privstream.mechanisms.validation import check_fraction, check_population, check_requirement
 
 STATE_VERSION: Final = 3
 """Layout of ``PersonalizedState``. 2: classes join over time (spec §9.5): ``sizes`` holds each
@@ -299,13 +300,11 @@ class PersonalizedConfig:
         return dataclasses.replace(self, budget_share=share)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.population, int) or self.population < 1:
-            raise ValueError(f"population must be an integer >= 1, got {self.population!r}")
+        check_population(self.population)
         check_requirement(self.epsilon, self.window, "the stream's requirement")
         if not isinstance(self.task, FrequencyTask):
             raise ValueError(f"task must be a FrequencyTask (a histogram), got {self.task!r}")
-        if not (isinstance(self.budget_share, (int, float)) and 0 < self.budget_share <= 1):
-            raise ValueError(f"budget_share must lie in (0, 1], got {self.budget_share!r}")
+        check_fraction("budget_share", self.budget_share, closed=True)
         if self.threshold_mode not in (None, "sqrt_err", "laplace_scale"):
             raise ValueError(
                 f"threshold_mode must be None, 'sqrt_err' or 'laplace_scale', got {self.threshold_mode!r}"

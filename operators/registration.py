@@ -24,7 +24,7 @@ from privstream.events import (
     DeadLetter,
     EventBatch,
 )
-from privstream.mechanisms.client import MIN_EPSILON, check_requirement
+from privstream.mechanisms.validation import MIN_EPSILON, check_requirement
 from privstream.operators.reasons import CODE, Output
 from privstream.operators.stream_state import StreamState
 

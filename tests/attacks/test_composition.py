@@ -10,7 +10,6 @@ independently of the accountant.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import defaultdict
 from typing import Any
 
@@ -20,14 +19,15 @@ from prometheus_client import REGISTRY
 
 from privstream.events import EventBatch
 from privstream.mechanisms.accountant import BudgetSplit, PopulationAccountant
-from privstream.mechanisms.contract import PrivacyCost
 from privstream.mechanisms.errors import PrivacyBudgetExceeded
-from privstream.mechanisms.ldp_ids import LBU, MECHANISMS, LdpIdsConfig, build
+from privstream.mechanisms.guarantees import Guarantee
+from privstream.mechanisms.ldp_ids import LBU, MECHANISMS, LdpIdsConfig
 from privstream.mechanisms.ledger import budget_limit
 from privstream.mechanisms.personalized import PersonalizedConfig
-from privstream.operators.ldp_ids import ldp_ids
-from privstream.operators.personalized import personalized
-from privstream.operators.slotting import Preferences, slotted_mechanism
+from privstream.mechanisms.registry import LDP_IDS, PERSONALIZED
+from privstream.operators.family import family_mechanisms
+from privstream.operators.registration import Preferences
+from privstream.operators.slotting import slotted_mechanism
 from tests.attacks.helpers import Outputs, run_operator
 
 N, T, W, EPS = 2000, 30, 5, 1.0
@@ -66,7 +66,9 @@ def run_ldp(split: BudgetSplit) -> Outputs:
     config = LdpIdsConfig(epsilon=EPS, window=W, population=N)
     return run_operator(
         batches(),
-        lambda keyed: ldp_ids("l", keyed, mechanism=ALL, config=config, secret=3, split=split),
+        lambda keyed: family_mechanisms(
+            "l", keyed, family=LDP_IDS, mechanism=ALL, config=config, secret=3, split=split
+        ),
     )
 
 
@@ -101,7 +103,9 @@ def test_weights_divide_the_budget() -> None:
     config = LdpIdsConfig(epsilon=EPS, window=W, population=N)
     out = run_operator(
         batches(),
-        lambda k: ldp_ids("l", k, mechanism=["LBU", "LPA"], config=config, secret=3, split=split),
+        lambda k: family_mechanisms(
+            "l", k, family=LDP_IDS, mechanism=["LBU", "LPA"], config=config, secret=3, split=split
+        ),
     )
     eps = {r["mechanism"]: r["epsilon"] for r in out["releases"]}
     assert eps == {"LBU": pytest.approx(0.75), "LPA": pytest.approx(0.25)}
@@ -115,8 +119,8 @@ class _Understated(LBU):
     name = "LBU_a"
 
     @property
-    def privacy_cost(self) -> PrivacyCost:
-        return dataclasses.replace(super().privacy_cost, epsilon=self.config.epsilon / 2)
+    def privacy_cost(self) -> Guarantee:
+        return super().privacy_cost.scaled(0.5)
 
 
 class _Understated2(_Understated):
@@ -154,7 +158,7 @@ def test_mechanisms_built_without_their_share_are_refused() -> None:
         run_operator(
             batches(t_max=1),
             lambda keyed: slotted_mechanism(
-                "m", keyed, mechanisms=[build("LBU", config), build("LPA", config)],
+                "m", keyed, mechanisms=[LDP_IDS.build("LBU", config), LDP_IDS.build("LPA", config)],
                 task=config.task, population=N, secret=1, split=BudgetSplit.parse("equal", 2),
                 epsilon=EPS,
             ),
@@ -172,7 +176,9 @@ def test_several_mechanisms_must_say_how_they_share() -> None:
     with pytest.raises(ValueError, match="compose"):
         run_operator(
             batches(t_max=1),
-            lambda k: ldp_ids("l", k, mechanism=["LBU", "LPA"], config=config, secret=3),
+            lambda k: family_mechanisms(
+                "l", k, family=LDP_IDS, mechanism=["LBU", "LPA"], config=config, secret=3
+            ),
         )
 
 
@@ -184,8 +190,8 @@ def test_personalized_classes_compose_per_class() -> None:
     names = ["PBD", "PBA", "PU", "Uniform"]
     out = run_operator(
         batches(),
-        lambda keyed: personalized(
-            "p", keyed, mechanism=names, config=config, secret=5, preferences=prefs,
+        lambda keyed: family_mechanisms(
+            "p", keyed, family=PERSONALIZED, mechanism=names, config=config, secret=5, registration=prefs,
             split=BudgetSplit.parse("equal", len(names)),
         ),
     )  # fmt: skip

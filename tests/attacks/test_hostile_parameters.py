@@ -20,11 +20,12 @@ from prometheus_client import REGISTRY
 
 from privstream.events import EventBatch
 from privstream.mechanisms.accountant import BudgetSplit
-from privstream.mechanisms.ldp_ids import LBU, LdpIdsConfig, build
+from privstream.mechanisms.ldp_ids import LBU, LdpIdsConfig
 from privstream.mechanisms.personalized import MIN_SLOT_EPSILON, PersonalizedConfig
-from privstream.mechanisms.personalized import build as build_personalized
-from privstream.operators.personalized import personalized
-from privstream.operators.slotting import Preferences, slotted_mechanism
+from privstream.mechanisms.registry import LDP_IDS, PERSONALIZED
+from privstream.operators.family import family_mechanisms
+from privstream.operators.registration import Preferences
+from privstream.operators.slotting import slotted_mechanism
 from tests.attacks.helpers import run_operator
 
 N, T, W = 400, 10, 4
@@ -56,7 +57,7 @@ def test_an_unexpected_error_halts_one_mechanism_on_one_stream(
 ) -> None:
     config = LdpIdsConfig(epsilon=1.0, window=W, population=N)
     half = LdpIdsConfig(epsilon=0.5, window=W, population=N)
-    mechanisms = [_Crashes(half), build("LPA", half)]
+    mechanisms = [_Crashes(half), LDP_IDS.build("LPA", half)]
     with caplog.at_level(logging.ERROR):
         out = run_operator(
             batches(),
@@ -98,16 +99,22 @@ def test_hostile_requirements_are_refused_at_start(epsilon: float, window: int, 
 def test_population_division_that_could_never_publish_is_refused(name: str) -> None:
     """⌊βn/w⌋ = 0: M1 asks nobody, the dissimilarity is never measured."""
     with pytest.raises(ValueError, match=r"⌊βn/w⌋ >= 1 user.*never publish"):
-        build(name, LdpIdsConfig(epsilon=1.0, window=40, population=50, beta=0.5))
-    build(name, LdpIdsConfig(epsilon=1.0, window=25, population=50, beta=0.5))  # ⌊1⌋ = 1
+        LDP_IDS.build(name, LdpIdsConfig(epsilon=1.0, window=40, population=50, beta=0.5))
+    LDP_IDS.build(name, LdpIdsConfig(epsilon=1.0, window=25, population=50, beta=0.5))  # ⌊1⌋ = 1
 
 
 def test_sample_approximates_between_publications() -> None:
     config = PersonalizedConfig(population=N, epsilon=1.0, window=W)
     out = run_operator(
         batches(("a",)),
-        lambda keyed: personalized(
-            "p", keyed, mechanism="Sample", config=config, secret=1, preferences=Preferences()
+        lambda keyed: family_mechanisms(
+            "p",
+            keyed,
+            family=PERSONALIZED,
+            mechanism="Sample",
+            config=config,
+            secret=1,
+            registration=Preferences(),
         ),
     )
     strategies = [r["strategy"] for r in sorted(out["releases"], key=lambda r: r["slot"])]
@@ -120,15 +127,13 @@ def test_sample_approximates_between_publications() -> None:
 def test_a_vanishing_publication_budget_skips_instead_of_crashing() -> None:
     """BD halves what is left of ε/2 at each publication; forced to publish every slot, the
     remainder underflows the sampler's range after ~40 slots and must then be skipped."""
-    mech = build_personalized("BD", PersonalizedConfig(population=N, epsilon=1.0, window=200))
+    mech = PERSONALIZED.build("BD", PersonalizedConfig(population=N, epsilon=1.0, window=200))
     mech.wants_publication = lambda t, dis, threshold: True  # type: ignore[method-assign]
     out = run_operator(
         batches(("a",)),
         lambda keyed: slotted_mechanism(
             "m", keyed, mechanisms=[mech], task=mech.config.task, population=N, secret=1,
-            trust=__import__("privstream.operators.slotting", fromlist=["x"]).TrustedCurator(
-                mech.config.task, Preferences()
-            ),
+            registration=Preferences(),
         ),
     )  # fmt: skip
     assert len(out["releases"]) == T and all(r["strategy"] == "publish" for r in out["releases"])
@@ -143,8 +148,8 @@ def test_a_vanishing_publication_budget_skips_instead_of_crashing() -> None:
         port = SimulatedCurator(values, mech.config.task, Requirements(population=N))
         state, events = mech.step(state, Slot("a", t, port, SlotRandomness(1, "a", t)))
         release = events[0]
-        assert release.strategy == "publish" or release.epsilon_m2 == 0.0
-    assert release.strategy == "skip" and MIN_SLOT_EPSILON > 0
+        assert release.strategy == "publish" or release.details.theta_pub == 0.0
+    assert release.strategy == "approximate" and MIN_SLOT_EPSILON > 0
 
 
 def test_a_failure_in_the_slotting_halts_only_that_stream(
@@ -155,19 +160,19 @@ def test_a_failure_in_the_slotting_halts_only_that_stream(
     stream "b" goes on."""
     from privstream.operators import slotting
 
-    original = slotting._SlottedLogic._ingest
+    original = slotting.SlottedLogic._ingest
 
     def breaking(self: Any, state: Any, batch: EventBatch) -> Any:
         if batch.stream == "a" and int(batch.slots[0]) == 5:
             raise MemoryError("ring of 2^62 slots")
         return original(self, state, batch)
 
-    monkeypatch.setattr(slotting._SlottedLogic, "_ingest", breaking)
+    monkeypatch.setattr(slotting.SlottedLogic, "_ingest", breaking)
     config = LdpIdsConfig(epsilon=1.0, window=W, population=N)
     with caplog.at_level(logging.ERROR):
         out = run_operator(
             batches(), lambda keyed: slotted_mechanism(
-                "m", keyed, mechanisms=[build("LBU", config)], task=config.task, population=N,
+                "m", keyed, mechanisms=[LDP_IDS.build("LBU", config)], task=config.task, population=N,
                 secret=2,
             ),
         )  # fmt: skip

@@ -49,6 +49,7 @@ from privstream.mechanisms.personalized import (
 from privstream.mechanisms.registry import PERSONALIZED
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import FrequencyTask
+from tests.mechanisms.ledger_rows import class_rows
 
 D = 2
 EXAMPLES = 10
@@ -211,11 +212,11 @@ def run(mech: PersonalizedMechanism, case: Case) -> Run:
             slot = Slot("inv", t, SimulatedCurator(values, mech.config.task, req), r)
             state, (release, entry) = mech.step(state, slot)
             assert isinstance(release, Release) and isinstance(entry, LedgerEntry)
-            assert entry.classes is not None
-            order = [index[(c.window, c.epsilon)] for c in entry.classes]
+            rows = class_rows(entry)
+            order = [index[(c.window, c.epsilon)] for c in rows]
             assert sorted(order) == np.flatnonzero(case.present()[t - 1]).tolist()
             for k, c in enumerate(order):
-                row = entry.classes[k]
+                row = rows[k]
                 dc[t - 1, c], pub[t - 1, c], spent[t - 1, c] = (
                     row.epsilon_dc,
                     row.epsilon_pub,
@@ -298,10 +299,10 @@ def exact_pbd(case: Case, result: Run, uniform: bool) -> Schedule:
     """Alg. 4 (PBD) or Kellaris' BD (one (ε, w) for all) in exact arithmetic, with classes
     joining per spec §9.5: PBD starts a class with an empty look-back at its join; BD keeps one
     stream-wide schedule and charges each class from its join on. Decisions are the script's;
-    a float allocation that underflows to zero may skip where the exact one publishes a
+    a float allocation that underflows to zero may approximate where the exact one publishes a
     negligible amount (or one below ``MIN_SLOT_EPSILON``, which is never spent), so the publish
     flag follows the mechanism there (checked below). Nobody
-    registered: skip, charge nothing."""
+    registered: approximate, charge nothing."""
     cfg = case.config()
     m, T = len(case.classes), case.T
     present = case.present()
@@ -329,7 +330,7 @@ def exact_pbd(case: Case, result: Run, uniform: bool) -> Schedule:
         floor = Fraction(personalized.MIN_SLOT_EPSILON)  # a vanishing remainder is not spent
         spent = [p if p >= floor else Fraction(0) for p in proposal]
         E2.append(spent if published else [Fraction(0)] * len(schedules))
-        strategies.append("publish" if published else "skip")
+        strategies.append("publish" if published else "approximate")
         for k, (w, _) in enumerate(schedules):
             window[k] += E2[t][k]
             if t - w + 1 >= 0:
@@ -353,7 +354,7 @@ def exact_pba(case: Case, uniform: bool) -> Schedule:
     and shares ``s_c``, starting from a virtual publication of one share at ``t_c − 1`` (A16
     at the join, i.e. ``a_c = t_c``); every class present at the last publication has the
     paper's ``l``. BA keeps one stream-wide ``(l, s_l)`` and charges each class from its join
-    on. Nobody registered: skip, nothing changes."""
+    on. Nobody registered: approximate, nothing changes."""
     cfg = case.config()
     m, T = len(case.classes), case.T
     present = case.present()
@@ -377,12 +378,12 @@ def exact_pba(case: Case, uniform: bool) -> Schedule:
         t_n = [s - 1 for s in used]
         row = [Fraction(0)] * m
         if not live:
-            strategy = "skip"
+            strategy = "approximate"
         elif any(t - last[c] <= t_n[c] for c in live):
             strategy = "nullified"
         else:
             shares = [min(max(t - last[c] - t_n[c], 0), own[c][0]) for c in range(m)]
-            strategy = "publish" if case.decisions[t - 1] else "skip"
+            strategy = "publish" if case.decisions[t - 1] else "approximate"
             if strategy == "publish":
                 for c in live:
                     w, eps = own[c]

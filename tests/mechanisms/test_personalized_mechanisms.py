@@ -25,17 +25,20 @@ import pytest
 from numpy.typing import NDArray
 
 from privstream.mechanisms.client import Requirements, SimulatedCurator
-from privstream.mechanisms.contract import ClassSpend, LedgerEntry, Release, Slot
+from privstream.mechanisms.contract import LedgerEntry, Release, Slot
 from privstream.mechanisms.errors import PrivacyBudgetExceeded
+from privstream.mechanisms.guarantees import ClassScope, Guarantee, PureDP, WindowScope
 from privstream.mechanisms.personalized import (
     MECHANISMS,
     PersonalizedConfig,
     PersonalizedMechanism,
+    PersonalizedRelease,
     PersonalizedState,
 )
 from privstream.mechanisms.registry import PERSONALIZED
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import FrequencyTask
+from tests.mechanisms.ledger_rows import Row, class_rows
 
 Values = Callable[[int], NDArray[np.int64]]
 Step = tuple[Release, LedgerEntry]
@@ -48,7 +51,7 @@ def constant(n: int, d: int = 2) -> Values:
 
 def drifting(n: int, d: int, seed: int = 5) -> Values:
     """A population whose histogram drifts slowly with bursts, so adaptive mechanisms both
-    publish and skip."""
+    publish and approximate."""
 
     def values(t: int) -> NDArray[np.int64]:
         rng = np.random.default_rng([seed, t])
@@ -99,12 +102,13 @@ def proposals(mech: PersonalizedMechanism) -> list[NDArray[np.float64]]:
     return seen
 
 
-def classes_of(steps: list[Step]) -> list[tuple[ClassSpend, ...]]:
-    out = []
-    for _, entry in steps:
-        assert entry.classes is not None
-        out.append(entry.classes)
-    return out
+def classes_of(steps: list[Step]) -> list[tuple[Row, ...]]:
+    return [class_rows(entry) for _, entry in steps]
+
+
+def details(release: Release) -> PersonalizedRelease:
+    assert isinstance(release.details, PersonalizedRelease)
+    return release.details
 
 
 def exact(x: float) -> Fraction:
@@ -129,7 +133,7 @@ def test_pbd_1_paper_figure_5() -> None:
     assert [exact(r.epsilon_dc) for r in rows] == [Fraction(1, 8)] * 3
     assert [exact(r.epsilon_pub) for r in rows] == [Fraction(1, 4), 0, Fraction(1, 8)]
     assert exact(rows[0].epsilon_dc + rows[0].epsilon_pub) == Fraction(3, 8)
-    assert [r.strategy for r, _ in steps] == ["publish", "skip", "publish"]
+    assert [r.strategy for r, _ in steps] == ["publish", "approximate", "publish"]
     assert [exact(r.window_spent) for r in rows] == [Fraction(3, 8), Fraction(1, 2), Fraction(3, 4)]
 
 
@@ -193,7 +197,9 @@ def test_pba_1_paper_figure_6() -> None:
     req = Requirements([eps[4], eps[2], eps[3]], [4, 2, 3])
     mech = forced(PERSONALIZED.build("PBA", config(3)), [True, False, True, True, True])
     steps = drive(mech, req, constant(3), 5)
-    assert [r.strategy for r, _ in steps] == ["publish", "skip", "publish", "nullified", "publish"]
+    assert [r.strategy for r, _ in steps] == [
+        "publish", "approximate", "publish", "nullified", "publish"
+    ]  # fmt: skip
     shares = {1: 1, 2: 0, 3: 2, 4: 0, 5: 1}
     for t, row in enumerate(classes_of(steps), start=1):
         assert [c.window for c in row] == [2, 3, 4]
@@ -226,7 +232,7 @@ def test_pba_2_cap_and_mixed_windows() -> None:
     strategies = [r.strategy for r, _ in steps]
     assert (
         strategies
-        == ["skip"] * 6 + ["publish"] + ["nullified"] * 4 + ["publish"] + ["nullified"] * 2
+        == ["approximate"] * 6 + ["publish"] + ["nullified"] * 4 + ["publish"] + ["nullified"] * 2
     )
     used = [
         [round(c.epsilon_pub / (c.epsilon / (2 * c.window))) for c in row]
@@ -241,9 +247,11 @@ def test_ba_is_the_single_class_pba_trace() -> None:
     """BA with w = 2: publish (1 share), skip, publish (2 shares), nullified, publish (1)."""
     mech = forced(PERSONALIZED.build("BA", config(2, w=2)), [True, False, True, True, True])
     steps = drive(mech, Requirements(population=2), constant(2), 5)
-    assert [r.strategy for r, _ in steps] == ["publish", "skip", "publish", "nullified", "publish"]
-    assert [r.epsilon_m2 for r, _ in steps] == [0.25, 0.0, 0.5, 0.0, 0.25]
-    assert [r.epsilon_m1 for r, _ in steps] == [0.25] * 5
+    assert [r.strategy for r, _ in steps] == [
+        "publish", "approximate", "publish", "nullified", "publish"
+    ]  # fmt: skip
+    assert [details(r).theta_pub for r, _ in steps] == [0.25, 0.0, 0.5, 0.0, 0.25]
+    assert [details(r).theta_dc for r, _ in steps] == [0.25] * 5
 
 
 # -- §10 item 4: differential tests ---------------------------------------------------------------
@@ -256,11 +264,15 @@ def test_single_class_equals_kellaris_bit_for_bit(personal: str, kellaris: str) 
     req = Requirements(population=n)  # nobody states a preference: one class (1.0, 10)
     ours = drive(PERSONALIZED.build(personal, cfg), req, drifting(n, d), T, scope="shared")
     theirs = drive(PERSONALIZED.build(kellaris, cfg), req, drifting(n, d), T, scope="shared")
+    # one class: the per-class guarantee (w_c, ε_c) is the uniform one (w, ε), declared so
+    personal_guarantee, uniform_guarantee = ours[0][0].guarantee, theirs[0][0].guarantee
+    assert personal_guarantee == Guarantee(PureDP(1.0), ClassScope(10), "cdp")
+    assert uniform_guarantee == Guarantee(PureDP(1.0), WindowScope(10), "cdp")
     for (a, ea), (b, eb) in zip(ours, theirs, strict=True):
-        assert dataclasses.replace(a, mechanism=kellaris) == b
-        assert dataclasses.replace(ea, mechanism=kellaris) == eb
+        assert dataclasses.replace(a, mechanism=kellaris, guarantee=uniform_guarantee) == b
+        assert dataclasses.replace(ea, mechanism=kellaris, guarantee=uniform_guarantee) == eb
     strategies = {r.strategy for r, _ in ours}
-    assert "publish" in strategies and "skip" in strategies
+    assert "publish" in strategies and "approximate" in strategies
     if kellaris == "BA":
         assert "nullified" in strategies
 
@@ -327,7 +339,7 @@ def test_plbu_is_unbiased_with_the_oue_variance() -> None:
     req = Requirements(np.resize([1.0, 0.5], n), np.resize([2, 5], n))
     values = np.resize(np.array([0, 1, 1, 2, 2, 2]), n)
     mech = PERSONALIZED.build("PLBU", config(n, eps=0.5, w=5, d=d))
-    assert mech.privacy_cost.model.startswith("w-event ε-LDP")
+    assert mech.privacy_cost == Guarantee(PureDP(0.5), ClassScope(5), "ldp")
     steps = drive(mech, req, lambda t: values, K)
     estimates = np.array([r.estimate for r, _ in steps])
     hist = SimulatedCurator(values, FrequencyTask(d), req).class_histogram(0.5, 5)
@@ -339,7 +351,7 @@ def test_plbu_is_unbiased_with_the_oue_variance() -> None:
     assert np.all(np.abs(estimates.mean(axis=0) - hist.total) <= 4 * np.sqrt(var / K))
     rows = classes_of(steps[:1])[0]
     assert [c.epsilon_pub for c in rows] == [c.epsilon / c.window for c in rows]
-    assert all(r.strategy == "publish" and r.bits == n * d for r, _ in steps[:5])
+    assert all(r.strategy == "publish" and details(r).bits == n * d for r, _ in steps[:5])
 
 
 # -- requirements, validation, names --------------------------------------------------------------
@@ -410,17 +422,21 @@ def test_release_and_entry_fields() -> None:
     steps = drive(mech, req, constant(n), 4)
     release, entry = steps[0]
     assert release.release_id == "s/PBA/1" and release.source_slot == 1
-    assert release.users_m1 == release.users_m2 == n  # every class was charged both parts
-    assert release.error is not None and release.dissimilarity is not None
-    assert entry.classes is not None and sum(c.users for c in entry.classes) == n
+    assert details(release).users_dc == details(release).users_pub == n  # both parts charged
+    assert details(release).registered == n
+    assert details(release).error is not None and details(release).dissimilarity is not None
+    assert sum(c.users for c in entry.classes) == n
     ratios = [c.spent_ratio for c in entry.classes]
-    assert entry.window_spent / entry.epsilon == max(ratios)  # scalar fields: the binding class
+    assert entry.window_spent / entry.epsilon == max(ratios)  # properties: the binding class
     nullified = steps[3][0]
-    assert nullified.strategy == "nullified" and nullified.users_m2 == 0
+    assert nullified.strategy == "nullified" and details(nullified).users_pub == 0
     assert nullified.estimate == steps[2][0].estimate and nullified.source_slot == 3
-    assert steps[1][0].estimate == release.estimate  # a skip repeats r_{t−1}
-    assert mech.privacy_cost.model == "w-event ε-DP (personalized, (w, ε)-EPDP)"
-    assert PERSONALIZED.build("BD", config(3)).privacy_cost.model == "w-event ε-DP"
+    assert steps[1][0].estimate == release.estimate  # an approximation repeats r_{t−1}
+    assert release.guarantee == entry.guarantee == mech.privacy_cost
+    assert mech.privacy_cost == Guarantee(PureDP(1.0), ClassScope(4), "cdp")  # (w, ε)-EPDP
+    assert PERSONALIZED.build("BD", config(3)).privacy_cost == Guarantee(
+        PureDP(1.0), WindowScope(4), "cdp"
+    )  # w-event ε-DP
 
 
 def test_mechanism_names() -> None:

@@ -1,0 +1,46 @@
+"""Validators every family's config shares (design §3: a ``ValueError`` naming the field, the
+value and the allowed range), so a requirement, a population or a budget share means the same
+thing and has the same limits in every family."""
+
+from __future__ import annotations
+
+import math
+from typing import Final
+
+import numpy as np
+
+MIN_EPSILON: Final = 1e-3
+MAX_EPSILON: Final = 1e6
+MAX_WINDOW: Final = 100_000
+"""Limits of a requirement ``(ε, w)``, the stream's and every user's: beyond them a ledger ring
+would not fit in memory (w up to 2^62 was tried) or a noise scale would not be finite (ε =
+1e−310). A registration outside them is refused at start."""
+
+
+def check_requirement(epsilon: float, window: int, what: str) -> None:
+    """Refuse a requirement outside ``[MIN_EPSILON, MAX_EPSILON] × [1, MAX_WINDOW]``."""
+    if not (isinstance(epsilon, (int, float)) and MIN_EPSILON <= epsilon <= MAX_EPSILON):
+        raise ValueError(
+            f"{what}: epsilon must lie in [{MIN_EPSILON:g}, {MAX_EPSILON:g}], got {epsilon!r}"
+        )
+    if (
+        isinstance(window, bool)
+        or not isinstance(window, (int, np.integer))
+        or not (1 <= window <= MAX_WINDOW)
+    ):
+        raise ValueError(f"{what}: window must be an integer in [1, {MAX_WINDOW}], got {window!r}")
+
+
+def check_population(population: object) -> None:
+    """The registered population size ``n``: an integer ≥ 1."""
+    if isinstance(population, bool) or not isinstance(population, int) or population < 1:
+        raise ValueError(f"population must be an integer >= 1, got {population!r}")
+
+
+def check_fraction(name: str, value: object, *, closed: bool = False) -> None:
+    """A share in ``(0, 1)`` (``(0, 1]`` when ``closed``)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and value > 0 and (value <= 1 if closed else value < 1)
+    if not ok:
+        bound = "(0, 1]" if closed else "(0, 1)"
+        raise ValueError(f"{name} must lie in {bound}, got {value!r}")
