@@ -37,10 +37,10 @@ def check_population(population: object) -> None:
         raise ValueError(f"population must be an integer >= 1, got {population!r}")
 
 
-def check_fraction(name: str, value: object, *, closed: bool = False) -> None:
+def check_fraction(name: str, value: float, *, closed: bool = False) -> None:
     """A share in ``(0, 1)`` (``(0, 1]`` when ``closed``)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and value > 0 and (value <= 1 if closed else value < 1)
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = number and math.isfinite(value) and value > 0 and (value <= 1 if closed else value < 1)
     if not ok:
         bound = "(0, 1]" if closed else "(0, 1)"
         raise ValueError(f"{name} must lie in {bound}, got {value!r}")

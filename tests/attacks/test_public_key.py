@@ -25,9 +25,10 @@ from privstream.flows import ldp_ids as ldp_flow
 from privstream.flows import personalized as pers_flow
 from privstream.mechanisms import personalized
 from privstream.mechanisms.personalized import PersonalizedConfig
+from privstream.mechanisms.registry import PERSONALIZED
 from privstream.mechanisms.seeding import NoiseKey, SecretError, SlotRandomness, derive_rng
-from privstream.operators.personalized import personalized as personalized_op
-from privstream.operators.slotting import Preferences
+from privstream.operators.family import family_mechanisms
+from privstream.operators.registration import Preferences
 from tests.attacks.helpers import run_operator
 
 N, T, W, EPS = 300, 12, 4, 1.0
@@ -49,8 +50,14 @@ def uniform_releases(key: NoiseKey | int) -> list[dict[str, Any]]:
     config = PersonalizedConfig(population=N, epsilon=EPS, window=W)
     out = run_operator(
         batches(),
-        lambda keyed: personalized_op(
-            "p", keyed, mechanism="Uniform", config=config, secret=key, preferences=Preferences()
+        lambda keyed: family_mechanisms(
+            "p",
+            keyed,
+            family=PERSONALIZED,
+            mechanism="Uniform",
+            config=config,
+            secret=key,
+            registration=Preferences(),
         ),
     )
     return out["releases"]
@@ -142,7 +149,7 @@ def test_strong_secrets_are_accepted_and_never_shown(tmp_path: Any) -> None:
 
 
 def test_the_snapshot_holds_a_fingerprint_never_the_secret() -> None:
-    from privstream.operators.slotting import StreamState
+    from privstream.operators.stream_state import StreamState
 
     key = NoiseKey.from_text(secrets.token_hex(32))
     state = StreamState("s", {}, np.zeros(2), binding={"noise key": key.fingerprint()})
