@@ -37,16 +37,23 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from privstream import experiments as ex
-from privstream import personalized_experiments as pe
+from privstream import harness
 from privstream.bench_kafka import bench_kafka, format_result
 from privstream.bench_noise import bench_noise, format_noise
 from privstream.cli import _run_flow
 from privstream.mechanisms.client import ClientPath
+from privstream.mechanisms.registry import LDP_IDS, PERSONALIZED
 from privstream.mechanisms.tasks import FrequencyTask
+from privstream.mechanisms.utility import Run, reductions
+from privstream.paper_results import (
+    MECHANISM_ORDER,
+    PAPER_HEADLINES,
+    PAPER_TABLE2_BITS,
+    SPEC_CROSSCHECK_MRE,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ALL = list(ex.MECHANISM_ORDER)
+ALL = list(MECHANISM_ORDER)
 PATHS: tuple[ClientPath, ...] = ("aggregate", "per-user")
 
 
@@ -54,12 +61,17 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def run_ldp_ids(name: str, source: harness.SlotSource, path: ClientPath) -> Run:
+    """One LDP-IDS mechanism over ``source`` at ε = 1, w = 20, seed 1."""
+    return harness.run_lockstep(LDP_IDS, [name], source, 1.0, 20, 1, path=path)[name]
+
+
 # --- 1. reproduction ------------------------------------------------------------------------
 
 
 def default_run(users: int, slots: int, progress: bool) -> dict[str, Any]:
     started = time.perf_counter()
-    result = ex.bench_ldp_ids("sin", users, slots, 1.0, 20, ALL, seeds=1, progress=progress)
+    result = harness.bench(LDP_IDS, "sin", users, slots, 1.0, 20, ALL, seeds=1, progress=progress)
     result["wall_seconds"] = time.perf_counter() - started
     return result
 
@@ -70,11 +82,11 @@ def table2(
     out: dict[str, Any] = {}
     for dataset in datasets:
         started = time.perf_counter()
-        result = ex.bench_ldp_ids(
-            dataset, users, slots, 1.0, 20, ALL, seeds=seeds, progress=progress
+        result = harness.bench(
+            LDP_IDS, dataset, users, slots, 1.0, 20, ALL, seeds=seeds, progress=progress
         )
-        paper = ex.PAPER_TABLE2_BITS[(1.0, 20, dataset)]
-        crosscheck = ex.SPEC_CROSSCHECK_MRE.get(dataset, {})
+        paper = PAPER_TABLE2_BITS[(1.0, 20, dataset)]
+        crosscheck = SPEC_CROSSCHECK_MRE.get(dataset, {})
         rows = {}
         for name, r in result["results"].items():
             rows[name] = {
@@ -117,10 +129,10 @@ def format_table2(t2: dict[str, Any]) -> str:
 
 def path_ratio(name: str, users: int, slots: int) -> dict[str, Any]:
     """One mechanism over the first ``slots`` slots of Sin through both client paths."""
-    stream = ex.load_dataset("sin", users, slots, seed=1)
+    stream = harness.load_dataset(LDP_IDS, "sin", users, slots, seed=1)
     timing: dict[str, dict[str, float]] = {}
     for path in PATHS:
-        run = ex.run_mechanism(name, stream, 1.0, 20, seed=1, path=path)
+        run = run_ldp_ids(name, stream, path)
         timing[path] = {
             "ms_per_slot": 1000 * run.seconds / slots,
             "publications": run.publications,
@@ -179,7 +191,7 @@ def large_lpa(users: int, d: int, warm: int, measured: int) -> dict[str, Any]:
     out["oracle"] = stream.task.select(1.0).name
     for path in PATHS:
         log(f"  LPA n={users:,} d={d} {path}: {warm} warm-up + {measured} timed slots")
-        run = ex.run_mechanism("LPA", stream, 1.0, 20, seed=1, path=path)
+        run = run_ldp_ids("LPA", stream, path)
         ms = 1000 * run.slot_seconds[warm:]
         strategies = np.array(run.strategies[warm:])
         published = strategies == "publish"
@@ -258,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     log("1a. default reproduction: seven mechanisms on Sin, one seed")
     default = default_run(users, slots, progress)
-    print(ex.format_table(default))
+    print(harness.format_table(default))
     print(f"wall time {default['wall_seconds']:.1f} s (data generation included)\n")
 
     log(f"1b. Table 2 bits per user on Sin and Log, {seeds} seeds")
@@ -292,17 +304,21 @@ def main(argv: list[str] | None = None) -> int:
         log(f"4. personalized w-event: BD, BA, PBD, PBA, {pers_seeds} seed(s)")
         personalized = {}
         for dataset in ("tlns", "sin", "log"):
-            result = pe.bench_personalized(
-                dataset, pers_users, pers_slots, ["BD", "BA", "PBD", "PBA"], pers_seeds,
-                progress=progress,
+            result = harness.bench(
+                PERSONALIZED, dataset, pers_users, pers_slots, PERSONALIZED.epsilon,
+                PERSONALIZED.window, ["BD", "BA", "PBD", "PBA"], pers_seeds, progress=progress,
             )  # fmt: skip
+            amre = {name: r["amre"] for name, r in result["results"].items()}
             result["reductions"] = {
-                "PBD_vs_BD": pe.compare(result, "PBD", "BD"),
-                "PBA_vs_BA": pe.compare(result, "PBA", "BA"),
-                "paper": {"PBD_vs_BD": 0.68, "PBA_vs_BA": 0.249},
+                "PBD_vs_BD": reductions(amre["BD"], amre["PBD"]),
+                "PBA_vs_BA": reductions(amre["BA"], amre["PBA"]),
+                "paper": {
+                    "PBD_vs_BD": PAPER_HEADLINES["PBD/BD real data"],
+                    "PBA_vs_BA": PAPER_HEADLINES["PBA/BA synthetic data"],
+                },
             }
             personalized[dataset] = result
-            print(pe.format_personalized_table(result))
+            print(harness.format_table(result))
             print(f"reductions: {json.dumps(result['reductions'])}\n")
 
     log("5. hardened randomness: keyed AES-CTR vs PCG64, discrete vs float Laplace")

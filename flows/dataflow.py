@@ -11,18 +11,45 @@ share of ε (``budget_split``), or side by side with the full ε each as an eval
 (``compare``). Guarantee: each mechanism's declared one (``mechanisms.registry``), composed over
 the mechanisms of a production run. A secret noise key is required (``$PRIVSTREAM_SECRET``), or
 an explicit ``insecure_seed``.
+
+Parameters of ``build``:
+
+    dataset: a synthetic dataset name (``lns``, ``sin``, ``log``, their ``-con`` variants)
+        or ``file:PATH`` for a CSV/JSONL file of ``(user, slot, value)`` records.
+    mechanisms: one name or a comma-separated list (default: the family's default).
+    users: registered population size n (for files and Kafka: the most users).
+    slots: slots of a synthetic dataset (ignored for files).
+    epsilon, window: the population's budget ε per window of w slots (the family's
+        defaults when None); for central-DP families the default requirement.
+    seed: seed of the synthetic data (and of a synthetic registration; never the noise).
+    out, ledger_out, dead_letter_out: JSON-lines outputs (ignored with ``kafka``).
+    lateness, client_path: slotting options (``SlottingConfig``).
+    domain, mean_range: task of a file or Kafka stream: ``d`` categories (default 2) or the
+        ``(lower, upper)`` clipping range of a numeric mean (families that estimate means).
+    stream: stream name (defaults to the dataset name).
+    preferences: the registration table of a central-DP family, user id → (ε_i, w_i):
+        exactly these users are counted (required for file and Kafka input).
+    progress: called with every release.
+    kafka: read events from and write outputs to Kafka (open slots then stay open when the
+        flow stops: the stream goes on).
+    secret, insecure_seed: the noise key (design §6) — a ``NoiseKey`` or its text (≥ 128
+        bits), else ``$PRIVSTREAM_SECRET``; without either the flow refuses to build unless
+        ``insecure_seed`` asks for a reproducible run, whose outputs are all marked.
+    budget_split, compare: how several mechanisms share the population's ε: ``equal`` or
+        weights ``w1,w2,…``; or an evaluation with the full ε each (outputs marked).
+    options: the family's own config options (``Family.options``, e.g. LDP-IDS ``beta``).
+
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from bytewax.dataflow import Dataflow
-from bytewax.operators import KeyedStream
 
 from privstream.connectors.secret import resolve_noise_key
-from privstream.events import EventBatch
 from privstream.flows.io import KafkaIO, Source, assemble, resolve_source, slotting_for
 from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.contract import Release
@@ -31,7 +58,6 @@ from privstream.mechanisms.seeding import NoiseKey
 from privstream.mechanisms.tasks import FrequencyTask
 from privstream.operators.family import family_mechanisms
 from privstream.operators.registration import Preferences
-from privstream.operators.slotting import MechanismOut
 
 __all__ = ["KafkaIO", "build"]
 
@@ -62,34 +88,8 @@ def build(
     compare: bool = False,
     **options: Any,
 ) -> Dataflow:
-    """The dataflow of the family ``family_name`` (``mechanisms.registry.FAMILIES``).
-
-    Args:
-        dataset: a synthetic dataset name (``lns``, ``sin``, ``log``, their ``-con`` variants)
-            or ``file:PATH`` for a CSV/JSONL file of ``(user, slot, value)`` records.
-        mechanisms: one name or a comma-separated list (default: the family's default).
-        users: registered population size n (for files and Kafka: the most users).
-        slots: slots of a synthetic dataset (ignored for files).
-        epsilon, window: the population's budget ε per window of w slots (the family's
-            defaults when None); for central-DP families the default requirement.
-        seed: seed of the synthetic data (and of a synthetic registration; never the noise).
-        out, ledger_out, dead_letter_out: JSON-lines outputs (ignored with ``kafka``).
-        lateness, client_path: slotting options (``SlottingConfig``).
-        domain, mean_range: task of a file or Kafka stream: ``d`` categories (default 2) or the
-            ``(lower, upper)`` clipping range of a numeric mean (families that estimate means).
-        stream: stream name (defaults to the dataset name).
-        preferences: the registration table of a central-DP family, user id → (ε_i, w_i):
-            exactly these users are counted (required for file and Kafka input).
-        progress: called with every release.
-        kafka: read events from and write outputs to Kafka (open slots then stay open when the
-            flow stops: the stream goes on).
-        secret, insecure_seed: the noise key (design §6) — a ``NoiseKey`` or its text (≥ 128
-            bits), else ``$PRIVSTREAM_SECRET``; without either the flow refuses to build unless
-            ``insecure_seed`` asks for a reproducible run, whose outputs are all marked.
-        budget_split, compare: how several mechanisms share the population's ε: ``equal`` or
-            weights ``w1,w2,…``; or an evaluation with the full ε each (outputs marked).
-        options: the family's own config options (``Family.options``, e.g. LDP-IDS ``beta``).
-    """
+    """The dataflow of the family ``family_name`` (``mechanisms.registry.FAMILIES``); the
+    parameters are described in the module docstring."""
     entry = family(family_name)
     names = entry.names(mechanisms or entry.default)
     key = resolve_noise_key(secret, insecure_seed)
@@ -105,32 +105,15 @@ def build(
         epsilon=eps, window=win, population=users, task=source.task, **options
     )
     registration = _registration(entry, source, kafka, preferences, (users, eps, win, seed))
-    slotting = slotting_for(kafka, lateness, client_path)
-
-    def operator(keyed: KeyedStream[EventBatch]) -> MechanismOut:
-        return family_mechanisms(
-            entry.name.replace("-", "_"),
-            keyed,
-            family=entry,
-            mechanism=names,
-            config=config,
-            secret=key,
-            slotting=slotting,
-            split=split,
-            registration=registration,
-        )
-
-    return assemble(
-        f"privstream_{entry.name.replace('-', '_')}",
-        source,
-        names,
-        operator,
-        kafka=kafka,
-        out=out,
-        ledger_out=ledger_out,
-        dead_letter_out=dead_letter_out,
-        progress=progress,
-    )
+    step = entry.name.replace("-", "_")
+    operator = functools.partial(
+        family_mechanisms, step, family=entry, mechanism=names, config=config, secret=key,
+        slotting=slotting_for(kafka, lateness, client_path), split=split,
+        registration=registration,
+    )  # fmt: skip
+    return assemble(f"privstream_{step}", source, names, operator, kafka=kafka, out=out,
+                    ledger_out=ledger_out, dead_letter_out=dead_letter_out,
+                    progress=progress)  # fmt: skip
 
 
 def _registration(

@@ -285,11 +285,11 @@ class _ProgressLogic(StatefulBatchLogic[Any, None, Progress]):
 
 
 def _release_progress(releases: Stream[Release], ledger: Stream[Any]) -> ReleaseProgress:
-    """Track each stream's released slots (and halts) in the recovered step ``progress``."""
+    """Track each stream's released slots (and halts) in the recovered step ``release_progress``."""
     progress = ReleaseProgress()
     halts = op.filter("halts", ledger, lambda item: isinstance(item, Halt))
     done = op.key_on("progress_key", op.merge("progress_in", releases, halts), lambda e: e.stream)
-    op.stateful_batch("progress", done, lambda resume: _ProgressLogic(progress, resume))
+    op.stateful_batch("release_progress", done, lambda resume: _ProgressLogic(progress, resume))
     return progress
 
 

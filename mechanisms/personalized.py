@@ -498,37 +498,10 @@ class PersonalizedMechanism(Mechanism[PersonalizedConfig, PersonalizedState]):
         """
         ledger = self.ledger(state)
         m_old = ledger.classes
-        order: NDArray[np.intp] | None
-        if hist.windows.shape == ledger.windows.shape and (
-            np.array_equal(hist.windows, ledger.windows)
-            and np.array_equal(hist.epsilons, ledger.epsilons)
-        ):
-            order = None  # the usual case: the same classes in the same order
-            present = np.arange(m_old)
-        else:
-            index = {
-                key: k
-                for k, key in enumerate(
-                    zip(hist.windows.tolist(), hist.epsilons.tolist(), strict=True)
-                )
-            }
-            found = [
-                index.get(key, -1)
-                for key in zip(ledger.windows.tolist(), ledger.epsilons.tolist(), strict=True)
-            ]
-            present = order = np.array(found, dtype=np.intp)
+        order, present = _match(ledger, hist)
         sizes = np.zeros(m_old, dtype=np.int64)
         sizes[present >= 0] = hist.sizes[present[present >= 0]]
-        shrunk = np.flatnonzero(sizes < state.sizes)
-        if shrunk.size:
-            c = int(shrunk[0])
-            raise PrivacyBudgetExceeded(
-                f"{self.name}: privacy class {c} (w={int(ledger.windows[c])}, "
-                f"ε={ledger.epsilons[c]:g}) shrank from {int(state.sizes[c])} to {int(sizes[c])} "
-                f"registered users at step {state.t} ({shrunk.size} classes shrank): a user left "
-                "or changed requirement mid-stream and their spend would not follow them "
-                "(spec §1.1, §9.5); refusing the slot"
-            )
+        self._refuse_shrinking(state, sizes)
         if m_old < hist.windows.shape[0]:
             taken = np.zeros(hist.windows.shape[0], dtype=bool)
             taken[present] = True
@@ -550,6 +523,19 @@ class PersonalizedMechanism(Mechanism[PersonalizedConfig, PersonalizedState]):
             hist.counts[order],
             hist.digest,
         )
+
+    def _refuse_shrinking(self, state: PersonalizedState, sizes: NDArray[np.int64]) -> None:
+        """A class that lost registered users: their spend would not follow them (§9.5)."""
+        shrunk = np.flatnonzero(sizes < state.sizes)
+        if shrunk.size:
+            ledger, c = self.ledger(state), int(shrunk[0])
+            raise PrivacyBudgetExceeded(
+                f"{self.name}: privacy class {c} (w={int(ledger.windows[c])}, "
+                f"ε={ledger.epsilons[c]:g}) shrank from {int(state.sizes[c])} to {int(sizes[c])} "
+                f"registered users at step {state.t} ({shrunk.size} classes shrank): a user left "
+                "or changed requirement mid-stream and their spend would not follow them "
+                "(spec §1.1, §9.5); refusing the slot"
+            )
 
     def _check_uniform_protects(self, hist: ClassHistogram, classes: NDArray[np.intp]) -> None:
         """One ``(ε, w)`` satisfies user ``i`` when ``ε ≤ ε_i`` and ``w ≥ w_i`` (spec §3)."""
@@ -642,6 +628,23 @@ class PersonalizedMechanism(Mechanism[PersonalizedConfig, PersonalizedState]):
 
     def _nothing(self, hist: ClassHistogram) -> NDArray[np.float64]:
         return np.zeros(hist.windows.shape[0])
+
+
+def _match(
+    ledger: PersonalizedLedger, hist: ClassHistogram
+) -> tuple[NDArray[np.intp] | None, NDArray[np.intp]]:
+    """Where each of the ledger's classes is in the slot's histogram (−1: absent), and the
+    reordering to apply (None in the usual case: the same classes in the same order)."""
+    if hist.windows.shape == ledger.windows.shape and (
+        np.array_equal(hist.windows, ledger.windows)
+        and np.array_equal(hist.epsilons, ledger.epsilons)
+    ):
+        return None, np.arange(ledger.classes)
+    keys = zip(hist.windows.tolist(), hist.epsilons.tolist(), strict=True)
+    index = {key: k for k, key in enumerate(keys)}
+    old = zip(ledger.windows.tolist(), ledger.epsilons.tolist(), strict=True)
+    present = np.array([index.get(key, -1) for key in old], dtype=np.intp)
+    return present, present
 
 
 # ---------------------------------------------------------------------------------------------

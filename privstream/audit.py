@@ -597,24 +597,26 @@ def _entry_columns(
         "pop_spent": _optional(fields["population_window_spent"]),
         "evaluation": np.array(fields["evaluation"], dtype=np.bool_),
     }
-    columns["plain"] = _single_requirement(columns, classes)
+    scope = np.array([g.scope == "window" for g in guarantees], dtype=np.bool_)
+    columns["plain"], columns["own"] = _single_requirement(columns, classes, scope)
     return columns, known
 
 
 def _single_requirement(
-    columns: dict[str, NDArray[Any]], classes: dict[str, NDArray[Any]]
-) -> Bools:
-    """Entries whose users all share the mechanism's own requirement: exactly one class, of the
-    guarantee's window and budget (LDP-IDS, or a uniform baseline over one class)."""
+    columns: dict[str, NDArray[Any]], classes: dict[str, NDArray[Any]], window_scope: Bools
+) -> tuple[Bools, Bools]:
+    """Entries whose users all share one requirement (``plain``): a w-event guarantee and
+    exactly one class, of its window (LDP-IDS, or a uniform baseline over one class); the
+    population accountant keys them by the population's declared ε whatever budget the class
+    states. ``own``: of those, the ones whose class states the guarantee's budget."""
     entries = columns["slot"].size
     count = np.bincount(classes["row"], minlength=entries)
     single = np.flatnonzero(count[classes["row"]] == 1)
     rows = classes["row"][single]
-    plain = np.zeros(entries, dtype=np.bool_)
-    plain[rows] = (classes["window"][single] == columns["window"][rows]) & close(
-        classes["epsilon"][single], columns["epsilon"][rows]
-    )
-    return plain
+    plain, own = np.zeros(entries, dtype=np.bool_), np.zeros(entries, dtype=np.bool_)
+    plain[rows] = window_scope[rows] & (classes["window"][single] == columns["window"][rows])
+    own[rows] = plain[rows] & close(classes["epsilon"][single], columns["epsilon"][rows])
+    return plain, own
 
 
 def _class_columns(
@@ -677,7 +679,7 @@ def _valid_entries(
     ok = known & (c["slot"] >= 0) & (c["slot"] < MAX_SLOT)
     ok &= (c["epsilon"] > 0) & (c["epsilon"] < math.inf)
     ok &= (c["window"] >= 0) & (c["window"] < _COUNT_LIMIT)
-    population = c["plain"] & (c["window"] >= 1) & (c["m1"] >= 0) & (c["m2"] >= 0)
+    population = c["own"] & (c["window"] >= 1) & (c["m1"] >= 0) & (c["m2"] >= 0)
     for name in ("users1", "users2", "window_users"):
         population &= (c[name] >= 0) & (c[name] < _COUNT_LIMIT)
     ok &= ~c["population_division"] | population
@@ -714,8 +716,9 @@ def _population_problem(rec: _Entry) -> str | None:
     """Why a population-division entry cannot be audited, or None."""
     d, window, budget = rec.details, rec.guarantee.window, _budget(rec.guarantee)
     one = rec.classes[0] if len(rec.classes) == 1 else None
-    if one is None or one.window != window or not close(one.epsilon, budget):
-        return "population division needs exactly one class, of the guarantee's (w, ε)"
+    own = one is not None and one.window == window and bool(close(one.epsilon, budget))
+    if rec.guarantee.scope != "window" or not own:
+        return "population division needs a w-event guarantee and one class, of its (w, ε)"
     spends, counts = (d.epsilon_m1, d.epsilon_m2), (d.users_m1, d.users_m2, d.window_users)
     if None in spends or None in counts:
         return (

@@ -293,20 +293,67 @@ def _bench(
     batch_size: int,
     progress: bool,
 ) -> dict[str, Any]:
+    """``bench_kafka`` on the broker ``settings`` reach (``broker`` describes it): produce,
+    time both readers alternating, time the flow's stages offline, and assemble the result."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     names = LDP_IDS.names(mechanisms)
     source = resolve_source(dataset, users, slots, SEED)
     if source.synthetic is None:
         raise ValueError(f"bench kafka needs a synthetic dataset, got {dataset!r}")
+    topics = _create_bench_topics(settings)
+    expected = users * slots + slots  # events plus one end-of-slot marker per slot
+    produce_seconds = _produce(settings, source, topics[0], broker, users, slots, progress)
+    raw_runs, flow_runs = _alternate(settings, source, dataset, users, slots, names, topics,
+                                     batch_size, repeats, run_flow)  # fmt: skip
+    _log("  offline CPU time of parsing and slotting the same messages")
+    stages = stage_times(source, users, slots, names, batch_size)
+    raw_summary, flow_summary = _summary(raw_runs, expected), _summary(flow_runs, expected)
+    ratio = flow_summary["median_events_per_second"] / raw_summary["median_events_per_second"]
+    params = {"dataset": source.stream, "users": users, "slots": slots, "mechanisms": names,
+              "repeats": repeats, "batch_size": batch_size, "workers": 1,
+              "partitions": 1}  # fmt: skip
+    return {
+        "broker": broker,
+        "params": params,
+        "topic": topics[0],
+        "messages": expected,
+        "events": users * slots,
+        "markers": slots,
+        "rate_counts": "messages (events plus end-of-slot markers), the same count for both readers",
+        "produce_seconds": produce_seconds,
+        "raw": raw_summary,
+        "flow": flow_summary,
+        "ratio": ratio,
+        "target": TARGET,
+        "target_met": ratio >= TARGET,
+        "stages": _stages(raw_summary, flow_summary, stages, expected),
+    }
+
+
+def _create_bench_topics(settings: KafkaSettings) -> tuple[str, str]:
+    """A fresh events topic and releases topic, named with a random tag; their names."""
     tag = uuid.uuid4().hex[:8]
     events_topic, releases_topic = f"bench-events-{tag}", f"bench-releases-{tag}"
     create_topics(
         settings,
         [TopicSpec(events_topic), TopicSpec(releases_topic, config=RELEASE_TOPIC_CONFIG)],
     )
-    expected = users * slots + slots  # events plus one end-of-slot marker per slot
+    return events_topic, releases_topic
 
+
+def _produce(
+    settings: KafkaSettings,
+    source: Source,
+    events_topic: str,
+    broker: str,
+    users: int,
+    slots: int,
+    progress: bool,
+) -> float:
+    """Produce the synthetic stream's ``users × slots`` events (and the end-of-slot markers) to
+    ``events_topic`` once; the seconds it took."""
+    assert source.synthetic is not None
     _log(f"bench kafka: producing {users * slots:,} events to {events_topic} ({broker})")
     bar = _progress(users * slots, "event", progress)
     started = time.perf_counter()
@@ -314,9 +361,27 @@ def _bench(
                                 progress=bar.update)  # fmt: skip
     produce_seconds = time.perf_counter() - started
     bar.close()
-    if written + slots != expected:
+    if written != users * slots:
         raise RuntimeError(f"produced {written} events, expected {users * slots}")
+    return produce_seconds
 
+
+def _alternate(
+    settings: KafkaSettings,
+    source: Source,
+    dataset: str,
+    users: int,
+    slots: int,
+    names: list[str],
+    topics: tuple[str, str],
+    batch_size: int,
+    repeats: int,
+    run_flow: RunFlow,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Time the raw consumer and the flow on the ``(events, releases)`` topics, alternating,
+    ``repeats`` times each; refuses a run that did not read every message."""
+    events_topic, releases_topic = topics
+    expected = users * slots + slots
     config = consumer_config(settings)
     raw_runs: list[dict[str, Any]] = []
     flow_runs: list[dict[str, Any]] = []
@@ -332,51 +397,30 @@ def _bench(
         for run in runs:
             if run["messages"] != expected:
                 raise RuntimeError(f"{label} read {run['messages']} messages, expected {expected}")
+    return raw_runs, flow_runs
 
-    _log("  offline CPU time of parsing and slotting the same messages")
-    stages = stage_times(source, users, slots, names, batch_size)
-    raw_summary, flow_summary = _summary(raw_runs, expected), _summary(flow_runs, expected)
-    ratio = flow_summary["median_events_per_second"] / raw_summary["median_events_per_second"]
-    flow_cpu, raw_cpu = flow_summary["median_cpu_seconds"], raw_summary["median_cpu_seconds"]
+
+def _stages(
+    raw: dict[str, Any], flow: dict[str, Any], stages: dict[str, Any], expected: int
+) -> dict[str, Any]:
+    """Where the time goes: the readers' thread CPU and waiting (medians of their summaries)
+    and the offline ``stage_times``, in seconds and per message."""
+    flow_cpu, raw_cpu = flow["median_cpu_seconds"], raw["median_cpu_seconds"]
     return {
-        "broker": broker,
-        "params": {
-            "dataset": source.stream,
-            "users": users,
-            "slots": slots,
-            "mechanisms": names,
-            "repeats": repeats,
-            "batch_size": batch_size,
-            "workers": 1,
-            "partitions": 1,
-        },
-        "topic": events_topic,
-        "messages": expected,
-        "events": users * slots,
-        "markers": slots,
-        "rate_counts": "messages (events plus end-of-slot markers), the same count for both readers",
-        "produce_seconds": produce_seconds,
-        "raw": raw_summary,
-        "flow": flow_summary,
-        "ratio": ratio,
-        "target": TARGET,
-        "target_met": ratio >= TARGET,
-        "stages": {
-            "note": "CPU seconds of the reading thread (Bytewax runs its one worker on it), "
-            "medians over the runs; parse and slotting are timed offline on the same messages, "
-            "with no broker competing for the CPU, so they come out lower than inside the flow",
-            "raw_cpu_seconds": raw_cpu,
-            "flow_cpu_seconds": flow_cpu,
-            "raw_wait_seconds": raw_summary["median_seconds"] - raw_cpu,
-            "flow_wait_seconds": flow_summary["median_seconds"] - flow_cpu,
-            "parse_cpu_seconds": stages["parse"],
-            "slotting_cpu_seconds": stages["slotting"],
-            "us_per_message": {
-                "raw_thread": 1e6 * raw_cpu / expected,
-                "flow_thread": 1e6 * flow_cpu / expected,
-                "parse_offline": 1e6 * stages["parse"] / expected,
-                "slotting_offline": 1e6 * stages["slotting"] / expected,
-            },
+        "note": "CPU seconds of the reading thread (Bytewax runs its one worker on it), "
+        "medians over the runs; parse and slotting are timed offline on the same messages, "
+        "with no broker competing for the CPU, so they come out lower than inside the flow",
+        "raw_cpu_seconds": raw_cpu,
+        "flow_cpu_seconds": flow_cpu,
+        "raw_wait_seconds": raw["median_seconds"] - raw_cpu,
+        "flow_wait_seconds": flow["median_seconds"] - flow_cpu,
+        "parse_cpu_seconds": stages["parse"],
+        "slotting_cpu_seconds": stages["slotting"],
+        "us_per_message": {
+            "raw_thread": 1e6 * raw_cpu / expected,
+            "flow_thread": 1e6 * flow_cpu / expected,
+            "parse_offline": 1e6 * stages["parse"] / expected,
+            "slotting_offline": 1e6 * stages["slotting"] / expected,
         },
     }
 

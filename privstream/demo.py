@@ -99,99 +99,88 @@ def privacy_metrics() -> list[str]:
     ]
 
 
-def run_demo(
-    out_dir: Path,
-    users: int,
-    slots: int,
-    epsilon: float,
-    window: int,
-    seed: int,
+def _create_topics(settings: KafkaSettings) -> None:
+    """Create the event, release, dead-letter and ledger topics (releases and ledger compacted
+    like every release topic)."""
+    specs = [
+        TopicSpec(TOPICS["events"]),
+        TopicSpec(TOPICS["releases"], config=RELEASE_TOPIC_CONFIG),
+        TopicSpec(TOPICS["dead_letters"]),
+        TopicSpec(TOPICS["ledger"], config=RELEASE_TOPIC_CONFIG),
+    ]
+    created = create_topics(settings, specs)
+    say(f"[2/5] topics: {', '.join(f'{k} ({v})' for k, v in created.items())}")
+
+
+def _produce(
+    settings: KafkaSettings,
+    stream: SyntheticStream,
+    progress_bar: Callable[[int | None, str], Any],
+) -> float:
+    """Produce every user's event of every slot of ``stream``; the seconds it took."""
+    events = stream.users * stream.slots
+    say(f"[3/5] producing {events:,} user events")
+    bar = progress_bar(events, "event")
+    started = time.perf_counter()
+    produce_synthetic(settings, TOPICS["events"], stream, progress=bar.update)
+    bar.close()
+    return time.perf_counter() - started
+
+
+def _run_kafka_flow(
+    settings: KafkaSettings,
+    names: list[str],
+    params: dict[str, Any],
     run_flow: Callable[..., None],
     progress_bar: Callable[[int | None, str], Any],
-) -> int:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    names = list(MECHANISMS)
-    stream = SyntheticStream("sin", users, slots, seed=seed)
+) -> float:
+    """Run all ``names`` side by side as one Kafka flow until it has released the last slot,
+    as an evaluation (``compare``: the full ε each) keyed by ``$PRIVSTREAM_SECRET`` or a fresh
+    random secret, metrics served on a free loopback port; the seconds it ran."""
+    slots = params["slots"]
+    port = free_port()
     say(
-        f"privstream demo: {', '.join(names)} on Sin over Kafka, n={users}, T={slots}, "
-        f"ε={epsilon}, w={window}"
+        f"[4/5] flow: {len(names)} mechanisms over Kafka; metrics on "
+        f"http://127.0.0.1:{port}/metrics while it runs"
     )
-    with EmbeddedBroker(log_path=out_dir / "broker.log") as broker:
-        settings = KafkaSettings((broker.bootstrap,))
-        say(f"[1/5] embedded broker (Tansu) on {broker.bootstrap}")
-        specs = [
-            TopicSpec(TOPICS["events"]),
-            TopicSpec(TOPICS["releases"], config=RELEASE_TOPIC_CONFIG),
-            TopicSpec(TOPICS["dead_letters"]),
-            TopicSpec(TOPICS["ledger"], config=RELEASE_TOPIC_CONFIG),
-        ]
-        created = create_topics(settings, specs)
-        say(f"[2/5] topics: {', '.join(f'{k} ({v})' for k, v in created.items())}")
+    bar = progress_bar(slots * len(names), "release")
+    kafka = KafkaIO(settings, TOPICS["events"], TOPICS["releases"], TOPICS["dead_letters"],
+                    TOPICS["ledger"], until_slot=slots)  # fmt: skip
+    flow = build(
+        "ldp-ids", dataset="sin", mechanisms=names, users=params["users"], slots=slots,
+        epsilon=params["epsilon"], window=params["window"], seed=params["seed"], kafka=kafka,
+        progress=lambda _r: bar.update(1),
+        secret=os.environ.get(ENV_SECRET) or secrets.token_hex(32), compare=True,
+    )  # fmt: skip
+    started = time.perf_counter()
+    run_flow(flow, 1, None, None, port)
+    bar.close()
+    return time.perf_counter() - started
 
-        say(f"[3/5] producing {users * slots:,} user events")
-        bar = progress_bar(users * slots, "event")
-        started = time.perf_counter()
-        produce_synthetic(settings, TOPICS["events"], stream, progress=bar.update)
-        bar.close()
-        produce_seconds = time.perf_counter() - started
 
-        port = free_port()
-        say(
-            f"[4/5] flow: {len(names)} mechanisms over Kafka; metrics on "
-            f"http://127.0.0.1:{port}/metrics while it runs"
-        )
-        bar = progress_bar(slots * len(names), "release")
-        kafka = KafkaIO(
-            settings,
-            TOPICS["events"],
-            TOPICS["releases"],
-            TOPICS["dead_letters"],
-            TOPICS["ledger"],
-            until_slot=slots,
-        )
-        flow = build(
-            "ldp-ids", dataset="sin", mechanisms=names, users=users, slots=slots, epsilon=epsilon,
-            window=window, seed=seed, kafka=kafka, progress=lambda _r: bar.update(1),
-            secret=os.environ.get(ENV_SECRET) or secrets.token_hex(32), compare=True,
-        )  # fmt: skip
-        started = time.perf_counter()
-        run_flow(flow, 1, None, None, port)
-        bar.close()
-        seconds = time.perf_counter() - started
-        metrics = privacy_metrics()
+def _read_releases(
+    settings: KafkaSettings, names: list[str], slots: int
+) -> dict[str, list[dict[str, Any]]]:
+    """Wait until the release topic holds every mechanism's release of every slot, then group
+    them per mechanism (``group_releases``)."""
+    say(f"[5/5] reading {slots * len(names)} releases back from topic {TOPICS['releases']}")
+    expected = {f"sin/{name}/{t}" for name in names for t in range(1, slots + 1)}
+    messages = wait_for_messages(
+        settings,
+        TOPICS["releases"],
+        lambda got: {m.key().decode() for m in got} >= expected,
+    )
+    return group_releases([m.value() for m in messages])
 
-        say(f"[5/5] reading {slots * len(names)} releases back from topic {TOPICS['releases']}")
-        expected = {f"sin/{name}/{t}" for name in names for t in range(1, slots + 1)}
-        messages = wait_for_messages(
-            settings,
-            TOPICS["releases"],
-            lambda got: {m.key().decode() for m in got} >= expected,
-        )
-        releases = group_releases([m.value() for m in messages])
 
-    table = score(stream, releases)
-    result = {
-        "params": {
-            "dataset": "sin",
-            "users": users,
-            "slots": slots,
-            "epsilon": epsilon,
-            "window": window,
-            "seed": seed,
-            "transport": "kafka (embedded Tansu)",
-        },
-        "results": {name: {**table[name], "seconds": seconds} for name in names},
-        "events_per_second": {
-            "produce": users * slots / produce_seconds,
-            "flow": users * slots / seconds,
-        },
-    }
+def _report(result: dict[str, Any], metrics: list[str]) -> str:
+    """Print the score table, the throughput and the privacy-spend metrics; the table's text."""
     text = harness.format_table(result)
     print(text)
     print("seconds: wall time of the one Kafka flow that ran all seven mechanisms side by side")
+    rates = result["events_per_second"]
     print(
-        f"throughput: produced {users * slots / produce_seconds:,.0f} events/s, "
-        f"flow {users * slots / seconds:,.0f} events/s"
+        f"throughput: produced {rates['produce']:,.0f} events/s, flow {rates['flow']:,.0f} events/s"
     )
     print("privacy spend (privstream_ metrics at the end of the run):")
     shown = (
@@ -208,18 +197,74 @@ def run_demo(
         "spent the population_window_budget_spent above; a production run divides ε "
         "(--budget-split) and every user stays within it"
     )
+    return text
+
+
+def _save_outputs(
+    out_dir: Path,
+    stream: SyntheticStream,
+    result: dict[str, Any],
+    text: str,
+    metrics: list[str],
+    releases: dict[str, list[dict[str, Any]]],
+) -> Path:
+    """Write the table, the result JSON, the metrics, the releases (JSON lines) and the plot of
+    value 1's true frequency against each mechanism's releases; the plot's path."""
     (out_dir / "table.txt").write_text(text + "\n")
     (out_dir / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     (out_dir / "metrics.txt").write_text("\n".join(metrics) + "\n")
     (out_dir / "releases.jsonl").write_text(
         "".join(json.dumps(r, separators=(",", ":")) + "\n" for rs in releases.values() for r in rs)
     )
+    p = result["params"]
     plot = out_dir / "sin.png"
     plots.plot_releases(
-        np.array([stream.truth(t)[1] for t in range(1, slots + 1)]),
-        {name: np.array([r["estimate"][1] for r in releases[name]]) for name in names},
+        np.array([stream.truth(t)[1] for t in range(1, p["slots"] + 1)]),
+        {name: np.array([r["estimate"][1] for r in releases[name]]) for name in result["results"]},
         plot,
-        title=f"Sin stream, n={users}, ε={epsilon}, w={window}: true frequency of value 1 vs releases",
+        title=f"Sin stream, n={p['users']}, ε={p['epsilon']}, w={p['window']}: true frequency of value 1 vs releases",
     )
+    return plot
+
+
+def run_demo(
+    out_dir: Path,
+    users: int,
+    slots: int,
+    epsilon: float,
+    window: int,
+    seed: int,
+    run_flow: Callable[..., None],
+    progress_bar: Callable[[int | None, str], Any],
+) -> int:
+    """Run the demo (steps 1 to 6 of the module docstring) and write its outputs to
+    ``out_dir``; returns the exit status."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = list(MECHANISMS)
+    stream = SyntheticStream("sin", users, slots, seed=seed)
+    params = {"dataset": "sin", "users": users, "slots": slots, "epsilon": epsilon,
+              "window": window, "seed": seed, "transport": "kafka (embedded Tansu)"}  # fmt: skip
+    say(
+        f"privstream demo: {', '.join(names)} on Sin over Kafka, n={users}, T={slots}, "
+        f"ε={epsilon}, w={window}"
+    )
+    with EmbeddedBroker(log_path=out_dir / "broker.log") as broker:
+        settings = KafkaSettings((broker.bootstrap,))
+        say(f"[1/5] embedded broker (Tansu) on {broker.bootstrap}")
+        _create_topics(settings)
+        produce_seconds = _produce(settings, stream, progress_bar)
+        seconds = _run_kafka_flow(settings, names, params, run_flow, progress_bar)
+        metrics = privacy_metrics()
+        releases = _read_releases(settings, names, slots)
+    table = score(stream, releases)
+    result = {
+        "params": params,
+        "results": {name: {**table[name], "seconds": seconds} for name in names},
+        "events_per_second": {
+            "produce": users * slots / produce_seconds,
+            "flow": users * slots / seconds,
+        },
+    }
+    plot = _save_outputs(out_dir, stream, result, _report(result, metrics), metrics, releases)
     say(f"flow time {seconds:.1f} s; outputs in {out_dir}/ (table, metrics, releases, plot {plot})")
     return 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -30,7 +31,7 @@ from privstream.mechanisms.client import (
     SimulatedClientPort,
     SimulatedCurator,
 )
-from privstream.mechanisms.contract import Release, Slot
+from privstream.mechanisms.contract import Mechanism, Release, Slot
 from privstream.mechanisms.registry import Family
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import EstimationTask, FrequencyTask, MeanTask
@@ -108,6 +109,77 @@ def _port(
     return SimulatedClientPort(values, task, randomness, path)
 
 
+@dataclass
+class _Trace:
+    """What ``run_lockstep`` records of one mechanism, slot by slot: its estimates, strategies,
+    bits sent and the seconds of each step (port included)."""
+
+    estimates: NDArray[np.float64]
+    seconds: NDArray[np.float64]
+    strategies: list[str] = field(default_factory=list)
+    bits: int = 0
+
+    def record(self, t: int, release: Release, seconds: float) -> None:
+        self.seconds[t - 1] = seconds
+        self.estimates[t - 1] = release.estimate
+        self.strategies.append(release.strategy)
+        self.bits += int(getattr(release.details, "bits", 0))
+
+
+def _step_slot(
+    family: Family,
+    built: Mapping[str, Mechanism[Any, Any]],
+    states: dict[str, Any],
+    traces: Mapping[str, _Trace],
+    values: NDArray[Any],
+    t: int,
+    *,
+    key: str,
+    seed: int,
+    task: EstimationTask,
+    path: ClientPath,
+    requirements: Requirements | None,
+) -> None:
+    """Step every mechanism of ``built`` once on slot ``t``'s shared ``values``, each through
+    its own port and ``SlotRandomness(seed, key, t, scope=name)``, and record its release."""
+    for name, mech in built.items():
+        randomness = SlotRandomness(seed, key, t, scope=name)
+        started = time.perf_counter()
+        port = _port(family, values, task, randomness, path, requirements)
+        states[name], events = mech.step(states[name], Slot(key, t, port, randomness))
+        seconds = time.perf_counter() - started
+        traces[name].record(t, next(e for e in events if isinstance(e, Release)), seconds)
+
+
+def _runs(
+    traces: Mapping[str, _Trace],
+    truth: NDArray[np.float64],
+    key: str,
+    epsilon: float,
+    window: int,
+    seed: int,
+    users: int,
+) -> dict[str, Run]:
+    """One ``Run`` per mechanism from its trace, all against the same ``truth``."""
+    return {
+        name: Run(
+            mechanism=name,
+            stream=key,
+            epsilon=float(epsilon),
+            window=window,
+            seed=seed,
+            users=users,
+            estimates=trace.estimates,
+            truth=truth,
+            strategies=tuple(trace.strategies),
+            total_bits=trace.bits,
+            seconds=float(trace.seconds.sum()),
+            slot_seconds=trace.seconds,
+        )
+        for name, trace in traces.items()
+    }
+
+
 def run_lockstep(
     family: Family,
     names: Sequence[str],
@@ -141,44 +213,17 @@ def run_lockstep(
     built = {name: family.build(name, config) for name in mechanisms}
     states = {name: mech.initial_state() for name, mech in built.items()}
     T, d = source.slots, task.d
-    estimates = {name: np.empty((T, d)) for name in mechanisms}
-    strategies: dict[str, list[str]] = {name: [] for name in mechanisms}
-    bits = dict.fromkeys(mechanisms, 0)
-    seconds = {name: np.zeros(T) for name in mechanisms}
+    traces = {name: _Trace(np.empty((T, d)), np.zeros(T)) for name in mechanisms}
     truth = np.empty((T, d))
     scale = source.users if family.bench.counts else 1
     for t in range(1, T + 1):
         values = source.values(t)
         truth[t - 1] = source.truth(t) * scale
-        for name, mech in built.items():
-            randomness = SlotRandomness(seed, key, t, scope=name)
-            started = time.perf_counter()
-            port = _port(family, values, task, randomness, path, requirements)
-            states[name], events = mech.step(states[name], Slot(key, t, port, randomness))
-            seconds[name][t - 1] = time.perf_counter() - started
-            release = next(e for e in events if isinstance(e, Release))
-            estimates[name][t - 1] = release.estimate
-            strategies[name].append(release.strategy)
-            bits[name] += int(getattr(release.details, "bits", 0))
+        _step_slot(family, built, states, traces, values, t, key=key, seed=seed, task=task,
+                   path=path, requirements=requirements)  # fmt: skip
         if progress is not None:
             progress.update(1)
-    return {
-        name: Run(
-            mechanism=name,
-            stream=key,
-            epsilon=float(epsilon),
-            window=window,
-            seed=seed,
-            users=source.users,
-            estimates=estimates[name],
-            truth=truth,
-            strategies=tuple(strategies[name]),
-            total_bits=bits[name],
-            seconds=float(seconds[name].sum()),
-            slot_seconds=seconds[name],
-        )
-        for name in mechanisms
-    }
+    return _runs(traces, truth, key, epsilon, window, seed, source.users)
 
 
 def bench(

@@ -323,6 +323,24 @@ def test_the_accountant_overspend_across_mechanisms_is_caught(tmp_path: Path, ld
     assert report["counts"]["windows_over_budget"] == 0
 
 
+def test_a_mechanism_charging_beyond_its_declared_share_is_caught(
+    tmp_path: Path, ldp: Run
+) -> None:
+    """LBU's ledger charges the full ε (its class says ε) while its guarantee and releases
+    declare its share ε/7: its own windows look fine, but its class still composes under the
+    population's ε, where the stream now overspends."""
+
+    def full(r: dict[str, Any]) -> None:
+        for field in ("epsilon", "charged", "window_spent"):
+            r["classes"][0][field] *= 7
+
+    ledger = edit(ldp.ledger, lambda r: r["mechanism"] == "LBU", full)
+    status, report = audit(tmp_path, ldp.releases, ledger)
+    assert status == 1 and failed(report) == {"population_accountant", "declared_spend"}
+    assert report["counts"]["windows_over_budget"] == 0
+    assert report["counts"]["population_over_budget"] > 0
+
+
 def test_a_lying_window_spent_is_caught(tmp_path: Path, ldp: Run) -> None:
     def halve(r: dict[str, Any]) -> None:
         r["classes"][0]["window_spent"] /= 2

@@ -5,14 +5,18 @@ from __future__ import annotations
 import json
 import secrets
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from privstream.cli import main
 
 RELEASE_FIELDS = {
-    "release_id", "stream", "mechanism", "slot", "strategy", "estimate", "epsilon", "window",
-    "epsilon_m1", "epsilon_m2", "users_m1", "users_m2",
+    "schema", "release_id", "stream", "mechanism", "slot", "strategy", "estimate", "source_slot",
+    "guarantee", "details", "insecure_seed", "evaluation",
+}  # fmt: skip
+LDP_IDS_DETAILS = {
+    "family", "epsilon_m1", "epsilon_m2", "users_m1", "users_m2", "dissimilarity", "error", "bits",
 }  # fmt: skip
 
 
@@ -42,11 +46,16 @@ def test_run_ldp_ids_writes_one_release_per_slot(tmp_path: Path) -> None:
     releases = read(out)
     assert [r["slot"] for r in releases] == list(range(1, 61))
     for r in releases:
-        assert r.keys() >= RELEASE_FIELDS
+        assert r.keys() == RELEASE_FIELDS and r["schema"] == 2
         assert r["strategy"] in ("publish", "approximate", "nullified")
-        assert r["epsilon"] == 1.0 and r["window"] == 20 and len(r["estimate"]) == 2  # type: ignore[arg-type]
-        assert r["epsilon_m1"] == 1.0  # LPA's M1 users report with the full ε
-        assert r["users_m1"] == 5000 // 2 // 20
+        assert r["guarantee"] == {
+            "measure": "pure", "epsilon": 1.0, "scope": "window", "window": 20, "model": "ldp"
+        }  # fmt: skip
+        assert len(r["estimate"]) == 2  # type: ignore[arg-type]
+        details: Any = r["details"]
+        assert details.keys() == LDP_IDS_DETAILS and details["family"] == "ldp-ids"
+        assert details["epsilon_m1"] == 1.0  # LPA's M1 users report with the full ε
+        assert details["users_m1"] == 5000 // 2 // 20
         assert r["insecure_seed"] is True and r["evaluation"] is False  # a public noise seed
     assert main(reproducible) == 0 and read(out) == releases, "same seed, same releases"
 
@@ -78,7 +87,8 @@ def test_run_on_a_users_own_file(tmp_path: Path, suffix: str) -> None:
         (m, t) for m in ("LBU", "LPU") for t in range(1, 11)
     )
     assert all(r["stream"] == "file" and len(r["estimate"]) == 3 for r in releases)  # type: ignore[arg-type]
-    assert {r["epsilon"] for r in releases} == {0.5}  # two mechanisms share ε = 1 equally
+    guarantees: list[Any] = [r["guarantee"] for r in releases]
+    assert {g["epsilon"] for g in guarantees} == {0.5}  # two mechanisms share ε = 1 equally
     assert dead.read_text() == ""
 
 
@@ -127,7 +137,9 @@ def test_compare_marks_every_output_as_an_evaluation(tmp_path: Path) -> None:
     assert main(argv) == 0
     releases, entries = read(out), read(ledger)
     assert len(releases) == len(entries) == 2 * 30
-    assert all(r["evaluation"] is True and r["epsilon"] == 1.0 for r in releases)  # full ε each
+    assert all(r["evaluation"] is True for r in releases)
+    guarantees: list[Any] = [r["guarantee"] for r in releases]
+    assert all(g["epsilon"] == 1.0 for g in guarantees)  # the full ε each
     assert all(e["evaluation"] is True and not e["insecure_seed"] for e in entries)
 
 

@@ -47,11 +47,14 @@ def batches(n: int = N, t_max: int = T) -> list[EventBatch]:
 
 def per_user_spend(entry: dict[str, Any]) -> float:
     """What the mechanism charged its most-charged user over the window ending at the entry's
-    slot, read from the entry alone: budget division spends ``window_spent`` on every user;
-    population division spends ``ε`` once per window on the users who reported in it."""
+    slot, read from the entry alone: budget division spends its one class's ``window_spent`` on
+    every user; population division spends ``ε`` once per window on the users who reported in
+    it (the details' ``window_users``)."""
     if entry["division"] == "budget":
-        return float(entry["window_spent"])
-    return float(entry["epsilon"]) if entry["window_users"] > 0 else 0.0
+        (one,) = entry["classes"]
+        return float(one["window_spent"])
+    reported = entry["details"]["window_users"] > 0
+    return float(entry["guarantee"]["epsilon"]) if reported else 0.0
 
 
 def composed(out: Outputs) -> dict[int, float]:
@@ -85,7 +88,7 @@ def test_side_by_side_with_the_full_budget_overspends_and_says_so() -> None:
 
 def test_an_equal_split_keeps_every_user_within_epsilon() -> None:
     out = run_ldp(BudgetSplit.parse("equal", len(ALL)))
-    assert all(r["epsilon"] == pytest.approx(EPS / len(ALL)) for r in out["releases"])
+    assert all(r["guarantee"]["epsilon"] == pytest.approx(EPS / len(ALL)) for r in out["releases"])
     assert len(out["releases"]) == len(ALL) * T  # nobody halted
     spend = composed(out)
     assert len(spend) == T and max(spend.values()) <= budget_limit(EPS)
@@ -107,7 +110,7 @@ def test_weights_divide_the_budget() -> None:
             "l", k, family=LDP_IDS, mechanism=["LBU", "LPA"], config=config, secret=3, split=split
         ),
     )
-    eps = {r["mechanism"]: r["epsilon"] for r in out["releases"]}
+    eps = {r["mechanism"]: r["guarantee"]["epsilon"] for r in out["releases"]}
     assert eps == {"LBU": pytest.approx(0.75), "LPA": pytest.approx(0.25)}
     assert max(composed(out).values()) <= budget_limit(EPS)
 
@@ -191,8 +194,8 @@ def test_personalized_classes_compose_per_class() -> None:
     out = run_operator(
         batches(),
         lambda keyed: family_mechanisms(
-            "p", keyed, family=PERSONALIZED, mechanism=names, config=config, secret=5, registration=prefs,
-            split=BudgetSplit.parse("equal", len(names)),
+            "p", keyed, family=PERSONALIZED, mechanism=names, config=config, secret=5,
+            registration=prefs, split=BudgetSplit.parse("equal", len(names)),
         ),
     )  # fmt: skip
     assert len(out["releases"]) == len(names) * T

@@ -128,8 +128,9 @@ def test_the_audits_mechanisms_release_only_integers() -> None:
     from privstream.events import EventBatch
     from privstream.mechanisms.accountant import BudgetSplit
     from privstream.mechanisms.personalized import PersonalizedConfig
-    from privstream.operators.personalized import personalized
-    from privstream.operators.slotting import Preferences
+    from privstream.mechanisms.registry import PERSONALIZED
+    from privstream.operators.family import family_mechanisms
+    from privstream.operators.registration import Preferences
     from tests.attacks.helpers import run_operator
 
     n, t_max, d = 500, 40, 4
@@ -144,16 +145,16 @@ def test_the_audits_mechanisms_release_only_integers() -> None:
     prefs = Preferences(epsilons=np.array([0.6, 1.2])[kind], windows=np.array([10, 5])[kind])
     out = run_operator(
         items,
-        lambda keyed: personalized(
-            "p", keyed, mechanism=names, config=config, secret=NoiseKey.from_text("7f3a9c1e5b2d8f4a6c0e9b1d3f5a7c2e"),
-            preferences=prefs, split=BudgetSplit.parse("equal", len(names)),
+        lambda keyed: family_mechanisms(
+            "p", keyed, family=PERSONALIZED, mechanism=names, config=config,
+            secret=NoiseKey.from_text("7f3a9c1e5b2d8f4a6c0e9b1d3f5a7c2e"),
+            registration=prefs, split=BudgetSplit.parse("equal", len(names)),
         ),
     )  # fmt: skip
     releases = out["releases"]
     assert len(releases) == len(names) * t_max
     for r in releases:
         assert all(float(x).is_integer() for x in r["estimate"]), r
-        if r["dissimilarity"] is not None:
-            assert _math.isclose(
-                r["dissimilarity"] * d, round(r["dissimilarity"] * d), abs_tol=1e-9
-            )
+        dissimilarity = r["details"]["dissimilarity"]
+        if dissimilarity is not None:
+            assert _math.isclose(dissimilarity * d, round(dissimilarity * d), abs_tol=1e-9)

@@ -18,17 +18,19 @@ import pytest
 from privstream.events import UNREGISTERED, EventBatch
 from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.personalized import PersonalizedConfig
-from privstream.operators.personalized import personalized
-from privstream.operators.slotting import Preferences
+from privstream.mechanisms.registry import PERSONALIZED
+from privstream.operators.family import family_mechanisms
+from privstream.operators.registration import Preferences
 from tests.attacks.helpers import Outputs, run_operator
 
 N, T, W, EPS = 60, 24, 6, 1.0
 MECHANISMS = ["PBD", "PBA", "BD", "Uniform", "PLBU", "PU", "Sample", "BA"]
 USERS = [f"u{i}" for i in range(N)]
-# Fields of a release and a ledger entry that are neither noisy nor decided from noisy values:
-# none may depend on the data. (users_m2 follows the publish decision: checked against it.)
-PUBLIC_RELEASE = ("stream", "mechanism", "slot", "epsilon", "window", "users_m1", "bits")
-PUBLIC_LEDGER = ("window_users", "available_users", "users_m1", "sizes")
+# Fields of a release and a ledger entry (envelope or ``details``) that are neither noisy nor
+# decided from noisy values: none may depend on the data. (users_pub follows the publish
+# decision: checked against it.)
+PUBLIC_RELEASE = ("stream", "mechanism", "slot", "guarantee", "users_dc", "registered", "bits")
+PUBLIC_LEDGER = ("guarantee", "division", "epsilon_dc", "sizes")
 
 
 def table() -> dict[str, tuple[float, int]]:
@@ -59,18 +61,22 @@ def run(items: list[EventBatch], mechanisms: list[str] = MECHANISMS) -> Outputs:
     config = PersonalizedConfig(population=2 * N, epsilon=EPS, window=W)
     return run_operator(
         items,
-        lambda keyed: personalized(
-            "p", keyed, mechanism=mechanisms, config=config, secret=4,
-            preferences=Preferences(by_user=table()),
+        lambda keyed: family_mechanisms(
+            "p", keyed, family=PERSONALIZED, mechanism=mechanisms, config=config, secret=4,
+            registration=Preferences(by_user=table()),
             split=BudgetSplit.parse(None, len(mechanisms), compare=True),
         ),
     )  # fmt: skip
 
 
 def project(rows: list[dict[str, Any]], fields: tuple[str, ...]) -> list[tuple[Any, ...]]:
+    """``fields`` of every row, read from the envelope or its ``details``, plus the sizes of
+    its privacy classes (``sizes``)."""
+    out = []
     for r in rows:
-        r["sizes"] = [c["users"] for c in r.get("classes") or ()]
-    return sorted(tuple(str(r.get(f)) for f in ("mechanism", "slot", *fields)) for r in rows)
+        flat = {**r.get("details", {}), **r, "sizes": [c["users"] for c in r.get("classes", ())]}
+        out.append(tuple(str(flat.get(f)) for f in ("mechanism", "slot", *fields)))
+    return sorted(out)
 
 
 def test_neighbouring_first_events_release_the_same_public_fields() -> None:
@@ -80,10 +86,11 @@ def test_neighbouring_first_events_release_the_same_public_fields() -> None:
     assert project(at15["releases"], PUBLIC_RELEASE) == project(at16["releases"], PUBLIC_RELEASE)
     assert project(at15["ledger"], PUBLIC_LEDGER) == project(at16["ledger"], PUBLIC_LEDGER)
     for r in at15["releases"] + at16["releases"]:  # everybody registered gets the budget
-        assert r["users_m2"] == (N if r["epsilon_m2"] > 0 else 0)
+        assert r["details"]["users_pub"] == (N if r["details"]["theta_pub"] > 0 else 0)
     sizes = {c["users"] for e in at15["ledger"] for c in e["classes"]}
     assert sizes == {N // 3, N - N // 3}  # the registration's class sizes, from slot 1 on
-    assert {e["window_users"] for e in at15["ledger"]} == {N}
+    assert {sum(c["users"] for c in e["classes"]) for e in at15["ledger"]} == {N}
+    assert {r["details"]["registered"] for r in at15["releases"]} == {N}
 
 
 def test_unregistered_users_are_dead_letters_and_change_nothing() -> None:
@@ -103,7 +110,7 @@ def test_plbu_bits_count_registered_users_not_senders() -> None:
     whether or not they sent data."""
     sparse = events(20)
     out = run(sparse, ["PLBU"])
-    assert {r["bits"] for r in out["releases"]} == {N * 2}
+    assert {r["details"]["bits"] for r in out["releases"]} == {N * 2}
 
 
 def test_a_registration_outside_the_limits_is_refused_at_start() -> None:

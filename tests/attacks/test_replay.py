@@ -25,8 +25,9 @@ from bytewax.testing import TestingSink, TestingSource, run_main
 from privstream.connectors.jsonl import to_json
 from privstream.events import EventBatch
 from privstream.mechanisms.ldp_ids import LdpIdsConfig
+from privstream.mechanisms.registry import LDP_IDS
 from privstream.mechanisms.seeding import NoiseKey
-from privstream.operators.ldp_ids import ldp_ids
+from privstream.operators.family import family_mechanisms
 
 N, T = 500, 20
 KEY = NoiseKey.from_text(secrets.token_hex(32))
@@ -47,7 +48,9 @@ def run(key: NoiseKey, window: int, recovery: RecoveryConfig, source: list[Any])
     flow = Dataflow("replay")
     keyed = op.key_on("k", op.input("in", flow, TestingSource(source)), lambda b: b.stream)
     config = LdpIdsConfig(epsilon=1.0, window=window, population=N)
-    out = ldp_ids("mech", keyed, mechanism="LPD", config=config, secret=key)
+    out = family_mechanisms(
+        "mech", keyed, family=LDP_IDS, mechanism="LPD", config=config, secret=key
+    )
     releases: list[str] = []
     op.output("out", op.map("json", out.releases, to_json), TestingSink(releases))
     run_main(flow, epoch_interval=timedelta(0), recovery_config=recovery)

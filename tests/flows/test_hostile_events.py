@@ -18,7 +18,8 @@ import numpy as np
 
 from privstream.events import EventBatch
 from privstream.mechanisms.ldp_ids import LdpIdsConfig
-from privstream.operators.ldp_ids import ldp_ids
+from privstream.mechanisms.registry import LDP_IDS
+from privstream.operators.family import family_mechanisms
 from privstream.operators.metrics import INTERNAL
 from privstream.operators.slotting import SlottingConfig
 from tests.attacks.helpers import Outputs, run_operator
@@ -42,8 +43,14 @@ def run(items: list[Any]) -> Outputs:
     slotting = SlottingConfig(max_slot_gap=GAP, close_on_eof=False)
     return run_operator(
         items,
-        lambda keyed: ldp_ids(
-            "mech", keyed, mechanism="LBU", config=config, secret=3, slotting=slotting
+        lambda keyed: family_mechanisms(
+            "mech",
+            keyed,
+            family=LDP_IDS,
+            mechanism="LBU",
+            config=config,
+            secret=3,
+            slotting=slotting,
         ),
     )
 

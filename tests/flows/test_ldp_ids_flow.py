@@ -17,8 +17,9 @@ from privstream.connectors.json_events import parse_json_lines
 from privstream.connectors.jsonl import to_json
 from privstream.events import EventBatch
 from privstream.mechanisms.ldp_ids import LdpIdsConfig
+from privstream.mechanisms.registry import LDP_IDS
 from privstream.mechanisms.tasks import FrequencyTask
-from privstream.operators.ldp_ids import ldp_ids
+from privstream.operators.family import family_mechanisms
 from privstream.operators.slotting import SlottingConfig
 
 N, T, W = 300, 30, 5
@@ -39,9 +40,9 @@ def flow_over(
 ) -> tuple[Dataflow, dict[str, list[Any]]]:
     flow = Dataflow("test_ldp_ids")
     keyed = op.key_on("by_stream", op.input("in", flow, TestingSource(items)), lambda b: b.stream)
-    out = ldp_ids(
-        "ldp_ids", keyed, mechanism=mechanism, config=LdpIdsConfig(1.0, W, N, task=FrequencyTask(2)),
-        secret=5, slotting=slotting,
+    out = family_mechanisms(
+        "ldp_ids", keyed, family=LDP_IDS, mechanism=mechanism,
+        config=LdpIdsConfig(1.0, W, N, task=FrequencyTask(2)), secret=5, slotting=slotting,
     )  # fmt: skip
     sinks: dict[str, list[Any]] = {"releases": [], "ledger": [], "dead_letters": []}
     op.output("r", op.map("r_json", out.releases, to_json), TestingSink(sinks["releases"]))
@@ -103,7 +104,7 @@ def test_empty_slots_advance_the_ledger() -> None:
     releases = [json.loads(line) for line in out["releases"]]
     assert [r["slot"] for r in releases] == list(range(1, 10))
     # carry-forward: the gap slots still have users and LPU's groups keep rotating
-    assert all(r["users_m2"] == N // W for r in releases)
+    assert all(r["details"]["users_m2"] == N // W for r in releases)
 
 
 def jsonl(events: list[dict[str, Any]]) -> list[str]:
@@ -194,27 +195,16 @@ def test_a_violated_invariant_halts_only_that_stream_before_release() -> None:
 
 
 def test_resuming_from_an_incompatible_snapshot_fails_loudly() -> None:
-    from privstream.mechanisms.accountant import BudgetSplit
     from privstream.mechanisms.errors import IncompatibleState
-    from privstream.mechanisms.ldp_ids import build
     from privstream.mechanisms.seeding import NoiseKey
-    from privstream.operators.slotting import LdpClients, StreamState, _Plan, _SlottedLogic
+    from privstream.operators.slotting import SlottedLogic, SlottedPlan, make_plan
+    from privstream.operators.stream_state import StreamState
 
     config = LdpIdsConfig(1.0, W, N, task=FrequencyTask(2))
-    mech = build("LPA", config)
+    mech = LDP_IDS.build("LPA", config)
 
-    def plan(key: NoiseKey, mechanism: Any = mech) -> _Plan:
-        return _Plan(
-            mechanisms={mechanism.name: mechanism},
-            shares={mechanism.name: 1.0},
-            task=config.task,
-            population=N,
-            key=key,
-            config=SlottingConfig(),
-            trust=LdpClients(config.task),
-            split=BudgetSplit.parse(None, 1),
-            epsilon=mechanism.config.epsilon,
-        )
+    def plan(key: NoiseKey, mechanism: Any = mech) -> SlottedPlan:
+        return make_plan("step", [mechanism], config.task, N, key, SlottingConfig())
 
     key = NoiseKey.from_text("3f9a0c5e7b2d48e1a6c4f0b9d2e7a153")
     bound = plan(key).binding()
@@ -223,13 +213,13 @@ def test_resuming_from_an_incompatible_snapshot_fails_loudly() -> None:
         return StreamState("a", mechanisms, np.full(N, np.nan), binding=dict(bound), **kw)
 
     def resume(state: StreamState, key: NoiseKey = key, mechanism: Any = mech) -> None:
-        _SlottedLogic("step", plan(key, mechanism), state)
+        SlottedLogic("step", plan(key, mechanism), state)
 
     resume(state({"LPA": mech.initial_state()}))  # compatible
     with pytest.raises(IncompatibleState, match="version"):
         resume(state({"LPA": mech.initial_state()}, version=0))
     with pytest.raises(IncompatibleState, match="LBD"):
-        resume(state({"LBD": build("LBD", config).initial_state()}))
+        resume(state({"LBD": LDP_IDS.build("LBD", config).initial_state()}))
     stale = mech.initial_state()
     stale.version = 99
     with pytest.raises(IncompatibleState, match="version"):
@@ -241,7 +231,7 @@ def test_resuming_from_an_incompatible_snapshot_fails_loudly() -> None:
     assert "3f9a0c5e7b2d48e1a6c4f0b9d2e7a153" not in str(refused.value)
     with pytest.raises(IncompatibleState, match="another secret"):
         resume(state({"LPA": mech.initial_state()}), key=NoiseKey.insecure_seed(1))
-    wider = build("LPA", LdpIdsConfig(2.0, W, N, task=FrequencyTask(2)))
+    wider = LDP_IDS.build("LPA", LdpIdsConfig(2.0, W, N, task=FrequencyTask(2)))
     with pytest.raises(IncompatibleState, match=r"epsilon=2\.0"):
         resume(state({"LPA": wider.initial_state()}), mechanism=wider)
 
@@ -249,7 +239,6 @@ def test_resuming_from_an_incompatible_snapshot_fails_loudly() -> None:
 def test_a_halted_mechanism_does_not_stop_its_neighbours() -> None:
     from privstream.mechanisms.accountant import BudgetSplit
     from privstream.mechanisms.contract import Release
-    from privstream.mechanisms.ldp_ids import build
     from privstream.operators.slotting import slotted_mechanism
 
     # two mechanisms over one population split its budget (each runs with ε/2)
@@ -258,7 +247,7 @@ def test_a_halted_mechanism_does_not_stop_its_neighbours() -> None:
     keyed = op.key_on(
         "by_stream", op.input("in", flow, TestingSource(two_streams(6))), lambda b: b.stream
     )
-    mechanisms = [_BreaksAtSlot3(config), build("LPD", config)]
+    mechanisms = [_BreaksAtSlot3(config), LDP_IDS.build("LPD", config)]
     out = slotted_mechanism(
         "m", keyed, mechanisms=mechanisms, task=config.task, population=N, secret=1,
         split=BudgetSplit.parse("equal", 2),
@@ -290,7 +279,7 @@ def test_the_ready_flow_runs_under_bytewax_run_from_the_checkout(tmp_path: Path)
     ids = sorted(r["release_id"] for r in releases)
     assert ids == sorted(f"log/{m}/{t}" for m in ("LBA", "LPD") for t in range(1, 31))
     # the secret came from the environment, and the two mechanisms split ε = 1
-    assert all(r["epsilon"] == 0.5 and not r["insecure_seed"] for r in releases)
+    assert all(r["guarantee"]["epsilon"] == 0.5 and not r["insecure_seed"] for r in releases)
     assert not any(r["evaluation"] for r in releases)
 
 

@@ -21,8 +21,9 @@ from privstream.connectors.jsonl import to_json
 from privstream.events import EventBatch
 from privstream.mechanisms.errors import IncompatibleState
 from privstream.mechanisms.ldp_ids import LdpIdsConfig
+from privstream.mechanisms.registry import LDP_IDS
 from privstream.mechanisms.tasks import FrequencyTask
-from privstream.operators.ldp_ids import ldp_ids
+from privstream.operators.family import family_mechanisms
 from privstream.operators.slotting import SlottingConfig
 
 N, T, W, P = 300, 12, 4, 3
@@ -52,8 +53,8 @@ def run(
 ) -> dict[str, list[Any]]:
     flow = Dataflow("test_partitions")
     keyed = op.key_on("by_stream", op.input("in", flow, TestingSource(items)), lambda b: b.stream)
-    out = ldp_ids(
-        "ldp_ids", keyed, mechanism="LPA",
+    out = family_mechanisms(
+        "ldp_ids", keyed, family=LDP_IDS, mechanism="LPA",
         config=LdpIdsConfig(1.0, W, N, task=FrequencyTask(2)), secret=11, slotting=slotting,
     )  # fmt: skip
     sinks: dict[str, list[Any]] = {"releases": [], "dead_letters": []}

@@ -23,8 +23,9 @@ from privstream.events import EventBatch
 from privstream.flows.personalized import build
 from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.personalized import MECHANISMS, PersonalizedConfig
-from privstream.operators.personalized import personalized
-from privstream.operators.slotting import Preferences
+from privstream.mechanisms.registry import PERSONALIZED
+from privstream.operators.family import family_mechanisms
+from privstream.operators.registration import Preferences
 
 N, T, W, EPS = 400, 40, 8, 1.0
 # Four user types, each at least as lenient as the stream's (ε, w) = (1, 8), so the uniform
@@ -52,8 +53,14 @@ def flow_over(items: list[Any], mechanism: str) -> tuple[Dataflow, dict[str, lis
     flow = Dataflow("test_personalized")
     keyed = op.key_on("by_stream", op.input("in", flow, TestingSource(items)), lambda b: b.stream)
     config = PersonalizedConfig(population=N, epsilon=EPS, window=W)
-    out = personalized(
-        "personalized", keyed, mechanism=mechanism, config=config, secret=11, preferences=prefs()
+    out = family_mechanisms(
+        "personalized",
+        keyed,
+        family=PERSONALIZED,
+        mechanism=mechanism,
+        config=config,
+        secret=11,
+        registration=prefs(),
     )
     sinks: dict[str, list[Any]] = {"releases": [], "ledger": [], "dead_letters": []}
     op.output("r", op.map("r_json", out.releases, to_json), TestingSink(sinks["releases"]))
@@ -72,9 +79,11 @@ def check_class_windows(ledger_lines: list[str]) -> int:
     charges: dict[tuple[str, str, int, float], dict[int, float]] = defaultdict(dict)
     for line in ledger_lines:
         entry = json.loads(line)
-        for c in entry["classes"]:
+        split = zip(entry["details"]["epsilon_dc"], entry["details"]["epsilon_pub"], strict=True)
+        for c, (dc, pub) in zip(entry["classes"], split, strict=True):
+            assert c["charged"] == dc + pub  # the split into DC and publication adds up
             key = (entry["stream"], entry["mechanism"], c["window"], c["epsilon"])
-            charges[key][entry["slot"]] = c["epsilon_dc"] + c["epsilon_pub"]
+            charges[key][entry["slot"]] = c["charged"]
     checked = 0
     for (_s, _m, w, eps), by_slot in charges.items():
         for end in by_slot:
@@ -136,9 +145,10 @@ def test_requirements_are_registered_before_the_data_and_cannot_change() -> None
     keyed = op.key_on(
         "k", op.filter("ok", parsed, lambda x: isinstance(x, EventBatch)), lambda b: b.stream
     )
-    out = personalized(
-        "p", keyed, mechanism="PBD", config=PersonalizedConfig(population=60, epsilon=1.0, window=6),
-        secret=3, preferences=Preferences(by_user=table),
+    out = family_mechanisms(
+        "p", keyed, family=PERSONALIZED, mechanism="PBD",
+        config=PersonalizedConfig(population=60, epsilon=1.0, window=6), secret=3,
+        registration=Preferences(by_user=table),
     )  # fmt: skip
     ledger: list[Any] = []
     dead: list[Any] = []
@@ -172,9 +182,9 @@ def test_who_is_counted_does_not_depend_on_who_sent_data() -> None:
             "k", op.filter("ok", parsed, lambda x: isinstance(x, EventBatch)), lambda b: b.stream
         )
         config = PersonalizedConfig(population=30, epsilon=1.0, window=6)
-        out = personalized(
-            "p", keyed, mechanism="PBD", config=config, secret=3,
-            preferences=Preferences(by_user=table),
+        out = family_mechanisms(
+            "p", keyed, family=PERSONALIZED, mechanism="PBD", config=config, secret=3,
+            registration=Preferences(by_user=table),
         )  # fmt: skip
         ledger: list[Any] = []
         op.output("l", out.ledger, TestingSink(ledger))
@@ -247,16 +257,16 @@ def test_a_user_stricter_than_the_stream_halts_a_uniform_baseline_before_any_rel
     strict = Preferences(epsilons=np.full(N, 0.5), windows=np.full(N, W))
     keyed = op.key_on("k", op.input("in", flow, TestingSource(streams(5))), lambda b: b.stream)
     config = PersonalizedConfig(population=N, epsilon=EPS, window=W)
-    out = personalized(
-        "p", keyed, mechanism="BD,PBD", config=config, secret=1, preferences=strict,
-        split=BudgetSplit.parse("equal", 2),
+    out = family_mechanisms(
+        "p", keyed, family=PERSONALIZED, mechanism="BD,PBD", config=config, secret=1,
+        registration=strict, split=BudgetSplit.parse("equal", 2),
     )  # fmt: skip
     releases: list[Any] = []
     op.output("r", out.releases, TestingSink(releases))
     run_main(flow)
     assert {r.mechanism for r in releases} == {"PBD"}  # BD refused at slot 1, PBD serves them
     assert len(releases) == 2 * 5
-    assert {r.epsilon for r in releases} == {EPS / 2}  # PBD runs with its share of the budget
+    assert {r.guarantee.budget for r in releases} == {EPS / 2}  # PBD runs with its share
 
 
 def test_class_gauges_are_exported() -> None:

@@ -30,7 +30,7 @@ def test_demo_runs_the_main_job_over_kafka(tmp_path: Path) -> None:
     for line in releases:
         release = json.loads(line)
         assert release["evaluation"] is True and release["insecure_seed"] is False
-        assert release["epsilon"] == 1.0
+        assert release["guarantee"]["epsilon"] == 1.0
     metrics = (out / "metrics.txt").read_text()
     assert "privstream_evaluation 1.0" in metrics and "privstream_insecure_seed 0.0" in metrics
     assert 'privstream_privacy_violations_total{mechanism="LPA",stream="sin"} 0.0' in metrics

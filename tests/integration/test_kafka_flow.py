@@ -23,7 +23,8 @@ from privstream.connectors.kafka import (
     wait_for_messages,
 )
 from privstream.events import REASONS
-from privstream.flows.ldp_ids import KafkaIO, build
+from privstream.flows.io import KafkaIO
+from privstream.flows.ldp_ids import build
 
 from .conftest import PRIVSTREAM, Topics, cli_env, read_all, read_json, run_cli, write_secret
 
@@ -90,7 +91,9 @@ def test_kafka_flow_equals_the_file_flow_on_the_same_events(
     assert len(releases) == 2 * slots
     keys = by_id(wait_for_messages(kafka, topics.releases, lambda got: len(got) >= 2 * slots))
     assert sorted(keys) == sorted(f"sin/{m}/{t}" for m in ("LBU", "LPA") for t in range(1, 13))
-    assert all(r["epsilon"] == EPSILON / 2 and not r["insecure_seed"] for r in releases)
+    assert all(
+        r["guarantee"]["epsilon"] == EPSILON / 2 and not r["insecure_seed"] for r in releases
+    )
     ledger = read_json(kafka, topics.ledger, 2 * slots)
     assert {(e["mechanism"], e["slot"]) for e in ledger} == {
         (m, t) for m in ("LBU", "LPA") for t in range(1, 13)
@@ -272,13 +275,13 @@ def check_output(
     for m in mechs:
         rows = [json.loads(unique[f"sin/{m}/{t}"]) for t in range(1, slots + 1)]
         share = EPSILON / len(mechs)  # the mechanisms split ε equally
-        assert {r["epsilon"] for r in rows} == {share}
+        assert {r["guarantee"]["epsilon"] for r in rows} == {share}
         for start in range(slots - WINDOW + 1):
-            window = rows[start : start + WINDOW]
+            window = [r["details"] for r in rows[start : start + WINDOW]]
             if m.startswith("LB"):  # budget division: a user's spend over any w slots
-                assert sum(r["epsilon_m1"] + r["epsilon_m2"] for r in window) <= share + 1e-9
+                assert sum(d["epsilon_m1"] + d["epsilon_m2"] for d in window) <= share + 1e-9
             else:  # population division: distinct reporters over any w slots
-                assert sum(r["users_m1"] + r["users_m2"] for r in window) <= users
+                assert sum(d["users_m1"] + d["users_m2"] for d in window) <= users
     return unique
 
 

@@ -125,7 +125,8 @@ def public_numbers(
     * ``n·t`` for t in 0..T: events accepted after t complete slots — every registered user
       reports at every slot, so the volume of the stream is known; its split by value is not;
     * every number in the releases and ledger entries the flow published (post-processing of
-      DP output, e.g. ``window_users``/``available_users`` of population division).
+      DP output, e.g. the LDP-IDS ``details``' ``window_users``/``available_users`` of
+      population division).
 
     Every other metric value equal to a true per-slot count of some value is a leak.
     """
@@ -198,7 +199,7 @@ POLICY = Disclosure(
     mechanisms=frozenset({"LBU"}),
     secret=SECRET,
     true_counts=frozenset({456, 4544, 5000}),
-    public=public_numbers(5000, 60, 20, 1.0, [{"users_m2": 4544}]),
+    public=public_numbers(5000, 60, 20, 1.0, [{"details": {"users_m2": 4544}}]),
 )
 
 
@@ -392,7 +393,7 @@ def check_secret_nowhere(flow: FlowProcess, pages: dict[str, str], recovery: Pat
     assert store, "the recovery store must hold snapshots"
     blobs = b"".join(p.read_bytes() for p in store)
     # Snapshots are plain pickles in SQLite, so a byte search sees what the state holds.
-    assert b"privstream.operators.slotting" in blobs and b"tallies" in blobs
+    assert b"privstream.operators.stream_state" in blobs and b"tallies" in blobs
     for form in (SECRET.encode(), SECRET.encode().hex().encode(), SECRET.encode("utf-16-le")):
         assert form not in blobs, f"the secret appears in the recovery store as {form!r}"
 

@@ -74,7 +74,7 @@ def test_personalized_flow_over_kafka(
     for m in releases:  # central DP: exact discrete Laplace counts, half of ε for each
         release = json.loads(m.value())
         assert all(float(x).is_integer() for x in release["estimate"])
-        assert release["epsilon"] == 0.5 and not release["insecure_seed"]
+        assert release["guarantee"]["epsilon"] == 0.5 and not release["insecure_seed"]
     ledger = [
         json.loads(m.value())
         for m in wait_for_messages(kafka, topics.ledger, lambda got: len(got) >= len(expected))
@@ -89,10 +89,7 @@ def test_personalized_flow_over_kafka(
         for c_index in range(2):  # each class's spend over its own window
             w = rows[-1]["classes"][c_index]["window"]
             eps = rows[-1]["classes"][c_index]["epsilon"]
-            charge = [
-                next(c["epsilon_dc"] + c["epsilon_pub"] for c in r["classes"] if c["window"] == w)
-                for r in rows
-            ]
+            charge = [next(c["charged"] for c in r["classes"] if c["window"] == w) for r in rows]
             assert max(sum(charge[i : i + w]) for i in range(len(charge))) <= eps * (1 + 1e-9)
         # both mechanisms together: the class closest to its full requirement stays within it
         for e in rows:

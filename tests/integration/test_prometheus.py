@@ -95,11 +95,13 @@ def test_promql_matches_the_releases_and_the_spend_stays_within_epsilon(
 
         # The ledger's own account at every slot (Prometheus samples only every second).
         for entry in ledger.values():
-            assert entry["epsilon"] == SHARE, entry
+            assert entry["guarantee"]["epsilon"] == SHARE, entry
+            (one,) = entry["classes"]  # every user shares (w, ε): one class
+            assert one["epsilon"] == SHARE, entry
             if entry["division"] == "budget":
-                assert 0 < entry["window_spent"] <= budget_limit(SHARE), entry
+                assert 0 < one["window_spent"] <= budget_limit(SHARE), entry
             else:
-                assert 0 <= entry["window_users"] <= USERS, entry
+                assert 0 <= entry["details"]["window_users"] <= USERS, entry
             # composed over the three mechanisms, no user spent more than the population's ε
             assert entry["population_epsilon"] == EPSILON, entry
             assert 0 < entry["population_window_spent"] <= budget_limit(EPSILON), entry
