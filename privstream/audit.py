@@ -94,11 +94,18 @@ class _Guarantee(msgspec.Struct, gc=False):
     window: int | None = None
 
 
-class _Details(msgspec.Struct, gc=False):
-    """A family's own fields; the audit reads LDP-IDS's per-slot reports (population division
-    is checked from them) and screens every family's for raw user ids."""
+class _Screened(msgspec.Struct, gc=False):
+    """A release's ``details``: only screened for raw user ids."""
 
-    family: str = ""
+    user: Any = _UNSET
+    user_id: Any = _UNSET
+    users: Any = _UNSET
+
+
+class _Details(msgspec.Struct, gc=False):
+    """A ledger entry's ``details``: the audit reads LDP-IDS's per-slot reports (population
+    division is checked from them) and screens every family's for raw user ids."""
+
     epsilon_m1: float | None = None
     epsilon_m2: float | None = None
     users_m1: int | None = None
@@ -125,7 +132,7 @@ class _Entry(msgspec.Struct, gc=False):
     slot: int
     guarantee: _Guarantee
     division: str
-    classes: list[_ClassSpend]
+    classes: tuple[_ClassSpend, ...]
     details: _Details
     schema: int | None = None
     population_epsilon: float | None = None
@@ -151,7 +158,7 @@ class _Release(msgspec.Struct, gc=False):
     mechanism: str
     slot: int
     guarantee: _Guarantee
-    details: _Details
+    details: _Screened
     schema: int | None = None
     user: Any = _UNSET
     user_id: Any = _UNSET
@@ -178,6 +185,14 @@ def _budget(guarantee: _Guarantee) -> float:
         "zcdp": g.rho,
     }.get(g.measure)  # fmt: skip
     return math.nan if value is None else float(value)
+
+
+def _budgets(guarantees: Sequence[_Guarantee]) -> F64:
+    """``_budget`` of every guarantee of a batch (a batch of pure ε read as one column)."""
+    measures = tuple(map(operator.attrgetter("measure"), guarantees))
+    if measures.count("pure") == len(measures):
+        return _optional(tuple(map(operator.attrgetter("epsilon"), guarantees)))
+    return _floats([_budget(g) for g in guarantees])
 
 
 def _undecodable(line: bytes, source: str, exc: msgspec.DecodeError) -> str:
@@ -393,7 +408,7 @@ class Collector:
             return
         records, lines, where = self._decode(_RELEASE, lines, numbers, "release")
         fields = _fields(_Release, records)
-        slot, epsilon = _ints(fields["slot"]), _floats(list(map(_budget, fields["guarantee"])))
+        slot, epsilon = _ints(fields["slot"]), _budgets(fields["guarantee"])
         ids = map("{}/{}/{}".format, fields["stream"], fields["mechanism"], fields["slot"])
         named = np.array(list(map(operator.eq, fields["release_id"], ids)), dtype=np.bool_)
         good = named & (slot >= 0) & (slot < MAX_SLOT) & (epsilon > 0) & (epsilon < math.inf)
@@ -500,12 +515,18 @@ class Collector:
         release_epsilon = np.full(len(self._names), math.nan)
         stated, first = np.unique(releases["pair"], return_index=True)  # each pair's first
         release_epsilon[stated] = releases["epsilon"][first]
+        ledger = _concatenate(self._entries, _ENTRY_DTYPES)
+        # one scheme per mechanism: plain only when every entry of it is (a uniform baseline
+        # whose second class joined later is classwise throughout)
+        throughout = np.ones(len(self._names), dtype=np.bool_)
+        np.logical_and.at(throughout, ledger["pair"], ledger["plain"])
+        ledger["plain"] = throughout[ledger["pair"]]
         return Published(
             pairs=list(self._names),
             release_pair=releases["pair"],
             release_slot=releases["slot"],
             release_epsilon=release_epsilon,
-            ledger=LedgerTable(**_concatenate(self._entries, _ENTRY_DTYPES)),
+            ledger=LedgerTable(**ledger),
             classes=ClassTable(**_concatenate(self._classes, _CLASS_DTYPES)),
             halts=halts,
         )
@@ -565,7 +586,7 @@ def _optional(values: Sequence[float | None]) -> F64:
 
 def _counts(values: Sequence[int | None]) -> I64:
     """An int64 column of optional counts; None (a field the family does not write) is −1."""
-    return _ints([-1 if v is None else v for v in values] if None in values else values)
+    return _ints([-1 if v is None else v for v in values])
 
 
 def _entry_columns(
@@ -586,7 +607,7 @@ def _entry_columns(
     columns = {
         "slot": _ints(fields["slot"]),
         "population_division": population,
-        "epsilon": _floats(list(map(_budget, guarantees))),
+        "epsilon": _budgets(guarantees),
         "window": _ints([0 if g.window is None else g.window for g in guarantees]),
         "m1": _optional(detail("epsilon_m1")),
         "m2": _optional(detail("epsilon_m2")),
@@ -620,7 +641,7 @@ def _single_requirement(
 
 
 def _class_columns(
-    classes: tuple[list[_ClassSpend], ...],
+    classes: tuple[tuple[_ClassSpend, ...], ...],
 ) -> tuple[dict[str, NDArray[Any]], Bools]:
     """The privacy classes of a batch's entries (``row``: the entry's batch position), and
     which of them are in range."""

@@ -33,13 +33,14 @@ class LedgerTable:
     """One row per distinct ledger entry (first copy of each ``stream/mechanism/slot``).
 
     ``epsilon`` and ``window`` are the entry's guarantee's budget and window. ``plain`` marks
-    the entries whose users all share one requirement (a w-event guarantee and one class of its
-    window: every population-division entry, LDP-IDS's budget division, a uniform baseline
-    over one class), which compose under the population's declared ε; the others charge
-    privacy classes of their own (personalized), which compose under ``ε_c / s``. ``m1``/``m2``/``users1``/``users2``/
-    ``window_users`` are the LDP-IDS details a population-division entry is checked from
-    (NaN or −1 where a family does not write them). ``pop_epsilon``/``pop_spent`` are NaN
-    where an entry lacks ``population_epsilon`` / ``population_window_spent``.
+    the mechanisms whose users all share one requirement at every entry (a w-event guarantee
+    and one class of its window: LDP-IDS, a uniform baseline over one class), whose class is
+    summed over all their entries and composes under the population's declared ε; the others
+    charge privacy classes of their own (personalized), each composing under ``ε_c / s``.
+    ``m1``, ``m2``, ``users1``, ``users2`` and ``window_users`` are the LDP-IDS details a
+    population-division entry is checked from (NaN or −1 where a family does not write them).
+    ``pop_epsilon``/``pop_spent`` are NaN where an entry lacks ``population_epsilon`` /
+    ``population_window_spent``.
     """
 
     pair: I64

@@ -323,9 +323,7 @@ def test_the_accountant_overspend_across_mechanisms_is_caught(tmp_path: Path, ld
     assert report["counts"]["windows_over_budget"] == 0
 
 
-def test_a_mechanism_charging_beyond_its_declared_share_is_caught(
-    tmp_path: Path, ldp: Run
-) -> None:
+def test_a_mechanism_charging_beyond_its_declared_share_is_caught(tmp_path: Path, ldp: Run) -> None:
     """LBU's ledger charges the full ε (its class says ε) while its guarantee and releases
     declare its share ε/7: its own windows look fine, but its class still composes under the
     population's ε, where the stream now overspends."""
@@ -339,6 +337,33 @@ def test_a_mechanism_charging_beyond_its_declared_share_is_caught(
     assert status == 1 and failed(report) == {"population_accountant", "declared_spend"}
     assert report["counts"]["windows_over_budget"] == 0
     assert report["counts"]["population_over_budget"] > 0
+
+
+def test_a_uniform_baseline_gaining_a_class_is_summed_as_one_mechanism(tmp_path: Path) -> None:
+    """Uniform serves one class (the stream default) until a second requirement registers at
+    slot 6: its first class's window sums run across the change."""
+    from privstream.mechanisms.client import Requirements, SimulatedCurator
+    from privstream.mechanisms.contract import Slot
+    from privstream.mechanisms.personalized import PersonalizedConfig
+    from privstream.mechanisms.registry import PERSONALIZED
+    from privstream.mechanisms.seeding import SlotRandomness
+
+    n = 6
+    late = np.arange(n) >= 4  # users 4 and 5 require (2.0, 3) and register at slot 6
+    eps, win = np.where(late, 2.0, 1.0), np.where(late, 3, 8)
+    config = PersonalizedConfig(population=n, epsilon=1.0, window=8)
+    mech = PERSONALIZED.build("Uniform", config)
+    state, lines = mech.initial_state(), {"release": [], "ledger": []}
+    for t in range(1, 16):
+        req = Requirements(eps, win, registered=~late | (t >= 6))
+        port = SimulatedCurator(np.arange(n) % 2, config.task, req)
+        state, (release, entry) = mech.step(state, Slot("g", t, port, SlotRandomness(1, "g", t)))
+        lines["release"].append(json.dumps(release.to_dict(), separators=(",", ":")))
+        lines["ledger"].append(json.dumps(entry.to_dict(), separators=(",", ":")))
+    assert [len(json.loads(x)["classes"]) for x in lines["ledger"]] == [1] * 5 + [2] * 10
+    status, report = audit(tmp_path, lines["release"], lines["ledger"])
+    assert status == 0 and report["problems"] == [], report["problems"]
+    assert any("before the population accountant" in note for note in report["notes"])
 
 
 def test_a_lying_window_spent_is_caught(tmp_path: Path, ldp: Run) -> None:

@@ -178,3 +178,40 @@ def test_process_and_python_collectors_are_internal() -> None:
     internal = {f.name for f in INTERNAL.collect()}
     assert not {n for n in public if n.startswith(("process_", "python_"))}
     assert {"process_cpu_seconds", "python_gc_objects_collected", "python_info"} <= internal
+
+
+def test_ledger_gauges_read_the_entry_envelope_and_its_details() -> None:
+    """The spend gauges follow the entry's class closest to its limit; the user gauges read
+    LDP-IDS's details, and a curator family's registered users (its classes) otherwise."""
+    from privstream.mechanisms.contract import ClassSpend, LedgerEntry
+    from privstream.mechanisms.guarantees import ClassScope, Guarantee, PureDP, WindowScope
+    from privstream.mechanisms.ldp_ids import LdpIdsLedger
+    from privstream.mechanisms.personalized import PersonalizedLedgerDetails
+    from privstream.operators.stream_state import Tally
+
+    lpu = Guarantee(PureDP(0.5), WindowScope(10), "ldp")
+    pbd = Guarantee(PureDP(1.0), ClassScope(4), "cdp")
+    population = LedgerEntry(
+        "s", "LPU", 3, lpu, "population", (ClassSpend(10, 0.5, 100, 0.5, 0.5),),
+        LdpIdsLedger(0.0, 0.5, 0, 10, window_users=30, available_users=70, remaining=0.0),
+    )  # fmt: skip
+    classes = (ClassSpend(4, 1.0, 7, 0.25, 0.5), ClassSpend(2, 2.0, 3, 0.5, 1.5))
+    split = PersonalizedLedgerDetails((0.125, 0.25), (0.125, 0.25))
+    personal = LedgerEntry("s", "PBD", 3, pbd, "budget", classes, split)
+    board = LedgerBoard()
+    board.update("s", "LPU", lpu, 100, Tally(last_slot=3, last_ledger=population), False)
+    board.update("s", "PBD", pbd, 10, Tally(last_slot=3, last_ledger=personal), False)
+    got = scrape(board)
+    lpu_labels = (("mechanism", "LPU"), ("stream", "s"))
+    pbd_labels = (("mechanism", "PBD"), ("stream", "s"))
+    assert got["privstream_epsilon"] == {lpu_labels: 0.5, pbd_labels: 1.0}
+    assert got["privstream_window"] == {lpu_labels: 10.0, pbd_labels: 4.0}
+    assert got["privstream_window_budget_spent"] == {lpu_labels: 0.5, pbd_labels: 1.5}
+    assert got["privstream_window_budget_remaining"] == {lpu_labels: 0.0, pbd_labels: 0.5}
+    assert got["privstream_window_users_used"] == {lpu_labels: 30.0, pbd_labels: 10.0}
+    assert got["privstream_users_available"] == {lpu_labels: 70.0, pbd_labels: 10.0}
+    assert got["privstream_class_users"] == {
+        (("class", "w10_e0.5"), *lpu_labels): 100.0,
+        (("class", "w4_e1"), *pbd_labels): 7.0,
+        (("class", "w2_e2"), *pbd_labels): 3.0,
+    }
