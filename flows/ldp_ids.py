@@ -5,8 +5,14 @@ python -m bytewax.run "privstream.flows.ldp_ids:build(dataset='sin', mechanisms=
 
 from __future__ import annotations
 
-import functools
+from typing import Any
+
+from bytewax.dataflow import Dataflow
 
 from privstream.flows.dataflow import build as _build
 
-build = functools.partial(_build, "ldp-ids")
+
+def build(**kwargs: Any) -> Dataflow:
+    """``flows.dataflow.build("ldp-ids", **kwargs)`` (a plain function: ``bytewax.run`` calls
+    only functions)."""
+    return _build("ldp-ids", **kwargs)

@@ -6,8 +6,14 @@ family), e.g.::
 
 from __future__ import annotations
 
-import functools
+from typing import Any
+
+from bytewax.dataflow import Dataflow
 
 from privstream.flows.dataflow import build as _build
 
-build = functools.partial(_build, "personalized")
+
+def build(**kwargs: Any) -> Dataflow:
+    """``flows.dataflow.build("personalized", **kwargs)`` (a plain function: ``bytewax.run`` calls
+    only functions)."""
+    return _build("personalized", **kwargs)

@@ -84,11 +84,20 @@ class BudgetSplit:
         return cls(tuple(w / total for w in weights))
 
 
-def class_spend(entry: LedgerEntry, share: float) -> dict[ClassKey, float]:
+def class_spend(
+    entry: LedgerEntry, share: float, population: ClassKey | None = None
+) -> dict[ClassKey, float]:
     """What one mechanism charged each population class over the window ending at the entry's
-    slot, keyed by the class's full (unshared) requirement ``budget_c·s / s`` (the mechanism
-    ran with its share ``s`` of every class's budget). Generic over the guarantee: the budgets
-    are in its measure's additive unit (``guarantees.budget_of``)."""
+    slot, in the guarantee's additive budget unit (``guarantees.budget_of``).
+
+    A population whose users share one requirement (no registration) has one class,
+    ``population`` = ``(w, ε)``: every class the entry lists is charged to it, whatever budget
+    the entry states (a mechanism that misstates its own budget is still composed against the
+    population's). With per-user requirements each class is keyed by its full (unshared)
+    requirement ``ε_c·s / s`` (the mechanism ran with its share ``s`` of every class's budget).
+    """
+    if population is not None:
+        return {population: max((c.window_spent for c in entry.classes), default=0.0)}
     return {(c.window, _full(c.epsilon, share)): c.window_spent for c in entry.classes}
 
 

@@ -380,7 +380,7 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
             entry = next((e for e in events if isinstance(e, LedgerEntry)), None)
             entry = entry or state.tallies[name].last_ledger
             if entry is not None:
-                spends.append(class_spend(entry, self.plan.shares[name]))
+                spends.append(class_spend(entry, self.plan.shares[name], self._population(name)))
         try:
             state.accountant.charge(slot, spends)
         except PrivacyBudgetExceeded as exc:
@@ -389,6 +389,13 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
                 self._halt(state, name, slot, reason, True, out)
             return False
         return True
+
+    def _population(self, name: str) -> tuple[int, float] | None:
+        """The one class of a population without per-user requirements: the declared window
+        and the population's budget (None when users register their own requirements)."""
+        if self.trust.tracks_requirements:
+            return None
+        return self.mechanisms[name].privacy_cost.window or 1, self.plan.epsilon
 
     def _stamp(
         self, event: Release | LedgerEntry, worst: tuple[int, float, float] | None

@@ -8,6 +8,7 @@ import math
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+import privstream.connectors.kafka_health  # noqa: F401  (defines the Kafka clients' metrics)
 from privstream.operators.metrics import (
     BOARD,
     EVENTS,

@@ -86,6 +86,7 @@ def test_readme_documents_every_exported_metric() -> None:
     allow-list ``PUBLIC_METRICS``); the "Internal metrics" table exactly ``INTERNAL``'s."""
     from prometheus_client import REGISTRY
 
+    import privstream.connectors.kafka_health  # noqa: F401  (defines the Kafka clients' metrics)
     from privstream.operators.metrics import INTERNAL, PUBLIC_METRICS, exposed_name
 
     def exported(registry: Any) -> set[str]:
