@@ -271,9 +271,10 @@ def bench(
                     sums[name][k] += v
     params: dict[str, Any] = {
         "family": family.name, "dataset": dataset, "users": users, "slots": slots,
-        "epsilon": epsilon, "window": window, "seeds": seeds, "path": path,
-        "mechanisms": names, **options,
+        "epsilon": epsilon, "window": window, "seeds": seeds, "mechanisms": names, **options,
     }  # fmt: skip
+    if family.trust != "cdp":  # the client path of simulated LDP clients
+        params["path"] = path
     results = {name: {k: v / seeds for k, v in sums[name].items()} for name in names}
     return {"params": params, "results": results}
 
