@@ -13,6 +13,10 @@
 
 All three raise ``PrivacyBudgetExceeded`` before the charge takes effect, so nothing derived from
 an over-budget report can be released. Slots here are the mechanism's step counter ``t ≥ 1``.
+
+The sliding sums are generic over the guarantee's measure (``mechanisms.guarantees``): what they
+add up is the measure's additive budget (``budget_of``: ε for pure and (ε, δ) DP, μ² for
+Gaussian DP, ρ for zCDP), so one ledger serves every measure whose composition adds.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ class Ingest(Registration):
     def _user_index(
         self, state: StreamState, batch: EventBatch, ok: NDArray[np.bool_]
     ) -> tuple[NDArray[np.int64], str]:
-        """Dense user indices of the rows (−1 where unknown: not registered yet) and the
+        """Dense user indices of the rows (−1 where unknown: not enrolled or registered yet) and the
         batch's id kind."""
         if batch.users.dtype.kind in "iu":
             idx = batch.users.astype(np.int64)
@@ -101,7 +101,7 @@ class Ingest(Registration):
         idx, kind = self._user_index(state, batch, code == 0)
         held = np.zeros(size, dtype=bool)
         if kind == "named" and not self.trust.fixed_population:
-            held = (code == 0) & (idx < 0)  # new users register when their slot closes
+            held = (code == 0) & (idx < 0)  # new users enrol when their slot closes
             self._hold_newcomers(state, batch, np.flatnonzero(held), code)
         unknown = UNREGISTERED if kind == "named" else OUT_OF_DOMAIN
         code[(code == 0) & (idx < 0) & ~held] = CODE[unknown]
@@ -184,7 +184,7 @@ class Ingest(Registration):
             LATE: late,
             FAR_FUTURE: f"slot more than {self.cfg.max_slot_gap} slots ahead of the stream",
             DUPLICATE: "user already reported in this slot (first report wins)",
-            POPULATION_FULL: f"registered population of {self.n} users is full",
+            POPULATION_FULL: f"the stream's population of {self.n} users is full",
             REQUIREMENT_CHANGED: "the user registered with another privacy requirement "
             "(epsilon, window); it cannot change within a stream",
             USER_ID_KIND: "user ids must be all strings or all dense indices within a stream",

@@ -85,8 +85,8 @@ class Registration:
     def _hold_newcomers(
         self, state: StreamState, batch: EventBatch, rows: NDArray[np.intp], code: NDArray[np.int8]
     ) -> None:
-        """Keep the rows of users not registered yet until their slot closes (first report of a
-        user in a slot wins). Registering them then, in user-id order, makes every user's dense
+        """Keep the rows of users not enrolled yet until their slot closes (first report of a
+        user in a slot wins). Enrolling them then, in user-id order, makes every user's dense
         index — and so which users a mechanism samples — independent of how the input
         partitions interleave."""
         for i in rows.tolist():
@@ -98,7 +98,7 @@ class Registration:
                 held[user] = (float(batch.values[i]), batch.row_text(i), batch.row_original(i))
 
     def _admit_newcomers(self, state: StreamState, slot: int, out: list[Output]) -> None:
-        """Register the users first seen in ``slot``, in user-id order, and put their reports
+        """Enrol the users first seen in ``slot``, in user-id order, and put their reports
         in the slot; past the population ``n`` they are ``population_full`` dead letters."""
         held = state.newcomers.pop(slot, None)
         if not held:
@@ -111,7 +111,7 @@ class Registration:
             value, text, original = held[user]
             j = directory.get(user, -1)
             if j < 0 and len(directory) >= self.n:
-                detail = f"registered population of {self.n} users is full"
+                detail = f"the stream's population of {self.n} users is full"
                 letter = DeadLetter(POPULATION_FULL, state.stream, text, detail, original)
                 out.append(("dead_letter", letter))
                 continue

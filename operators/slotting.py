@@ -162,7 +162,7 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
         if resume is not None:
             for name in self.mechanisms:
                 resume.tallies.setdefault(name, Tally())
-                self._publish(resume, name)
+                self._show_account(resume, name)
 
     # -- Bytewax callbacks ---------------------------------------------------------------------
 
@@ -264,10 +264,10 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
             if isinstance(self.trust, TrustedCurator):
                 self._register(self.state, self.trust.preferences)
             for name in self.mechanisms:
-                self._publish(self.state, name)
+                self._show_account(self.state, name)
         return self.state
 
-    def _publish(self, state: StreamState, name: str) -> None:
+    def _show_account(self, state: StreamState, name: str) -> None:
         """Show the ledger of ``name`` on the metrics endpoint."""
         BOARD.update(
             state.stream,
@@ -329,7 +329,7 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
             stamped = [self._stamp(event, worst) for event in events]
             state.mechanisms[name] = new_state
             state.tallies[name].record(stamped)
-            self._publish(state, name)
+            self._show_account(state, name)
             for event in stamped:
                 out.append(("release", event) if isinstance(event, Release) else ("ledger", event))
         if worst is not None:
@@ -361,7 +361,7 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
         state.halted[name] = f"{name}: {reason}"
         if violation:
             state.tallies[name].violations += 1
-        self._publish(state, name)
+        self._show_account(state, name)
         out.append(("ledger", Halt(state.stream, name, slot, state.halted[name])))
         log.error("step %s: stream %r halted: %s", self.step_id, state.stream, state.halted[name])
 

@@ -112,3 +112,20 @@ def test_readme_documents_every_exported_metric() -> None:
     )
     for phrase in ("true event counts", "--internal-metrics-port", "same access as the input"):
         assert phrase in " ".join(internal.split()), phrase
+
+
+def test_the_docs_stand_alone() -> None:
+    """The repository is all a user gets: no page sends a reader to the developers' specs."""
+    pages = [
+        README,
+        *sorted((README.parent / "docs").rglob("*.md")),
+        README.parent / "bench" / "README.md",
+    ]
+    for page in pages:
+        text = page.read_text()
+        assert "../shared" not in text and "shared/specs" not in text, page
+    assert (README.parent / "docs" / "architecture.md").is_file()
+    assert {p.stem for p in (README.parent / "docs" / "families").glob("*.md")} >= {
+        "ldp-ids",
+        "personalized",
+    }
