@@ -179,11 +179,9 @@ def budget_of(measure: Measure) -> float:
 
 
 @dataclass(frozen=True)
-class WindowScope:
-    """w-event privacy: the guarantee holds over any ``window`` consecutive slots."""
-
+class _Windowed:
     window: int
-    kind: ClassVar[str] = "window"
+    kind: ClassVar[str]
 
     def __post_init__(self) -> None:
         if not isinstance(self.window, int) or self.window < 1:
@@ -194,19 +192,18 @@ class WindowScope:
 
 
 @dataclass(frozen=True)
-class ClassScope:
+class WindowScope(_Windowed):
+    """w-event privacy: the guarantee holds over any ``window`` consecutive slots."""
+
+    kind: ClassVar[str] = "window"
+
+
+@dataclass(frozen=True)
+class ClassScope(_Windowed):
     """Personalized w-event privacy: user ``i`` gets their own (ε_i, w_i); the measure's budget
     and ``window`` are the stream default of users who stated none."""
 
-    window: int
     kind: ClassVar[str] = "class"
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.window, int) or self.window < 1:
-            raise ValueError(f"window must be an integer >= 1, got {self.window!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"scope": self.kind, "window": self.window}
 
 
 @dataclass(frozen=True)
