@@ -304,6 +304,53 @@ class Mechanism(ABC, Generic[C, S]):
         events = self._advance(new, slot)
         return new, events
 
+    def enter(self, state: Any, slot: Slot, population: int, expected: int) -> None:
+        """The preamble every step shares: slots come in order and hold the population the
+        mechanism was built for; then the state's step counter ``t`` and ``last_slot`` advance."""
+        if state.last_slot is not None and slot.index != state.last_slot + 1:
+            raise ValueError(
+                f"{self.name} on stream {slot.stream!r} expected slot {state.last_slot + 1}, "
+                f"got {slot.index}"
+            )
+        if population != expected:
+            raise ValueError(f"slot has {population} users, mechanism expects n={expected}")
+        state.t += 1
+        state.last_slot = slot.index
+
+    def release(
+        self,
+        slot: Slot,
+        strategy: Strategy,
+        estimate: Any,
+        source_slot: int | None,
+        details: Details,
+    ) -> Release:
+        """The slot's release in the one envelope, with the declared guarantee."""
+        return Release(
+            stream=slot.stream,
+            mechanism=self.name,
+            slot=slot.index,
+            strategy=strategy,
+            estimate=tuple(float(x) for x in estimate),
+            source_slot=source_slot,
+            guarantee=self.privacy_cost,
+            details=details,
+        )
+
+    def ledger_entry(
+        self, slot: Slot, classes: tuple[ClassSpend, ...], details: Details
+    ) -> LedgerEntry:
+        """The slot's ledger entry in the one envelope, with the declared guarantee."""
+        return LedgerEntry(
+            stream=slot.stream,
+            mechanism=self.name,
+            slot=slot.index,
+            guarantee=self.privacy_cost,
+            division=self.division,
+            classes=classes,
+            details=details,
+        )
+
     def check_state(self, state: S) -> None:
         """Refuse a state written by an incompatible version of this mechanism."""
         version = getattr(state, "version", None)

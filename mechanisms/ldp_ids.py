@@ -229,16 +229,7 @@ class LdpIdsMechanism(Mechanism[LdpIdsConfig, LdpIdsState]):
     # -- the step ------------------------------------------------------------------------------
 
     def _advance(self, state: LdpIdsState, slot: Slot) -> list[Release | LedgerEntry]:
-        if state.last_slot is not None and slot.index != state.last_slot + 1:
-            raise ValueError(
-                f"{self.name} on stream {slot.stream!r} expected slot {state.last_slot + 1}, got {slot.index}"
-            )
-        if slot.client.population != self.n:
-            raise ValueError(
-                f"slot has {slot.client.population} users, mechanism expects n={self.n}"
-            )
-        state.t += 1
-        state.last_slot = slot.index
+        self.enter(state, slot, slot.client.population, self.n)
         outcome = self.decide(state, slot)
         return [self._release(state, slot, outcome), self._ledger_entry(state, slot, outcome)]
 
@@ -277,24 +268,16 @@ class LdpIdsMechanism(Mechanism[LdpIdsConfig, LdpIdsState]):
         return self.config.force_first_publish and state.l == 0
 
     def _release(self, state: LdpIdsState, slot: Slot, o: _Outcome) -> Release:
-        return Release(
-            stream=slot.stream,
-            mechanism=self.name,
-            slot=slot.index,
-            strategy=o.strategy,
-            estimate=tuple(float(x) for x in state.r_prev),
-            source_slot=state.source_slot,
-            guarantee=self.privacy_cost,
-            details=LdpIdsRelease(
-                epsilon_m1=o.eps1,
-                epsilon_m2=o.eps2,
-                users_m1=o.users1,
-                users_m2=o.users2,
-                dissimilarity=finite_or_none(o.dis),
-                error=finite_or_none(o.err),
-                bits=o.bits,
-            ),
+        details = LdpIdsRelease(
+            epsilon_m1=o.eps1,
+            epsilon_m2=o.eps2,
+            users_m1=o.users1,
+            users_m2=o.users2,
+            dissimilarity=finite_or_none(o.dis),
+            error=finite_or_none(o.err),
+            bits=o.bits,
         )
+        return self.release(slot, o.strategy, state.r_prev, state.source_slot, details)
 
     def _ledger_entry(self, state: LdpIdsState, slot: Slot, o: _Outcome) -> LedgerEntry:
         """The slot's spend as one class (every user shares ``(w, ε)``). Budget division charges
@@ -311,23 +294,17 @@ class LdpIdsMechanism(Mechanism[LdpIdsConfig, LdpIdsState]):
             available = state.population.available_count(t + 1)
             charged = cfg.epsilon if o.users1 + o.users2 > 0 else 0.0
             spent = cfg.epsilon if window_users > 0 else 0.0
-        return LedgerEntry(
-            stream=slot.stream,
-            mechanism=self.name,
-            slot=slot.index,
-            guarantee=self.privacy_cost,
-            division=self.division,
-            classes=(ClassSpend(cfg.window, cfg.epsilon, cfg.population, charged, spent),),
-            details=LdpIdsLedger(
-                epsilon_m1=o.eps1,
-                epsilon_m2=o.eps2,
-                users_m1=o.users1,
-                users_m2=o.users2,
-                window_users=window_users,
-                available_users=available,
-                remaining=o.remaining,
-            ),
+        classes = (ClassSpend(cfg.window, cfg.epsilon, cfg.population, charged, spent),)
+        details = LdpIdsLedger(
+            epsilon_m1=o.eps1,
+            epsilon_m2=o.eps2,
+            users_m1=o.users1,
+            users_m2=o.users2,
+            window_users=window_users,
+            available_users=available,
+            remaining=o.remaining,
         )
+        return self.ledger_entry(slot, classes, details)
 
 
 class LBU(LdpIdsMechanism):

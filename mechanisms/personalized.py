@@ -459,23 +459,13 @@ class PersonalizedMechanism(Mechanism[PersonalizedConfig, PersonalizedState]):
     # -- the step ------------------------------------------------------------------------------
 
     def _advance(self, state: PersonalizedState, slot: Slot) -> list[Release | LedgerEntry]:
-        cfg = self.config
-        if state.last_slot is not None and slot.index != state.last_slot + 1:
-            raise ValueError(
-                f"{self.name} on stream {slot.stream!r} expected slot {state.last_slot + 1}, got {slot.index}"
-            )
-        curator = slot.curator
-        if curator.population != cfg.population:
-            raise ValueError(
-                f"slot has {curator.population} users, mechanism expects n={cfg.population}"
-            )
+        cfg, curator = self.config, slot.curator
+        self.enter(state, slot, curator.population, cfg.population)
         hist = curator.class_histogram(cfg.epsilon, cfg.window, cfg.budget_share)
         if hist.counts.shape[1] != cfg.task.d:
             raise ValueError(
                 f"slot histogram has {hist.counts.shape[1]} bins, expected d={cfg.task.d}"
             )
-        state.t += 1
-        state.last_slot = slot.index
         hist = self._attach(state, hist)
         if hist.windows.shape[0] == 0:  # nobody registered: nothing to use, nobody to charge
             outcome = _Outcome("approximate", self._nothing(hist), self._nothing(hist))
@@ -587,25 +577,17 @@ class PersonalizedMechanism(Mechanism[PersonalizedConfig, PersonalizedState]):
     def _release(
         self, state: PersonalizedState, slot: Slot, hist: ClassHistogram, o: _Outcome
     ) -> Release:
-        return Release(
-            stream=slot.stream,
-            mechanism=self.name,
-            slot=slot.index,
-            strategy=o.strategy,
-            estimate=tuple(float(x) for x in state.r_last),
-            source_slot=state.source_slot,
-            guarantee=self.privacy_cost,
-            details=PersonalizedRelease(
-                theta_dc=o.eps1,
-                theta_pub=o.eps2,
-                users_dc=int(hist.sizes[o.dc > 0].sum()),
-                users_pub=int(hist.sizes[o.pub > 0].sum()),
-                registered=int(hist.sizes.sum()),
-                dissimilarity=finite_or_none(o.dis),
-                error=finite_or_none(o.err),
-                bits=o.bits,
-            ),
+        details = PersonalizedRelease(
+            theta_dc=o.eps1,
+            theta_pub=o.eps2,
+            users_dc=int(hist.sizes[o.dc > 0].sum()),
+            users_pub=int(hist.sizes[o.pub > 0].sum()),
+            registered=int(hist.sizes.sum()),
+            dissimilarity=finite_or_none(o.dis),
+            error=finite_or_none(o.err),
+            bits=o.bits,
         )
+        return self.release(slot, o.strategy, state.r_last, state.source_slot, details)
 
     def _entry(
         self, state: PersonalizedState, slot: Slot, hist: ClassHistogram, o: _Outcome
@@ -614,17 +596,10 @@ class PersonalizedMechanism(Mechanism[PersonalizedConfig, PersonalizedState]):
         spent = self.ledger(state).window_spent(state.t)
         rows = zip(hist.windows.tolist(), hist.epsilons.tolist(), hist.sizes.tolist(),
                    (o.dc + o.pub).tolist(), spent.tolist(), strict=True)  # fmt: skip
-        return LedgerEntry(
-            stream=slot.stream,
-            mechanism=self.name,
-            slot=slot.index,
-            guarantee=self.privacy_cost,
-            division="budget",
-            classes=tuple(ClassSpend(*row) for row in rows),
-            details=PersonalizedLedgerDetails(
-                epsilon_dc=tuple(o.dc.tolist()), epsilon_pub=tuple(o.pub.tolist())
-            ),
+        details = PersonalizedLedgerDetails(
+            epsilon_dc=tuple(o.dc.tolist()), epsilon_pub=tuple(o.pub.tolist())
         )
+        return self.ledger_entry(slot, tuple(ClassSpend(*row) for row in rows), details)
 
     def _nothing(self, hist: ClassHistogram) -> NDArray[np.float64]:
         return np.zeros(hist.windows.shape[0])

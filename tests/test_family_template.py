@@ -86,9 +86,8 @@ class Every(Mechanism[ToyConfig, ToyState]):
         return ToyState(self.name, BudgetLedger(self.config.epsilon, self.config.window))
 
     def _advance(self, state: ToyState, slot: Slot) -> list[Release | LedgerEntry]:
-        if state.last_slot is not None and slot.index != state.last_slot + 1:
-            raise ValueError(f"expected slot {state.last_slot + 1}, got {slot.index}")
-        cfg, state.t, state.last_slot = self.config, state.t + 1, slot.index
+        cfg = self.config
+        self.enter(state, slot, slot.client.population, cfg.population)
         eps = cfg.epsilon / cfg.window
         state.ledger.charge(state.t, eps, "m2")
         strategy: Strategy = "approximate"
@@ -99,21 +98,10 @@ class Every(Mechanism[ToyConfig, ToyState]):
             reports, strategy = agg.reports, "publish"
         spend = ClassSpend(cfg.window, cfg.epsilon, cfg.population, eps,
                            state.ledger.window_spent(state.t))  # fmt: skip
-        details = ToyDetails(reports)
+        estimate = state.estimate or (0.0,) * cfg.task.d
         return [
-            Release(
-                slot.stream,
-                self.name,
-                slot.index,
-                strategy,
-                state.estimate or (0.0,) * cfg.task.d,
-                state.source_slot,
-                self.privacy_cost,
-                details,
-            ),
-            LedgerEntry(
-                slot.stream, self.name, slot.index, self.privacy_cost, "budget", (spend,), details
-            ),
+            self.release(slot, strategy, estimate, state.source_slot, ToyDetails(reports)),
+            self.ledger_entry(slot, (spend,), ToyDetails(reports)),
         ]
 
 
