@@ -40,7 +40,6 @@ from numpy.typing import NDArray
 from privstream import harness
 from privstream.bench_kafka import bench_kafka, format_result
 from privstream.bench_noise import bench_noise, format_noise
-from privstream.cli import _run_flow
 from privstream.mechanisms.client import ClientPath
 from privstream.mechanisms.registry import LDP_IDS, PERSONALIZED
 from privstream.mechanisms.tasks import FrequencyTask
@@ -51,6 +50,7 @@ from privstream.paper_results import (
     PAPER_TABLE2_BITS,
     SPEC_CROSSCHECK_MRE,
 )
+from privstream.runner import run_dataflow
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ALL = list(MECHANISM_ORDER)
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             slots=kafka_slots,
             mechanisms="LBU",
             repeats=kafka_repeats,
-            run_flow=_run_flow,
+            run_flow=run_dataflow,
             progress=progress,
         )
         print("\n" + format_result(kafka))

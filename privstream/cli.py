@@ -13,14 +13,11 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from privstream.mechanisms.registry import FAMILIES, Family
-
-if TYPE_CHECKING:
-    from privstream.operators.metrics import MetricsServer
+from privstream.runner import run_dataflow, serve
 
 log = logging.getLogger("privstream")
 
@@ -401,52 +398,6 @@ def _demo_audit(commands: Any) -> None:
     audit.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
 
 
-def _run_flow(
-    flow: Any,
-    workers: int,
-    recovery_dir: str | None,
-    snapshot_interval: float | None = None,
-    metrics_port: int | None = None,
-    metrics_addr: str = "127.0.0.1",
-) -> None:
-    """Run ``flow`` in this process with Bytewax's runner: recovery store (``prepare_store``),
-    snapshot interval and the public metrics endpoint (``serve_metrics`` on
-    ``metrics_addr:metrics_port``, stopped when the run ends) as asked."""
-    from bytewax.recovery import RecoveryConfig
-    from bytewax.run import cli_main
-
-    from privstream.recovery import prepare_store
-
-    recovery = None
-    if recovery_dir:
-        prepare_store(recovery_dir)  # created atomically, kept, or refused; never reset
-        recovery = RecoveryConfig(Path(recovery_dir))
-    if os.environ.pop("BYTEWAX_DATAFLOW_API_ENABLED", None) is not None:
-        # Its web server answers scrapes from threads that need the GIL, while the main thread
-        # waits for it holding the GIL: a scraped run never exits.
-        log.warning("ignoring BYTEWAX_DATAFLOW_API_ENABLED: its server can hang the exit")
-    interval = timedelta(seconds=snapshot_interval) if snapshot_interval else None
-    server = None if metrics_port is None else _serve_metrics(metrics_port, metrics_addr)
-    try:
-        cli_main(
-            flow, workers_per_process=workers, epoch_interval=interval, recovery_config=recovery
-        )
-    finally:
-        if server is not None:
-            server.close()
-
-
-def _serve_metrics(port: int, addr: str, internal: bool = False) -> MetricsServer:
-    """The public (or internal) metrics server; a clear error when it cannot listen."""
-    from privstream.operators.metrics import serve_internal_metrics, serve_metrics
-
-    try:
-        return serve_internal_metrics(port, addr) if internal else serve_metrics(port, addr)
-    except OSError as exc:
-        which = "internal metrics" if internal else "metrics"
-        raise ValueError(f"cannot serve {which} on {addr}:{port}: {exc.strerror or exc}") from exc
-
-
 def _kafka_settings(args: argparse.Namespace) -> Any:
     from privstream.connectors.kafka import KafkaSettings
 
@@ -538,9 +489,9 @@ def _serve_run(flow: Any, args: argparse.Namespace) -> None:
     """Run ``flow`` with the internal metrics server around it when asked for."""
     internal = None
     if args.internal_metrics_port is not None:
-        internal = _serve_metrics(args.internal_metrics_port, args.internal_metrics_addr, True)
+        internal = serve(args.internal_metrics_port, args.internal_metrics_addr, True)
     try:
-        _run_flow(flow, args.workers, args.recovery_dir, args.snapshot_interval,
+        run_dataflow(flow, args.workers, args.recovery_dir, args.snapshot_interval,
                   args.metrics_port, args.metrics_addr)  # fmt: skip
     finally:
         if internal is not None:
@@ -632,7 +583,7 @@ def bench_kafka(args: argparse.Namespace) -> int:
         slots=args.slots,
         mechanisms=args.mechanism,
         repeats=args.repeats,
-        run_flow=_run_flow,
+        run_flow=run_dataflow,
     )
     print(format_result(result))
     return _report(result, args.json)
@@ -672,7 +623,7 @@ def demo(args: argparse.Namespace) -> int:
         epsilon=args.epsilon,
         window=args.window,
         seed=args.seed,
-        run_flow=_run_flow,
+        run_flow=run_dataflow,
         progress_bar=_progress_bar,
     )
 

@@ -1,0 +1,61 @@
+"""Running a dataflow in this process: Bytewax's runner with the recovery store, the snapshot
+interval and the metrics endpoints the operator asked for (what ``privstream run``, the demo
+and the benchmarks share)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from privstream.operators.metrics import MetricsServer
+
+log = logging.getLogger("privstream")
+
+
+def run_dataflow(
+    flow: Any,
+    workers: int,
+    recovery_dir: str | None,
+    snapshot_interval: float | None = None,
+    metrics_port: int | None = None,
+    metrics_addr: str = "127.0.0.1",
+) -> None:
+    """Run ``flow`` in this process with Bytewax's runner: recovery store (``prepare_store``),
+    snapshot interval and the public metrics endpoint (``serve_metrics`` on
+    ``metrics_addr:metrics_port``, stopped when the run ends) as asked."""
+    from bytewax.recovery import RecoveryConfig
+    from bytewax.run import cli_main
+
+    from privstream.recovery import prepare_store
+
+    recovery = None
+    if recovery_dir:
+        prepare_store(recovery_dir)  # created atomically, kept, or refused; never reset
+        recovery = RecoveryConfig(Path(recovery_dir))
+    if os.environ.pop("BYTEWAX_DATAFLOW_API_ENABLED", None) is not None:
+        # Its web server answers scrapes from threads that need the GIL, while the main thread
+        # waits for it holding the GIL: a scraped run never exits.
+        log.warning("ignoring BYTEWAX_DATAFLOW_API_ENABLED: its server can hang the exit")
+    interval = timedelta(seconds=snapshot_interval) if snapshot_interval else None
+    server = None if metrics_port is None else serve(metrics_port, metrics_addr)
+    try:
+        cli_main(
+            flow, workers_per_process=workers, epoch_interval=interval, recovery_config=recovery
+        )
+    finally:
+        if server is not None:
+            server.close()
+
+
+def serve(port: int, addr: str, internal: bool = False) -> MetricsServer:
+    """The public (or internal) metrics server; a clear error when it cannot listen."""
+    from privstream.operators.metrics import serve_internal_metrics, serve_metrics
+
+    try:
+        return serve_internal_metrics(port, addr) if internal else serve_metrics(port, addr)
+    except OSError as exc:
+        which = "internal metrics" if internal else "metrics"
+        raise ValueError(f"cannot serve {which} on {addr}:{port}: {exc.strerror or exc}") from exc
