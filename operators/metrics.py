@@ -109,11 +109,6 @@ PUBLIC_METRICS: Final[frozenset[str]] = frozenset(
 )
 
 
-def exposed_name(family: Metric) -> str:
-    """The name ``family`` is exposed and documented under: counters with ``_total``."""
-    return family.name + ("_total" if family.type == "counter" else "")
-
-
 @dataclass(frozen=True)
 class _Account:
     cost: Guarantee

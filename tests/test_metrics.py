@@ -19,8 +19,8 @@ from privstream.operators.metrics import (
     REJECTED,
     STEP_SECONDS,
     LedgerBoard,
-    exposed_name,
 )
+from tests.metric_names import exposed_name
 
 POPULATION = (
     "privstream_population_epsilon",

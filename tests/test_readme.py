@@ -87,7 +87,8 @@ def test_readme_documents_every_exported_metric() -> None:
     from prometheus_client import REGISTRY
 
     import privstream.connectors.kafka_health  # noqa: F401  (defines the Kafka clients' metrics)
-    from privstream.operators.metrics import INTERNAL, PUBLIC_METRICS, exposed_name
+    from privstream.operators.metrics import INTERNAL, PUBLIC_METRICS
+    from tests.metric_names import exposed_name
 
     def exported(registry: Any) -> set[str]:
         return {exposed_name(m) for m in registry.collect() if m.name.startswith("privstream_")}

@@ -45,9 +45,9 @@ from privstream.operators.metrics import (
     PUBLIC_METRICS,
     STEP_SECONDS,
     count_dead_letter,
-    exposed_name,
     serve_internal_metrics,
 )
+from tests.metric_names import exposed_name
 
 from .conftest import PRIVSTREAM, Topics, cli_env, run_cli
 from .prometheus import FlowProcess, read_keyed
