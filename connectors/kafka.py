@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from bytewax.connectors.kafka import KafkaSinkMessage
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
@@ -52,7 +52,6 @@ from privstream.connectors.kafka_health import (
 )
 from privstream.connectors.kafka_health import TopicMissing as TopicMissing  # re-exported
 from privstream.events import MALFORMED, MAX_EVENT_BYTES, DeadLetter, EventBatch
-from privstream.mechanisms.contract import LedgerEntry, Release
 
 log = logging.getLogger(__name__)
 
@@ -469,15 +468,26 @@ def _from_partition(
     ]
 
 
-def release_message(release: Release) -> KafkaSinkMessage[bytes, bytes]:
-    """A release keyed by its ``release_id`` (canonical JSON value)."""
-    return KafkaSinkMessage(release.release_id.encode(), to_json(release).encode())
+class SlotRecord(Protocol):
+    """A release, ledger entry or halt record: one stream, mechanism and slot."""
+
+    @property
+    def stream(self) -> str: ...
+
+    @property
+    def mechanism(self) -> str: ...
+
+    @property
+    def slot(self) -> int: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 
-def ledger_message(entry: LedgerEntry) -> KafkaSinkMessage[bytes, bytes]:
-    """A ledger entry keyed like the release of its slot."""
-    key = f"{entry.stream}/{entry.mechanism}/{entry.slot}"
-    return KafkaSinkMessage(key.encode(), to_json(entry).encode())
+def record_message(record: SlotRecord) -> KafkaSinkMessage[bytes, bytes]:
+    """A release, ledger entry or halt record keyed by ``stream/mechanism/slot`` (the release
+    id), its value canonical JSON."""
+    key = f"{record.stream}/{record.mechanism}/{record.slot}"
+    return KafkaSinkMessage(key.encode(), to_json(record).encode())
 
 
 DEAD_LETTER_REASON_HEADER: Final = "privstream-reason"

@@ -49,8 +49,8 @@ from typing import Any
 
 from bytewax.dataflow import Dataflow
 
-from privstream.connectors.secret import resolve_noise_key
 from privstream.flows.io import KafkaIO, Source, assemble, resolve_source, slotting_for
+from privstream.flows.secret import resolve_noise_key
 from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.contract import Release
 from privstream.mechanisms.registry import Family, family

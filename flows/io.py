@@ -29,9 +29,8 @@ from privstream.connectors.kafka import (
     KafkaSettings,
     RawBatch,
     dead_letter_message,
-    ledger_message,
     parse_raw_batch,
-    release_message,
+    record_message,
 )
 from privstream.connectors.kafka_sink import kafka_output
 from privstream.connectors.sources import SyntheticSource, detect_format, file_source
@@ -214,10 +213,10 @@ def outputs(
         return
     # Releases and ledger entries are delivered or the epoch fails; dead letters best effort.
     stall = kafka.stall_warning_seconds
-    kafka_output("releases_out", releases, kafka.settings, kafka.output_topic, release_message,
+    kafka_output("releases_out", releases, kafka.settings, kafka.output_topic, record_message,
                  stall_seconds=stall)  # fmt: skip
     if kafka.ledger_topic:
-        kafka_output("ledger_out", mech.ledger, kafka.settings, kafka.ledger_topic, ledger_message,
+        kafka_output("ledger_out", mech.ledger, kafka.settings, kafka.ledger_topic, record_message,
                      stall_seconds=stall)  # fmt: skip
     if kafka.dead_letter_topic:
         kafka_output("dead_letters_out", dead, kafka.settings, kafka.dead_letter_topic,

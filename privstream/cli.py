@@ -445,8 +445,8 @@ def _flow_options(args: argparse.Namespace, family: Family) -> dict[str, Any]:
 def run_flow(args: argparse.Namespace) -> int:
     """``privstream run FAMILY``: the family's ready flow on a synthetic, file or Kafka input."""
     from privstream.connectors import control
-    from privstream.connectors.secret import resolve_noise_key
     from privstream.flows.dataflow import build
+    from privstream.flows.secret import resolve_noise_key
 
     family = FAMILIES[args.family]
     names = family.names(args.mechanism)

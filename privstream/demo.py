@@ -36,10 +36,10 @@ from privstream.connectors.kafka import (
     wait_for_messages,
 )
 from privstream.connectors.producer import produce_synthetic
-from privstream.connectors.secret import ENV_SECRET
 from privstream.connectors.synthetic import SyntheticStream
 from privstream.flows.dataflow import build
 from privstream.flows.io import KafkaIO
+from privstream.flows.secret import ENV_SECRET
 from privstream.mechanisms import utility
 from privstream.mechanisms.ldp_ids import MECHANISMS
 

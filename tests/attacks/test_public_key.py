@@ -19,10 +19,10 @@ from prometheus_client import REGISTRY
 from randomgen import AESCounter
 
 from privstream.cli import main
-from privstream.connectors.secret import resolve_noise_key
 from privstream.events import EventBatch
 from privstream.flows import ldp_ids as ldp_flow
 from privstream.flows import personalized as pers_flow
+from privstream.flows.secret import resolve_noise_key
 from privstream.mechanisms import personalized
 from privstream.mechanisms.personalized import PersonalizedConfig
 from privstream.mechanisms.registry import PERSONALIZED
