@@ -38,3 +38,39 @@ def test_an_import_from_the_checkout_sees_the_same_modules() -> None:
         (ROOT / "mechanisms" / "errors.py").resolve(),
         (ROOT / "operators" / "slotting.py").resolve(),
     ]
+
+
+FORBIDDEN = {
+    "mechanisms": ("privstream.operators", "privstream.connectors", "privstream.flows", "bytewax",
+                   "privstream.events", "privstream.cli"),
+    "connectors": ("privstream.mechanisms", "privstream.operators", "privstream.flows"),
+    "operators": ("privstream.connectors", "privstream.flows"),
+    "flows": ("privstream.harness", "privstream.checks", "privstream.cli"),
+}  # fmt: skip
+
+
+def _imports(path: Path) -> set[str]:
+    import ast
+
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_dependencies_point_one_way(package: str) -> None:
+    """Design §2: mechanisms import nothing of ours and no Bytewax; connectors neither the core
+    nor the operators; operators no connectors; flows no tools."""
+    for path in sorted((ROOT / package).glob("*.py")):
+        bad = {n for n in _imports(path) if n.startswith(FORBIDDEN[package])}
+        assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
+def test_the_event_schema_is_neutral() -> None:
+    assert not {
+        n for n in _imports(ROOT / "privstream" / "events.py") if n.startswith("privstream")
+    }
