@@ -18,14 +18,14 @@ import numpy as np
 from confluent_kafka import Producer
 
 from privstream.connectors.kafka import KafkaSettings, require_topics
-from privstream.connectors.synthetic import SyntheticStream
+from privstream.connectors.datasets import SlotStream
 
 
 class ProduceError(RuntimeError):
     """Kafka refused some events."""
 
 
-def slot_messages(stream: SyntheticStream, name: str, slot: int) -> list[bytes]:
+def slot_messages(stream: SlotStream, name: str, slot: int) -> list[bytes]:
     """The JSON events of one slot, then its end-of-slot marker."""
     values = np.asarray(stream.values(slot))
     if stream.numeric:
@@ -42,7 +42,7 @@ def slot_messages(stream: SyntheticStream, name: str, slot: int) -> list[bytes]:
 def produce_synthetic(
     settings: KafkaSettings,
     topic: str,
-    stream: SyntheticStream,
+    stream: SlotStream,
     *,
     name: str | None = None,
     first_slot: int = 1,

@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 
-from privstream.connectors.synthetic import SyntheticStream
+from privstream.connectors.datasets import SlotStream
 from privstream.events import EventBatch
 
 
 class _SyntheticPartition(StatefulSourcePartition[EventBatch, int]):
-    def __init__(self, stream: SyntheticStream, name: str, next_slot: int) -> None:
+    def __init__(self, stream: SlotStream, name: str, next_slot: int) -> None:
         self._stream = stream
         self._name = name
         self._next = next_slot
@@ -44,7 +44,7 @@ class SyntheticSource(FixedPartitionedSource[EventBatch, int]):
     """Every user's value at every slot of a ``SyntheticStream``, one slot per batch that also
     marks its slot complete. Users are addressed by dense index ``0..n−1``."""
 
-    def __init__(self, stream: SyntheticStream, name: str | None = None) -> None:
+    def __init__(self, stream: SlotStream, name: str | None = None) -> None:
         self.stream = stream
         self.name = name or stream.name
 

@@ -34,7 +34,7 @@ from privstream.connectors.kafka import (
 )
 from privstream.connectors.kafka_sink import kafka_output
 from privstream.connectors.sources import SyntheticSource, detect_format, file_source
-from privstream.connectors.synthetic import DATASETS, SyntheticStream
+from privstream.connectors.datasets import SlotStream, synthetic_dataset
 from privstream.events import MAX_EVENT_BYTES, DeadLetter, EventBatch
 from privstream.mechanisms.contract import Halt, Release
 from privstream.mechanisms.tasks import EstimationTask, FrequencyTask, MeanTask
@@ -50,7 +50,7 @@ class Source:
 
     stream: str
     task: EstimationTask
-    synthetic: SyntheticStream | None = None
+    synthetic: SlotStream | None = None
     path: str | None = None
 
 
@@ -74,11 +74,7 @@ def resolve_source(
         task: EstimationTask = MeanTask(*mean_range) if mean_range else FrequencyTask(domain or 2)
         return Source(stream or "file", task, path=path)
     name = dataset.lower()
-    if name not in DATASETS:
-        raise ValueError(
-            f"unknown dataset {dataset!r}; use one of {', '.join(DATASETS)} or file:PATH"
-        )
-    synthetic = SyntheticStream(name, users, slots, seed=seed, independent=independent)
+    synthetic = synthetic_dataset(name, users, slots, seed, independent=independent)
     if mean_range is not None:
         task = MeanTask(*mean_range)
     elif domain is not None:

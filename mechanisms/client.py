@@ -47,6 +47,23 @@ class Aggregate:
     oracle: str
 
 
+class ClientProtocol(Protocol):
+    """The client side of a mechanism's protocol: what every asked user's device computes from
+    its raw value and its own state (design §4). It runs behind the port; only the reports it
+    returns reach the server."""
+
+    def respond(
+        self,
+        values: NDArray[Any],
+        asked: NDArray[np.bool_],
+        state: Any,
+        rng: np.random.Generator,
+    ) -> tuple[NDArray[np.float64], Any]:
+        """The ``asked`` users' reports (one row each, in user order) and the client state
+        after them (a new object: the state passed in is left as it was)."""
+        ...
+
+
 class ClientPort(Protocol):
     """Server-side view of the users of one stream at one slot."""
 
@@ -61,6 +78,12 @@ class ClientPort(Protocol):
 
     def collect(self, users: NDArray[np.int64] | None, eps: float, purpose: str) -> Aggregate:
         """Ask ``users`` (all eligible users when None) for one ε-LDP report each."""
+        ...
+
+    def respond(
+        self, protocol: ClientProtocol, asked: NDArray[np.bool_], purpose: str
+    ) -> NDArray[np.float64]:
+        """Run ``protocol`` on the devices of the ``asked`` users; their reports, one row each."""
         ...
 
 
@@ -94,6 +117,9 @@ class SimulatedClientPort:
         self._randomness = randomness
         self._path = path
         self._client_state = client_state
+        self.client_state_after: Any = None
+        """The client state after ``respond`` (None until then): the operator keeps it once
+        the slot is released, so a failed step leaves the devices' state as it was."""
         self._eligible = ~absent_mask(values)
         self._everyone = bool(self._eligible.all())
         self._all_counts: NDArray[np.int64] | None = None
@@ -119,6 +145,17 @@ class SimulatedClientPort:
         if users is None:
             self._all_counts = counts
         return counts
+
+    def respond(
+        self, protocol: ClientProtocol, asked: NDArray[np.bool_], purpose: str
+    ) -> NDArray[np.float64]:
+        if asked.shape != self._eligible.shape or np.any(asked & ~self._eligible):
+            raise ValueError("respond() asked a user without a current value to report")
+        rng = self._randomness(f"{purpose}/client")
+        reports, self.client_state_after = protocol.respond(
+            self._values, asked, self._client_state, rng
+        )
+        return reports
 
     def collect(self, users: NDArray[np.int64] | None, eps: float, purpose: str) -> Aggregate:
         oracle = self._task.select(eps)

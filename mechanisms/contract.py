@@ -21,7 +21,7 @@ from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.trust import TrustMode
 
 Strategy = Literal["publish", "approximate", "nullified"]
-Division = Literal["budget", "population"]
+Division = Literal["budget", "population", "user"]
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,10 @@ class LedgerEntry:
     ``classes`` holds every privacy class's spend (``ClassSpend``); ``window_spent`` and the
     ``epsilon``/``window`` properties describe the class closest to its limit. ``division`` says
     how the ledger charges: ``budget`` charges every user alike (per-slot charges add up over a
-    window), ``population`` charges disjoint users (each at most once per window).
+    window), ``population`` charges disjoint users (each at most once per window), ``user``
+    keeps one account per user (users join at different slots; a class's ``charged`` is what a
+    reporting user paid at the slot and ``window_spent`` the most-charged user's spend in the
+    guarantee's scope).
     ``population_epsilon`` and ``population_window_spent`` are the composed spend of all the
     stream's mechanisms (set by the operator, ``mechanisms.accountant``).
     """

@@ -96,7 +96,11 @@ class GaussianDP:
         if self.mu == 0:
             return 0.0
         a, b = -epsilon / self.mu + self.mu / 2, -epsilon / self.mu - self.mu / 2
-        return max(0.0, _normal_cdf(a) - math.exp(epsilon) * _normal_cdf(b))
+        # e^ε·Φ(b) in log space (e^ε alone overflows past ε ≈ 709); where Φ(b) underflows the
+        # term is dropped, which can only overstate δ (a conservative account)
+        tail = _normal_cdf(b)
+        second = math.exp(epsilon + math.log(tail)) if tail > 0 else 0.0
+        return max(0.0, _normal_cdf(a) - second)
 
     def epsilon(self, delta: float) -> float:
         """The smallest ε with ``δ(ε) ≤ delta`` (bisection; δ(ε) decreases in ε)."""

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
-from privstream.mechanisms import ldp_ids, personalized, utility
+from privstream.mechanisms import cgm, ldp_ids, personalized, utility
 from privstream.mechanisms.contract import Mechanism
-from privstream.mechanisms.tasks import EstimationTask
+from privstream.mechanisms.tasks import EstimationTask, FrequencyTask, MeanTask
 from privstream.mechanisms.trust import TrustMode
 
 
@@ -93,7 +93,14 @@ class Family:
     bench: BenchSpec
     options: tuple[Option, ...] = ()
     numeric: bool = False
-    """True when the family also estimates means (``--mean-range``)."""
+    """True when the family also estimates means (``--mean-range``, ``--domain LO:HI``)."""
+    histograms: bool = True
+    """False when the family estimates means only."""
+    length_window: bool = False
+    """True when the window is the stream's length ``l`` (the reports one budget covers): it
+    defaults to ``--slots``."""
+    task: EstimationTask = field(default_factory=lambda: FrequencyTask(2))
+    """The task of the family's examples (the conformance checks)."""
     requirements: Requirements | None = None
     """A synthetic population's per-user ``(ε_i, w_i)`` from ``(n, ε, w, seed)``; families
     whose users share one requirement have none."""
@@ -204,7 +211,59 @@ PERSONALIZED: Final = Family(
     ),
 )
 
-FAMILIES: Final[dict[str, Family]] = {f.name: f for f in (LDP_IDS, PERSONALIZED)}
+
+def _open_fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value < 1:
+        raise ValueError(f"must lie in (0, 1), got {text}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def _scope(text: str) -> str:
+    if text not in ("stream", "timestamp"):
+        raise ValueError(f"must be stream or timestamp, got {text}")
+    return text
+
+
+CGM: Final = Family(
+    name="cgm",
+    summary="CGM: correlated Gaussian noise for numeric streams ((ε, δ)-LDP)",
+    mechanisms=cgm.MECHANISMS,
+    config=cgm.CgmConfig,
+    epsilon=1.0,
+    window=48,
+    users=5000,
+    default="CGM",
+    numeric=True,
+    histograms=False,
+    length_window=True,
+    task=MeanTask(0.0, 1.0),
+    options=(
+        Option("delta", _open_fraction, 1e-5, "δ of the (ε, δ) budget"),
+        Option("bound", _non_negative, 0.05, "C: the most a user's value moves per slot (raw units)"),
+        Option("budget_scope", _scope, "stream", "stream (one budget for l = --window reports) or timestamp (per slot)"),
+        Option("lag", int, 1, "j: the values repeat with this period; one noise chain per phase"),
+    ),
+    bench=BenchSpec(
+        datasets=("taxi", "webtraffic", "sine"),
+        files=False,
+        counts=False,
+        score=utility.cgm_scores,
+        fields=("mse", "mse_stable", "publications", "seconds"),
+        mechanisms=tuple(cgm.MECHANISMS),
+        users=5000,
+        slots=48,
+    ),
+)  # fmt: skip
+
+FAMILIES: Final[dict[str, Family]] = {f.name: f for f in (LDP_IDS, PERSONALIZED, CGM)}
 """Every family privstream ships, by name. Adding a family adds its entry here."""
 
 
@@ -229,10 +288,8 @@ class Registered:
         return self.family.trust
 
     def example(self, population: int, task: EstimationTask | None = None) -> Mechanism[Any, Any]:
-        from privstream.mechanisms.tasks import FrequencyTask
-
         config = self.family.make_config(
-            epsilon=1.0, window=5, population=population, task=task or FrequencyTask(2)
+            epsilon=1.0, window=5, population=population, task=task or self.family.task
         )
         return self.family.build(self.name, config)
 

@@ -177,3 +177,16 @@ def personalized_scores(run: Run) -> dict[str, float]:
         "publications": float(run.publications),
         "seconds": run.seconds,
     }
+
+
+def cgm_scores(run: Run) -> dict[str, float]:
+    """What the CGM bench reports per mechanism (spec cgm §6.3, A1): ``mse``, the squared error
+    of the released population mean averaged over slots (MSE_agg); ``mse_stable``, the same over
+    the second half of the slots (after the noise chain settles)."""
+    half = run.slots // 2
+    return {
+        "mse": run.mse(),
+        "mse_stable": mse(run.estimates[half:], run.truth[half:]),
+        "publications": float(run.publications),
+        "seconds": run.seconds,
+    }

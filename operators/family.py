@@ -66,6 +66,8 @@ def family_mechanisms(
     entry = _family(family)
     names = entry.names(mechanism)
     split = split or BudgetSplit.parse(None, len(names))
+    # the population's budget in the guarantees' additive unit (ε, μ², ρ): a full share's
+    budget = entry.build(names[0], config).privacy_cost.budget
     return slotted_mechanism(
         "mechanism",
         up,
@@ -75,7 +77,7 @@ def family_mechanisms(
         secret=secret,
         slotting=slotting,
         split=split,
-        epsilon=config.epsilon,
+        epsilon=budget,
         registration=registration,
     )
 

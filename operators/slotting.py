@@ -304,30 +304,21 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
         values = self._slot_values(state, slot)
         state.last_closed = slot
         stepped: dict[str, tuple[Any, list[Release | LedgerEntry]]] = {}
-        for name, mechanism in self.mechanisms.items():
+        devices: dict[str, Any] = {}
+        for name in self.mechanisms:
             if name in state.halted:
                 continue
-            randomness = SlotRandomness(self.plan.key, state.stream, slot, scope=name)
-            port = self.trust.port(state, values, randomness, state.clients.get(name))
-            started = time.perf_counter()
-            try:
-                stepped[name] = mechanism.step(
-                    state.mechanisms[name], Slot(state.stream, slot, port, randomness)
-                )
-            except PrivacyBudgetExceeded as exc:
-                reason = f"privacy invariant violated at slot {slot}: {exc}"
-                self._halt(state, name, slot, reason, True, out)
-                continue
-            except Exception as exc:  # one mechanism's failure never takes the process down
-                self._halt(state, name, slot, f"failed at slot {slot}: {failure(exc)}", False, out)
-                continue
-            STEP_SECONDS.labels(state.stream, name).observe(time.perf_counter() - started)
+            result = self._step_one(state, name, slot, values, out)
+            if result is not None:
+                stepped[name], devices[name] = result
         if not self._compose(state, slot, stepped, out):
             return
         worst = state.accountant.worst()
         for name, (new_state, events) in stepped.items():
             stamped = [self._stamp(event, worst) for event in events]
             state.mechanisms[name] = new_state
+            if devices[name] is not None:  # the devices' state moves on with the release
+                state.clients[name] = devices[name]
             state.tallies[name].record(stamped)
             self._show_account(state, name)
             for event in stamped:
@@ -335,6 +326,29 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
         if worst is not None:
             window, epsilon, spent = worst
             BOARD.update_population(state.stream, epsilon, window, spent, len(self.mechanisms))
+
+    def _step_one(
+        self, state: StreamState, name: str, slot: int, values: NDArray[Any], out: list[Output]
+    ) -> tuple[tuple[Any, list[Release | LedgerEntry]], Any] | None:
+        """Step mechanism ``name`` through ``slot`` with the port of its trust mode: its new
+        state and events, and the client state its port's devices ended with (None when it
+        asked nothing of them); None when it failed and was halted."""
+        randomness = SlotRandomness(self.plan.key, state.stream, slot, scope=name)
+        port = self.trust.port(state, values, randomness, state.clients.get(name))
+        started = time.perf_counter()
+        try:
+            result = self.mechanisms[name].step(
+                state.mechanisms[name], Slot(state.stream, slot, port, randomness)
+            )
+        except PrivacyBudgetExceeded as exc:
+            self._halt(state, name, slot, f"privacy invariant violated at slot {slot}: {exc}",
+                       True, out)  # fmt: skip
+            return None
+        except Exception as exc:  # one mechanism's failure never takes the process down
+            self._halt(state, name, slot, f"failed at slot {slot}: {failure(exc)}", False, out)
+            return None
+        STEP_SECONDS.labels(state.stream, name).observe(time.perf_counter() - started)
+        return result, getattr(port, "client_state_after", None)
 
     def _slot_values(self, state: StreamState, slot: int) -> NDArray[np.float64]:
         """Users' values at ``slot``: its reports, over the carried-forward ones by default."""

@@ -35,7 +35,14 @@ from numpy.typing import NDArray
 
 from privstream import flow_checks
 from privstream.mechanisms.client import Requirements, SimulatedClientPort, SimulatedCurator
-from privstream.mechanisms.contract import Conformance, LedgerEntry, Mechanism, Release, Slot
+from privstream.mechanisms.contract import (
+    ClassSpend,
+    Conformance,
+    LedgerEntry,
+    Mechanism,
+    Release,
+    Slot,
+)
 from privstream.mechanisms.errors import IncompatibleState
 from privstream.mechanisms.guarantees import WindowScope
 from privstream.mechanisms.registry import Registered
@@ -86,24 +93,40 @@ def registration(n: int) -> Requirements:
     return Requirements(np.resize([np.nan, 1.0, 2.0, 1.5], n), np.resize([0, 3, 5, 2, 5], n))
 
 
-def make_slot(mech: Mechanism[Any, Any], t: int, seed: int = SEED) -> Slot:
-    """Slot ``t`` with the port of the mechanism's trust mode over the example population."""
+def make_slot(mech: Mechanism[Any, Any], t: int, seed: int = SEED, clients: Any = None) -> Slot:
+    """Slot ``t`` with the port of the mechanism's trust mode over the example population
+    (``clients``: the client side's state, behind the port)."""
     n = mech.conformance.population
     randomness = SlotRandomness(seed, "conf", t)
     values, task = population_values(t, n), mech.config.task
     if mech.trust_modes[0] == "cdp":
         return Slot("conf", t, SimulatedCurator(values, task, registration(n)), randomness)
-    return Slot("conf", t, SimulatedClientPort(values, task, randomness), randomness)
+    port = SimulatedClientPort(values, task, randomness, client_state=clients)
+    return Slot("conf", t, port, randomness)
+
+
+States = tuple[Any, Any]
+"""A stream of one mechanism: its state and its client side's state."""
+
+
+def start(mech: Mechanism[Any, Any]) -> States:
+    return mech.initial_state(), mech.client_state()
 
 
 def run(
-    mech: Mechanism[Any, Any], state: Any, slots: range, seed: int = SEED
-) -> tuple[Any, list[Release | LedgerEntry]]:
+    mech: Mechanism[Any, Any], states: States, slots: range, seed: int = SEED
+) -> tuple[States, list[Release | LedgerEntry]]:
+    """Step ``mech`` through ``slots``; the devices' state moves on with every step, as the
+    operator moves it (``SimulatedClientPort.client_state_after``)."""
+    state, clients = states
     events: list[Release | LedgerEntry] = []
     for t in slots:
-        state, out = mech.step(state, make_slot(mech, t, seed))
+        slot = make_slot(mech, t, seed, clients)
+        state, out = mech.step(state, slot)
+        after = getattr(slot.port, "client_state_after", None)
+        clients = clients if after is None else after
         events.extend(out)
-    return state, events
+    return (state, clients), events
 
 
 def _releases(events: list[Release | LedgerEntry]) -> list[Release]:
@@ -115,7 +138,7 @@ def _releases(events: list[Release | LedgerEntry]) -> list[Release]:
 
 def check_one_release_per_slot(mech: Mechanism[Any, Any]) -> None:
     T = mech.conformance.slots
-    _, events = run(mech, mech.initial_state(), range(1, T + 1))
+    _, events = run(mech, start(mech), range(1, T + 1))
     _require([type(e) for e in events] == [Release, LedgerEntry] * T, mech,
              "each slot must emit one release, then one ledger entry")  # fmt: skip
     ids = [r.release_id for r in _releases(events)]
@@ -124,59 +147,64 @@ def check_one_release_per_slot(mech: Mechanism[Any, Any]) -> None:
 
 def check_pickle_restore(mech: Mechanism[Any, Any]) -> None:
     T = mech.conformance.slots
-    half, first = run(mech, mech.initial_state(), range(1, T // 2 + 1))
+    half, first = run(mech, start(mech), range(1, T // 2 + 1))
     _, resumed = run(mech, pickle.loads(pickle.dumps(half)), range(T // 2 + 1, T + 1))
-    _, straight = run(mech, mech.initial_state(), range(1, T + 1))
+    _, straight = run(mech, start(mech), range(1, T + 1))
     _require(first + resumed == straight, mech, "a restored snapshot must continue identically")
 
 
 def check_seeding(mech: Mechanism[Any, Any]) -> None:
     slots = range(1, mech.conformance.slots + 1)
-    _, a = run(mech, mech.initial_state(), slots)
-    _, b = run(mech, mech.initial_state(), slots)
-    _, c = run(mech, mech.initial_state(), slots, seed=SEED + 1)
+    _, a = run(mech, start(mech), slots)
+    _, b = run(mech, start(mech), slots)
+    _, c = run(mech, start(mech), slots, seed=SEED + 1)
     _require(a == b, mech, "the same seed must give the same releases")
     _require([r.estimate for r in _releases(a)] != [r.estimate for r in _releases(c)], mech,
              "another seed must give other noise")  # fmt: skip
 
 
 def check_purity_and_replay(mech: Mechanism[Any, Any]) -> None:
-    state, _ = run(mech, mech.initial_state(), range(1, 8))
-    before = pickle.dumps(state)
-    slot = make_slot(mech, 8)
+    (state, clients), _ = run(mech, start(mech), range(1, 8))
+    before = pickle.dumps((state, clients))
+    slot = make_slot(mech, 8, clients=clients)
     once, twice = mech.step(state, slot), mech.step(state, slot)
-    _require(pickle.dumps(state) == before, mech, "step mutated its input state")
+    _require(pickle.dumps((state, clients)) == before, mech, "step mutated its input state")
     _require(once[1] == twice[1], mech, "a replayed slot must release identically")
     _require(pickle.dumps(once[0]) == pickle.dumps(twice[0]), mech, "replayed state differs")
 
 
 def check_declared_cost(mech: Mechanism[Any, Any]) -> None:
     """Every ledger entry states the declared guarantee and division, and what it charged each
-    class stays within it: per-slot charges add up to the window spend (budget division) or a
-    class is charged the whole ε at most once per window (population division)."""
+    class stays within it: per-slot charges add up to the window spend (budget division), a
+    class is charged the whole ε at most once per window (population division), or no user's
+    account passes the budget (per-user division)."""
     cost = mech.privacy_cost
-    _, events = run(mech, mech.initial_state(), range(1, 3 * mech.conformance.slots + 1))
+    _, events = run(mech, start(mech), range(1, 3 * mech.conformance.slots + 1))
     entries = [e for e in events if isinstance(e, LedgerEntry)]
     _require(all(e.guarantee == cost for e in entries), mech, "ledger states another guarantee")
     _require(all(e.division == mech.division for e in entries), mech, "ledger's division")
     for k in range(max(len(e.classes) for e in entries)):
         rows = [e.classes[k] for e in entries if len(e.classes) > k]
-        cls = rows[0]
-        charged = np.array([c.charged for c in rows])
-        spent = np.array([c.window_spent for c in rows])
-        _require(spent.max() <= cls.epsilon * (1 + TOLERANCE), mech, f"class {k} overspent")
-        if mech.division == "budget":
-            sums = np.convolve(charged, np.ones(cls.window))[: len(charged)]
-            _require(np.allclose(spent, sums, rtol=0, atol=1e-12), mech,
-                     f"class {k}: window spend is not the sum of its charges")  # fmt: skip
-        else:
-            _require(set(charged) | set(spent) <= {0.0, cls.epsilon}, mech,
-                     f"class {k}: population division charges the whole ε or nothing")  # fmt: skip
-        if isinstance(cost.scope, WindowScope):  # one (ε, w) protects everybody
-            uniform = np.convolve(charged, np.ones(cost.scope.window))[: len(charged)]
-            limit = cost.budget * (1 + TOLERANCE)
-            _require(mech.division == "population" or uniform.max() <= limit, mech,
-                     "the declared (ε, w) is exceeded")  # fmt: skip
+        _check_class(mech, k, rows)
+
+
+def _check_class(mech: Mechanism[Any, Any], k: int, rows: list[ClassSpend]) -> None:
+    cost, cls = mech.privacy_cost, rows[0]
+    charged = np.array([c.charged for c in rows])
+    spent = np.array([c.window_spent for c in rows])
+    _require(spent.max() <= cls.epsilon * (1 + TOLERANCE), mech, f"class {k} overspent")
+    _require(bool((charged >= 0).all()), mech, f"class {k}: a negative charge")
+    if mech.division == "budget":
+        sums = np.convolve(charged, np.ones(cls.window))[: len(charged)]
+        _require(np.allclose(spent, sums, rtol=0, atol=1e-12), mech,
+                 f"class {k}: window spend is not the sum of its charges")  # fmt: skip
+    elif mech.division == "population":
+        _require(set(charged) | set(spent) <= {0.0, cls.epsilon}, mech,
+                 f"class {k}: population division charges the whole ε or nothing")  # fmt: skip
+    if isinstance(cost.scope, WindowScope) and mech.division == "budget":
+        uniform = np.convolve(charged, np.ones(cost.scope.window))[: len(charged)]
+        _require(uniform.max() <= cost.budget * (1 + TOLERANCE), mech,
+                 "the declared (ε, w) is exceeded")  # fmt: skip
 
 
 def check_config_validation(mech: Mechanism[Any, Any]) -> None:
@@ -193,7 +221,7 @@ def check_incompatible_state(mech: Mechanism[Any, Any]) -> None:
     state = mech.initial_state()
     state.version += 1
     try:
-        mech.step(state, make_slot(mech, 1))
+        mech.step(state, make_slot(mech, 1, clients=mech.client_state()))
     except IncompatibleState as exc:
         _require("version" in str(exc), mech, "the refusal must name the version")
     else:
@@ -201,9 +229,9 @@ def check_incompatible_state(mech: Mechanism[Any, Any]) -> None:
 
 
 def check_skipped_slot(mech: Mechanism[Any, Any]) -> None:
-    state, _ = run(mech, mech.initial_state(), range(1, 3))
+    (state, clients), _ = run(mech, start(mech), range(1, 3))
     try:
-        mech.step(state, make_slot(mech, 5))
+        mech.step(state, make_slot(mech, 5, clients=clients))
     except ValueError as exc:
         _require("expected slot 3" in str(exc), mech, "the refusal must name the slot")
     else:

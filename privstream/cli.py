@@ -535,12 +535,10 @@ def topics_create(args: argparse.Namespace) -> int:
 
 
 def produce(args: argparse.Namespace) -> int:
+    from privstream.connectors.datasets import synthetic_dataset
     from privstream.connectors.producer import produce_synthetic
-    from privstream.connectors.synthetic import DATASETS, SyntheticStream
 
-    if args.dataset.lower() not in DATASETS:
-        raise ValueError(f"unknown dataset {args.dataset!r}; use one of {', '.join(DATASETS)}")
-    stream = SyntheticStream(args.dataset.lower(), args.users, args.slots, seed=args.seed)
+    stream = synthetic_dataset(args.dataset, args.users, args.slots, args.seed)
     count = args.users * (args.slots - args.first_slot + 1)
     bar = None if args.no_progress else _progress_bar(count, "event")
     started = time.perf_counter()

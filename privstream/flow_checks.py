@@ -24,7 +24,6 @@ from bytewax.testing import TestingSink, TestingSource, cluster_main, run_main
 from privstream.connectors.jsonl import to_json
 from privstream.events import EventBatch
 from privstream.mechanisms.registry import Registered
-from privstream.mechanisms.tasks import FrequencyTask
 from privstream.operators.family import family_mechanisms
 from privstream.operators.registration import Preferences
 
@@ -49,7 +48,7 @@ def _batches(t_max: int = T) -> list[Any]:
 def _flow(registered: Registered, items: list[Any]) -> tuple[Dataflow, dict[str, list[str]]]:
     """The family's operator over ``items``; releases and ledger entries as canonical JSON."""
     family = registered.family
-    config = family.make_config(epsilon=1.0, window=5, population=N, task=FrequencyTask(2))
+    config = family.make_config(epsilon=1.0, window=5, population=N, task=family.task)
     prefs = None
     if family.trust == "cdp":
         eps = np.resize([np.nan, 1.0, 2.0, 1.5], N)

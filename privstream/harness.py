@@ -22,7 +22,7 @@ from numpy.typing import NDArray
 from tqdm import tqdm
 
 from privstream.connectors.recorded import RecordedStream, load_records
-from privstream.connectors.synthetic import SyntheticStream
+from privstream.connectors.datasets import SlotStream, synthetic_dataset
 from privstream.mechanisms.client import (
     ClientPath,
     ClientPort,
@@ -80,7 +80,7 @@ def load_dataset(
     *,
     domain: int | None = None,
     numeric: bool = False,
-) -> SyntheticStream | RecordedStream:
+) -> SlotStream | RecordedStream:
     """The slot source ``spec`` names for ``family``: one of its synthetic datasets (generated
     from ``seed``) or, where the family takes files, ``file:PATH`` (``users`` caps the
     population, ``domain`` is the number of categories, ``numeric`` makes the task a mean)."""
@@ -93,7 +93,7 @@ def load_dataset(
         raise ValueError(
             f"unknown {family.name} dataset {spec!r}; use one of {', '.join(bench.datasets)}{files}"
         )
-    return SyntheticStream(name, users, slots, seed=seed, independent=bench.independent)
+    return synthetic_dataset(name, users, slots, seed, independent=bench.independent)
 
 
 def _port(

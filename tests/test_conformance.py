@@ -28,9 +28,10 @@ def test_every_family_member_is_registered() -> None:
     assert by_family == {
         "ldp-ids": {"LBU", "LSP", "LPU", "LBD", "LBA", "LPD", "LPA"},
         "personalized": {"BD", "BA", "Uniform", "Sample", "PLBU", "PU", "PBD", "PBA"},
+        "cgm": {"CGM", "Alg1"},
     }
     assert {r.trust for r in REGISTRY if r.family.name == "personalized"} == {"cdp"}
-    assert {r.trust for r in REGISTRY if r.family.name == "ldp-ids"} == {"ldp-simulated"}
+    assert {r.trust for r in REGISTRY if r.family.name in ("ldp-ids", "cgm")} == {"ldp-simulated"}
 
 
 def test_every_mechanism_gets_every_check() -> None:

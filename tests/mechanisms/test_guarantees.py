@@ -78,3 +78,10 @@ def test_guarantees_serialise_as_flat_data() -> None:
 def test_invalid_values_are_refused(build: object) -> None:
     with pytest.raises(ValueError):
         build()  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("mu", [29.0, 60.0, 200.0])
+def test_large_mu_converts_without_overflow(mu: float) -> None:
+    eps = GaussianDP(mu).epsilon(1e-5)
+    assert math.isfinite(eps) and eps > mu  # a long lifetime spends a lot: but a number
+    assert GaussianDP(mu).delta(eps) == pytest.approx(1e-5, rel=1e-6)

@@ -1,0 +1,56 @@
+"""Every synthetic dataset by name: the categorical and binary populations of the LDP-IDS and
+personalized papers (``connectors.synthetic``) and the numeric streams of the CGM paper
+(``connectors.numeric_synthetic``). The flows and the bench harness resolve ``--dataset`` here,
+so a family's flow and its bench run on the same data."""
+
+from __future__ import annotations
+
+from typing import Final, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from privstream.connectors.numeric_synthetic import NUMERIC_DATASETS, numeric_dataset
+from privstream.connectors.synthetic import DATASETS as POPULATIONS
+from privstream.connectors.synthetic import SyntheticStream
+
+DATASETS: Final = (*POPULATIONS, *NUMERIC_DATASETS)
+
+
+class SlotStream(Protocol):
+    """A synthetic stream: every user's value and the truth at each 1-based slot."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def users(self) -> int: ...
+
+    @property
+    def slots(self) -> int: ...
+
+    @property
+    def numeric(self) -> bool: ...
+
+    @property
+    def d(self) -> int: ...
+
+    @property
+    def bounds(self) -> tuple[float, float]: ...
+
+    def values(self, slot: int) -> NDArray[np.int64] | NDArray[np.float64]: ...
+
+    def truth(self, slot: int) -> NDArray[np.float64]: ...
+
+
+def synthetic_dataset(
+    name: str, users: int, slots: int, seed: int, *, independent: bool = False
+) -> SlotStream:
+    """The synthetic dataset ``name`` of ``users`` users over ``slots`` slots from ``seed``;
+    ``independent`` draws a binary population's users independently (personalized §6.2)."""
+    key = name.lower()
+    if key in NUMERIC_DATASETS:
+        return numeric_dataset(key, users, slots, seed)
+    if key in POPULATIONS:
+        return SyntheticStream(key, users, slots, seed=seed, independent=independent)
+    raise ValueError(f"unknown dataset {name!r}; use one of {', '.join(DATASETS)} or file:PATH")
