@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 from confluent_kafka import Producer
 
-from privstream.connectors.kafka import KafkaSettings, require_topics
 from privstream.connectors.datasets import SlotStream
+from privstream.connectors.kafka import KafkaSettings, require_topics
 
 
 class ProduceError(RuntimeError):

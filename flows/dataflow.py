@@ -101,6 +101,10 @@ def build(
     )
     if not entry.numeric and not isinstance(source.task, FrequencyTask):
         raise ValueError(f"the {entry.name} mechanisms release histograms; {dataset!r} is numeric")
+    if not entry.histograms and isinstance(source.task, FrequencyTask):
+        raise ValueError(
+            f"the {entry.name} mechanisms release means: give a numeric dataset or --domain LO:HI"
+        )
     config = entry.make_config(
         epsilon=eps, window=win, population=users, task=source.task, **options
     )

@@ -22,6 +22,7 @@ from bytewax.operators import KeyedStream, StatefulBatchLogic
 from privstream.connectors import control
 from privstream.connectors.control import StopSignal
 from privstream.connectors.csv_events import parse_csv_lines
+from privstream.connectors.datasets import SlotStream, synthetic_dataset
 from privstream.connectors.json_events import parse_json_lines
 from privstream.connectors.jsonl import jsonl_output
 from privstream.connectors.kafka import (
@@ -34,7 +35,6 @@ from privstream.connectors.kafka import (
 )
 from privstream.connectors.kafka_sink import kafka_output
 from privstream.connectors.sources import SyntheticSource, detect_format, file_source
-from privstream.connectors.datasets import SlotStream, synthetic_dataset
 from privstream.events import MAX_EVENT_BYTES, DeadLetter, EventBatch
 from privstream.mechanisms.contract import Halt, Release
 from privstream.mechanisms.tasks import EstimationTask, FrequencyTask, MeanTask

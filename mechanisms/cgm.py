@@ -13,7 +13,7 @@ exactly ``l`` reports); with ``"timestamp"`` every slot has its own budget (``σ
 ledger renews every slot while the noise chain goes on).
 
 The noise is attack-proof like the central families' Laplace: each fresh term is snapped to a
-public grid (about ``2^−grid_bits`` of the noise std) and gets exact discrete Gaussian noise on
+public grid (``2^−grid_bits`` of the domain) and gets exact discrete Gaussian noise on
 that grid (the sensitivity bound grows by one grid step, which the noise covers), drawn from the slot's keyed
 AES-CTR stream, so a replayed slot releases byte-identical reports. The client side (clipping,
 the noise chain ``(v, x'_{i−1}, x*_{i−1})`` per user and lag phase) runs behind the client port
@@ -73,7 +73,7 @@ class CgmConfig:
             chains by slot mod ``j``, calibrated to the total count. Default 1.
         gap_aware: after ``g`` missed slots use ``C_g = min(g·C/D, 1/2)`` (spec §4.7 b)
             instead of restarting nothing; only reachable when users may miss slots.
-        grid_bits: the noise std spans about ``2^grid_bits`` steps of the public grid
+        grid_bits: ``2^grid_bits`` steps of the public noise grid span the diameter
             (``grid_steps``). Default 12.
         budget_share: this mechanism's share ``s`` of the budget in μ² (several mechanisms).
     """
@@ -107,8 +107,8 @@ class CgmConfig:
             )
         if not isinstance(self.lag, int) or not 1 <= self.lag <= 366:
             raise ValueError(f"lag must be an integer in [1, 366], got {self.lag!r}")
-        if not isinstance(self.grid_bits, int) or not 8 <= self.grid_bits <= 16:
-            raise ValueError(f"grid_bits must be an integer in [8, 16], got {self.grid_bits!r}")
+        if not isinstance(self.grid_bits, int) or not 8 <= self.grid_bits <= 20:
+            raise ValueError(f"grid_bits must be an integer in [8, 20], got {self.grid_bits!r}")
         check_fraction("budget_share", self.budget_share, closed=True)
 
     def shared(self, share: float) -> CgmConfig:
@@ -256,10 +256,9 @@ class CgmProtocol:
         self, fresh: NDArray[np.float64], V: NDArray[np.float64], rng: np.random.Generator
     ) -> NDArray[np.float64]:
         """``g·(round(fresh/g) + Z)``, ``Z`` exact discrete Gaussian with the integer std
-        ``⌈(V·K + 1)·σ̃₁⌉`` grid steps, where ``K`` (a power of two) steps span the diameter and
-        ``σ̃₁·K ≈ 2^grid_bits``: the snapped term moves by at most ``V·K + 1`` steps between
-        neighbours, so every report keeps the ratio ``1/σ̃₁`` (spec §4.5) and the noise is at
-        most one step per ``2^grid_bits`` above ``V·σ₁``. One draw per distinct ``V`` (users at
+        ``⌈(V·K + 1)·σ̃₁⌉`` grid steps, where ``K`` (``grid_steps``) steps span the diameter:
+        the snapped term moves by at most ``V·K + 1`` steps between neighbours, so every report
+        keeps the ratio ``1/σ̃₁`` (spec §4.5), with noise at most ``1/(V·K)`` above ``V·σ₁``. One draw per distinct ``V`` (users at
         one step share it), in increasing ``V``."""
         K = grid_steps(self.sigma1, self.grid_bits)
         grid = (self.upper - self.lower) / K
@@ -274,9 +273,10 @@ class CgmProtocol:
 
 
 def grid_steps(sigma1: float, grid_bits: int) -> float:
-    """``K``: the grid steps per diameter, the power of two with ``σ̃₁·K`` just under
-    ``2^grid_bits`` (the exact sampler is fastest below about 2^12 steps of std)."""
-    return 2.0 ** math.floor(math.log2(2**grid_bits / sigma1))
+    """``K``: the public grid's steps per diameter, ``2^grid_bits`` — fine enough that the one
+    extra step of sensitivity adds at most ``1/(V·K)`` to the noise — unless the noise std in
+    steps would pass ``2^20`` (the exact sampler's range), then the largest power of two below."""
+    return 2.0 ** min(grid_bits, math.floor(math.log2(2**20 / sigma1)))
 
 
 class CgmMechanism(Mechanism[CgmConfig, CgmState]):

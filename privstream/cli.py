@@ -44,12 +44,20 @@ def _mean_range(text: str) -> tuple[float, float]:
     return lower, upper
 
 
+def _domain(text: str) -> int | tuple[float, float]:
+    """``--domain``: ``d`` categories, or ``LO:HI`` the public range of numeric values."""
+    if ":" in text:
+        return _mean_range(text)
+    return _positive_int(text)
+
+
 def _common(
     p: argparse.ArgumentParser,
     *,
     users: int = 200_000,
     epsilon: float = 1.0,
-    window: int = 20,
+    window: int | None = 20,
+    window_help: str = "window size w (default %(default)s)",
 ) -> None:
     p.add_argument(
         "--dataset",
@@ -74,9 +82,7 @@ def _common(
         default=epsilon,
         help="window budget ε (default %(default)s)",
     )
-    p.add_argument(
-        "--window", type=_positive_int, default=window, help="window size w (default %(default)s)"
-    )
+    p.add_argument("--window", type=_positive_int, default=window, help=window_help)
 
 
 def _kafka_flags(p: argparse.ArgumentParser, *, required: bool = False) -> None:
@@ -100,6 +106,17 @@ def _topic_flags(p: argparse.ArgumentParser, *, input_required: bool) -> None:
     p.add_argument("--output-topic", help="topic of releases (keyed by release_id)")
     p.add_argument("--dead-letter-topic", help="topic of rejected events (optional)")
     p.add_argument("--ledger-topic", help="topic of ledger entries (optional)")
+
+
+def _window_default(family: Family) -> int | None:
+    """A family whose window is the stream's length takes ``--slots`` unless told."""
+    return None if family.length_window else family.window
+
+
+def _window_help(family: Family) -> str:
+    if family.length_window:
+        return "l: the reports one budget covers (default: --slots)"
+    return "window size w (default %(default)s)"
 
 
 def _option_flags(p: argparse.ArgumentParser, family: Family) -> None:
@@ -137,7 +154,8 @@ def _family_flags(p: argparse.ArgumentParser, family: Family) -> None:
 
 def _run_flags(p: argparse.ArgumentParser, family: Family) -> None:
     """Flags every ``privstream run`` family shares, with the family's defaults."""
-    _common(p, users=family.users, epsilon=family.epsilon, window=family.window)
+    _common(p, users=family.users, epsilon=family.epsilon, window=_window_default(family),
+            window_help=_window_help(family))  # fmt: skip
     p.add_argument(
         "--mechanism",
         default=family.default,
@@ -183,7 +201,11 @@ def _output_flags(p: argparse.ArgumentParser) -> None:
         default=1,
         help="slots a slot stays open for late events (default 1)",
     )
-    p.add_argument("--domain", type=_positive_int, help="categories d of a file or Kafka stream")
+    p.add_argument(
+        "--domain",
+        type=_domain,
+        help="categories d of a file or Kafka stream, or LO:HI the range of numeric values",
+    )
     p.add_argument("--stream", help="stream name (default: the dataset name)")
     _kafka_flags(p)
     _topic_flags(p, input_required=False)
@@ -276,7 +298,8 @@ def _bench_flags(p: argparse.ArgumentParser, family: Family) -> None:
     p.add_argument("--users", type=_positive_int, default=spec.users)
     p.add_argument("--slots", type=_positive_int, default=spec.slots)
     p.add_argument("--epsilon", type=_positive_float, default=family.epsilon)
-    p.add_argument("--window", type=_positive_int, default=family.window)
+    p.add_argument("--window", type=_positive_int, default=_window_default(family),
+                   help=_window_help(family))  # fmt: skip
     p.add_argument(
         "--mechanisms",
         default=",".join(spec.mechanisms),
@@ -428,13 +451,22 @@ def _kafka_io(args: argparse.Namespace) -> Any:
     return kafka.with_partitions(require_topics(settings, kafka.topics()))
 
 
+def _task_options(args: argparse.Namespace, family: Family) -> dict[str, Any]:
+    """``domain`` (categories) or ``mean_range`` (a numeric range) from ``--domain`` and
+    ``--mean-range``."""
+    numeric = args.domain if isinstance(args.domain, tuple) else None
+    mean_range = getattr(args, "mean_range", None) or numeric
+    if mean_range is not None and not family.numeric:
+        raise ValueError(f"the {family.name} family releases histograms: --domain takes d")
+    domain = None if isinstance(args.domain, tuple) else args.domain
+    return {"domain": domain, "mean_range": mean_range}
+
+
 def _flow_options(args: argparse.Namespace, family: Family) -> dict[str, Any]:
     """The family-specific keywords of ``flows.dataflow.build`` from its flags."""
     from privstream.connectors.registrations import load_preferences
 
     options: dict[str, Any] = {o.name: getattr(args, o.name) for o in family.options}
-    if family.numeric:
-        options["mean_range"] = args.mean_range
     if family.trust == "ldp-simulated":
         options["client_path"] = args.client_path
     if family.trust == "cdp" and args.preferences:
@@ -459,9 +491,9 @@ def run_flow(args: argparse.Namespace) -> int:
                                                        "release")  # fmt: skip
     flow = build(
         family.name, dataset=args.dataset, mechanisms=names, users=args.users, slots=slots,
-        epsilon=args.epsilon, window=args.window, seed=args.seed, out=args.out,
+        epsilon=args.epsilon, window=args.window or slots, seed=args.seed, out=args.out,
         ledger_out=args.ledger_out, dead_letter_out=args.dead_letter_out,
-        lateness=args.lateness, domain=args.domain, stream=args.stream,
+        lateness=args.lateness, stream=args.stream, **_task_options(args, family),
         progress=(lambda _release: bar.update(1)) if bar is not None else None,
         kafka=kafka, secret=secret, budget_split=args.budget_split, compare=args.compare,
         **_flow_options(args, family),
@@ -603,7 +635,7 @@ def bench_family(args: argparse.Namespace) -> int:
     family = FAMILIES[args.family]
     files = {"domain": args.domain, "numeric": args.numeric} if family.bench.files else {}
     result = harness.bench(
-        family, args.dataset, args.users, args.slots, args.epsilon, args.window,
+        family, args.dataset, args.users, args.slots, args.epsilon, args.window or args.slots,
         family.names(args.mechanisms), args.seeds, progress=not args.no_progress,
         **files, **{o.name: getattr(args, o.name) for o in family.options},
     )  # fmt: skip

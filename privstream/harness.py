@@ -21,8 +21,8 @@ import numpy as np
 from numpy.typing import NDArray
 from tqdm import tqdm
 
-from privstream.connectors.recorded import RecordedStream, load_records
 from privstream.connectors.datasets import SlotStream, synthetic_dataset
+from privstream.connectors.recorded import RecordedStream, load_records
 from privstream.mechanisms.client import (
     ClientPath,
     ClientPort,
@@ -103,10 +103,11 @@ def _port(
     randomness: SlotRandomness,
     path: ClientPath,
     requirements: Requirements | None,
+    clients: Any = None,
 ) -> ClientPort | CuratorPort:
     if family.trust == "cdp":
         return SimulatedCurator(values, task, requirements or Requirements())
-    return SimulatedClientPort(values, task, randomness, path)
+    return SimulatedClientPort(values, task, randomness, path, clients)
 
 
 @dataclass
@@ -141,12 +142,16 @@ def _step_slot(
     requirements: Requirements | None,
 ) -> None:
     """Step every mechanism of ``built`` once on slot ``t``'s shared ``values``, each through
-    its own port and ``SlotRandomness(seed, key, t, scope=name)``, and record its release."""
+    its own port and ``SlotRandomness(seed, key, t, scope=name)``, and record its release.
+    ``states`` holds each mechanism's state and its devices' state (``client_state``)."""
     for name, mech in built.items():
         randomness = SlotRandomness(seed, key, t, scope=name)
         started = time.perf_counter()
-        port = _port(family, values, task, randomness, path, requirements)
-        states[name], events = mech.step(states[name], Slot(key, t, port, randomness))
+        state, clients = states[name]
+        port = _port(family, values, task, randomness, path, requirements, clients)
+        state, events = mech.step(state, Slot(key, t, port, randomness))
+        after = getattr(port, "client_state_after", None)
+        states[name] = (state, clients if after is None else after)
         seconds = time.perf_counter() - started
         traces[name].record(t, next(e for e in events if isinstance(e, Release)), seconds)
 
@@ -211,7 +216,7 @@ def run_lockstep(
     if family.trust == "cdp" and requirements is None and family.requirements is not None:
         requirements = Requirements(*family.requirements(source.users, epsilon, window, seed))
     built = {name: family.build(name, config) for name in mechanisms}
-    states = {name: mech.initial_state() for name, mech in built.items()}
+    states = {name: (mech.initial_state(), mech.client_state()) for name, mech in built.items()}
     T, d = source.slots, task.d
     traces = {name: _Trace(np.empty((T, d)), np.zeros(T)) for name in mechanisms}
     truth = np.empty((T, d))
