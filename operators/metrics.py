@@ -84,6 +84,9 @@ PUBLIC_METRICS: Final[frozenset[str]] = frozenset(
         "privstream_dissimilarity",
         "privstream_publication_error",
         "privstream_halted",
+        # Gaussian-DP families: the spend in μ and in ε at the configured δ (public counts)
+        "privstream_mu_spent",
+        "privstream_epsilon_spent",
         # counts of decisions taken from private outputs
         "privstream_publications_total",
         "privstream_approximations_total",
@@ -193,6 +196,14 @@ def _mechanism_families() -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
         "dis": gauge("dissimilarity", "Last de-biased dissimilarity estimate (private)."),
         "err": gauge("publication_error", "Last potential publication error (public)."),
         "halted": gauge("halted", "1 when the ledger refused a charge and the mechanism stopped."),
+        "mu": gauge(
+            "mu_spent",
+            "Gaussian-DP families: μ the most-charged user has spent in the budget's scope.",
+        ),
+        "eps_spent": gauge(
+            "epsilon_spent",
+            "Gaussian-DP families: that spend as ε at the family's configured δ.",
+        ),
         "publications": counter("publications", "Slots released with a fresh estimate."),
         "approximations": counter(
             "approximations", "Slots released by repeating an earlier estimate."
@@ -218,6 +229,8 @@ def _account_values(account: _Account) -> dict[str, float | None]:
         "dis": tally.last_dissimilarity,
         "err": tally.last_error,
         "halted": int(account.halted),
+        "mu": getattr(entry.details, "mu_spent", None) if entry is not None else None,
+        "eps_spent": getattr(entry.details, "epsilon_spent", None) if entry is not None else None,
         "publications": tally.publications,
         "approximations": tally.approximations,
         "nullified": tally.nullified,
