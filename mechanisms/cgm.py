@@ -32,7 +32,7 @@ from typing import Any, ClassVar, Final, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from privstream.mechanisms.cgm_math import agm_mu, diff_clip, range_clip
+from privstream.mechanisms.cgm_math import agm_mu, ball_clip, diff_clip, range_clip
 from privstream.mechanisms.contract import (
     ClassSpend,
     Conformance,
@@ -46,7 +46,7 @@ from privstream.mechanisms.contract import (
 )
 from privstream.mechanisms.guarantees import GaussianDP, Guarantee, PeriodScope, StreamScope
 from privstream.mechanisms.noise import discrete_gaussian
-from privstream.mechanisms.tasks import MeanTask
+from privstream.mechanisms.tasks import BallTask, MeanTask
 from privstream.mechanisms.trust import TrustMode
 from privstream.mechanisms.validation import check_fraction, check_population, check_requirement
 
@@ -65,7 +65,8 @@ class CgmConfig:
         window: ``l``, the reports one budget covers (``budget_scope = "stream"``); ignored
             per timestamp. Default 48.
         population: registered population size n (≥ 1).
-        task: ``MeanTask(lo, hi)``: the public domain of the values (diameter ``D = hi − lo``).
+        task: ``MeanTask(lo, hi)``, the public range of scalar values (diameter ``D = hi − lo``),
+            or ``BallTask(center, R)`` for ``d``-dimensional values (``D = 2R``, L2 norms).
         bound: ``C``, the public bound on a user's change between reports, raw units (≥ 0;
             ``C/D ≥ 1/2`` makes CGM the baseline). Default 0.05.
         budget_scope: ``stream`` (one budget for ``l`` reports) or ``timestamp`` (per slot).
@@ -82,7 +83,7 @@ class CgmConfig:
     delta: float = 1e-5
     window: int = 48
     population: int
-    task: MeanTask = field(default_factory=lambda: MeanTask(0.0, 1.0))
+    task: MeanTask | BallTask = field(default_factory=lambda: MeanTask(0.0, 1.0))
     bound: float = 0.05
     budget_scope: BudgetScope = "stream"
     lag: int = 1
@@ -95,8 +96,10 @@ class CgmConfig:
         check_population(self.population)
         if not (isinstance(self.delta, float) and 0 < self.delta < 1):
             raise ValueError(f"delta must lie in (0, 1), got {self.delta!r}")
-        if not isinstance(self.task, MeanTask):
-            raise ValueError(f"task must be a MeanTask (a numeric domain), got {self.task!r}")
+        if not isinstance(self.task, (MeanTask, BallTask)):
+            raise ValueError(
+                f"task must be a MeanTask (a range) or a BallTask (vectors), got {self.task!r}"
+            )
         if not (
             isinstance(self.bound, (int, float)) and math.isfinite(self.bound) and self.bound >= 0
         ):
@@ -117,6 +120,9 @@ class CgmConfig:
 
     @property
     def diameter(self) -> float:
+        """``D``: the domain's diameter (``hi − lo``, or ``2R`` for a ball)."""
+        if isinstance(self.task, BallTask):
+            return 2 * float(self.task.radius)
         return float(self.task.upper - self.task.lower)
 
     @property
@@ -205,8 +211,7 @@ class CgmProtocol:
     ``v``, and snapped discrete Gaussian noise. ``reuse = False`` is Algorithm 1."""
 
     slot: int
-    lower: float
-    upper: float
+    task: MeanTask | BallTask
     bound: float
     sigma1: float
     grid_bits: int
@@ -219,8 +224,7 @@ class CgmProtocol:
         rng: np.random.Generator,
     ) -> tuple[NDArray[np.float64], CgmClients]:  # fmt: skip
         new, users, phase = state.copy(), np.flatnonzero(asked), self.slot % self.lag
-        x = range_clip(np.asarray(values, np.float64)[users].reshape(users.size, -1),
-                       self.lower, self.upper)  # fmt: skip
+        x = self._domain_clip(np.asarray(values, np.float64)[users].reshape(users.size, -1))
         r, V, v, c_raw = self._schedule(new, users, phase)
         prev_clip, prev_report = new.clipped[users, phase], new.reported[users, phase]
         first = new.steps[users, phase] == 0
@@ -232,12 +236,23 @@ class CgmProtocol:
         new.reported[users, phase], new.last_slot[users, phase] = report, self.slot
         return np.column_stack([report, v]), new
 
+    @property
+    def diameter(self) -> float:
+        task = self.task
+        return 2 * task.radius if isinstance(task, BallTask) else task.upper - task.lower
+
+    def _domain_clip(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Range clip for scalars, projection onto the ball for vectors (spec §4.6)."""
+        if isinstance(self.task, BallTask):
+            return ball_clip(x, np.array(self.task.center), self.task.radius)
+        return range_clip(x, self.task.lower, self.task.upper)
+
     def _schedule(
         self, state: CgmClients, users: NDArray[np.intp], phase: int
     ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
         """``r_i, V_i, v_i`` of every asked user's next report (spec §4.3) and their clip
         radius; a user's first report (of a lag chain) starts the chain, ``v = 1``."""
-        diameter = self.upper - self.lower
+        diameter = self.diameter
         first = state.steps[users, phase] == 0
         if not self.reuse:
             ones = np.ones(users.size)
@@ -261,7 +276,7 @@ class CgmProtocol:
         keeps the ratio ``1/σ̃₁`` (spec §4.5), with noise at most ``1/(V·K)`` above ``V·σ₁``. One draw per distinct ``V`` (users at
         one step share it), in increasing ``V``."""
         K = grid_steps(self.sigma1, self.grid_bits)
-        grid = (self.upper - self.lower) / K
+        grid = self.diameter / K
         out = np.rint(fresh / grid)
         for level in np.unique(V):
             rows = np.flatnonzero(level == V)
@@ -304,15 +319,16 @@ class CgmMechanism(Mechanism[CgmConfig, CgmState]):
     def initial_state(self) -> CgmState:
         n = self.config.population
         zeros = np.zeros(n, dtype=np.int64)
-        return CgmState(self.name, charged=zeros, lifetime=zeros.copy())
+        start = (0.0,) * self.config.task.d
+        return CgmState(self.name, charged=zeros, lifetime=zeros.copy(), estimate=start)
 
     def client_state(self) -> CgmClients:
-        return CgmClients.empty(self.config.population, self.config.lag)
+        return CgmClients.empty(self.config.population, self.config.lag, self.config.task.d)
 
     def protocol(self, slot: int) -> CgmProtocol:
         cfg = self.config
-        return CgmProtocol(slot, cfg.task.lower, cfg.task.upper, cfg.bound, cfg.sigma1,
-                           cfg.grid_bits, cfg.lag, self.reuse, cfg.gap_aware)  # fmt: skip
+        return CgmProtocol(slot, cfg.task, cfg.bound, cfg.sigma1, cfg.grid_bits, cfg.lag,
+                           self.reuse, cfg.gap_aware)  # fmt: skip
 
     def _advance(self, state: CgmState, slot: Slot) -> list[Release | LedgerEntry]:
         cfg = self.config
@@ -323,7 +339,7 @@ class CgmMechanism(Mechanism[CgmConfig, CgmState]):
         admitted = state.charged < cfg.reports_per_budget  # μ_total = √t·μ_step ≤ μ*
         asked = eligible & admitted
         refused = int((eligible & ~admitted).sum())
-        reports = np.zeros((0, 2))
+        reports = np.zeros((0, cfg.task.d + 1))
         if asked.any():
             reports = slot.client.respond(self.protocol(slot.index), asked, "report")
             state.charged[asked] += 1

@@ -88,9 +88,11 @@ class ClientPort(Protocol):
 
 
 def absent_mask(values: NDArray[np.float64] | NDArray[np.int64]) -> NDArray[np.bool_]:
-    """Users without a value: ``-1`` in integer arrays, NaN in float arrays."""
+    """Users without a value: ``-1`` in integer arrays, NaN in float arrays (a vector value,
+    one row per user, is absent when any coordinate is NaN)."""
     if np.issubdtype(values.dtype, np.floating):
-        return np.asarray(np.isnan(values), dtype=bool)
+        missing = np.isnan(values)
+        return np.asarray(missing.any(axis=1) if missing.ndim == 2 else missing, dtype=bool)
     return np.asarray(values == ABSENT, dtype=bool)
 
 

@@ -124,3 +124,36 @@ class MeanTask(EstimationTask):
 
     def decode(self, estimate: NDArray[np.float64]) -> NDArray[np.float64]:
         return self.lower + (np.asarray(estimate) + 1) * self.scale
+
+
+@dataclass(frozen=True)
+class BallTask(EstimationTask):
+    """Mean of ``d``-dimensional values in the L2 ball of ``radius`` around ``center`` (spec cgm
+    §0 normalisation, §4.7 multi-dimensional items): the domain's diameter is ``2·radius``.
+    Reported through a mechanism's own client protocol (CGM), not a frequency oracle."""
+
+    center: tuple[float, ...]
+    radius: float
+    d: int = 0
+    kind: str = "vector"
+
+    def __post_init__(self) -> None:
+        center = tuple(float(c) for c in self.center)
+        if not center or not all(math.isfinite(c) for c in center):
+            raise ValueError(f"center must be a non-empty finite vector, got {self.center!r}")
+        if not (
+            isinstance(self.radius, (int, float)) and math.isfinite(self.radius) and self.radius > 0
+        ):
+            raise ValueError(f"radius must be a finite number > 0, got {self.radius!r}")
+        object.__setattr__(self, "center", center)
+        object.__setattr__(self, "d", len(center))
+
+    def select(self, eps: float) -> Oracle:
+        raise ValueError("a ball task is reported through the CGM protocol, not an LDP oracle")
+
+    def in_domain(self, values: NDArray[np.float64]) -> NDArray[np.bool_]:
+        rows = np.asarray(values, dtype=np.float64).reshape(-1, self.d)
+        return np.asarray(np.isfinite(rows).all(axis=1), dtype=bool)
+
+    def encode(self, values: NDArray[Any]) -> NDArray[np.float64]:
+        return np.asarray(values, dtype=np.float64)
