@@ -251,7 +251,9 @@ class CgmProtocol:
         self, state: CgmClients, users: NDArray[np.intp], phase: int
     ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
         """``r_i, V_i, v_i`` of every asked user's next report (spec §4.3) and their clip
-        radius; a user's first report (of a lag chain) starts the chain, ``v = 1``."""
+        radius; a user's first report (of a lag chain) starts the chain, ``v = 1``. A step whose
+        bound reaches ``1/2`` is Algorithm 1's (``r = 0``) and clips nothing: radius ``D``, as
+        spec §4.4 S2 skips the differential clip."""
         diameter = self.diameter
         first = state.steps[users, phase] == 0
         if not self.reuse:
@@ -265,7 +267,7 @@ class CgmProtocol:
         r = np.where(first, 0.0, b / (b * b + v_prev))
         V = np.where(first, 1.0, 1 - r * b)
         v = np.where(first, 1.0, v_prev / (b * b + v_prev))
-        return r, V, v, c_norm * diameter
+        return r, V, v, np.where(c_norm < 0.5, c_norm, 1.0) * diameter
 
     def _perturb(
         self, fresh: NDArray[np.float64], V: NDArray[np.float64], rng: np.random.Generator

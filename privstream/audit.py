@@ -13,12 +13,17 @@ It reads the releases and ledger entries a flow wrote — JSON-lines files (``pr
    the class's window is within its ε (one class for the families whose users share one
    requirement, one per class for personalized mechanisms); population division — a window
    holds at most n reporting users (``population``, from the details' ``users_m1`` +
-   ``users_m2``) and a reporting user spends ε;
+   ``users_m2``) and a reporting user spends ε; user division (one account per user, CGM) —
+   the most-charged user's ``window_spent`` is within the class's ε, never falls within its
+   scope (the stream, or each period), never passes the charges so far nor stays below the
+   slot's charge;
 4. ``population_accountant``: the stream's mechanisms together stay within the population's ε
-   per class key at every slot, unless the entries are marked ``evaluation``;
+   per class key at every slot, unless the entries are marked ``evaluation`` (a user-division
+   mechanism contributes its declared, bounded spend);
 5. ``declared_spend``: every class's ``window_spent`` (and, population division, ``charged``
-   and the details' ``window_users``) and every ``population_window_spent`` an entry declares
-   equals the recomputation (1e-9 relative);
+   and the details' ``window_users``; user division, the details' ``mu_spent`` as its square
+   root) and every ``population_window_spent`` an entry declares equals the recomputation
+   (1e-9 relative);
 6. ``no_user_ids``: no output carries a raw user id field (``user``, ``user_id``, a list of
    ``users``; at the top, in ``details`` or in a class); ``well_formed``: every line is a
    release or ledger record of schema 2 (``SCHEMA``: the one release envelope; a record of
@@ -92,6 +97,7 @@ class _Guarantee(msgspec.Struct, gc=False):
     mu: float | None = None
     rho: float | None = None
     window: int | None = None
+    length: int | None = None
 
 
 class _Screened(msgspec.Struct, gc=False):
@@ -104,13 +110,15 @@ class _Screened(msgspec.Struct, gc=False):
 
 class _Details(msgspec.Struct, gc=False):
     """A ledger entry's ``details``: the audit reads LDP-IDS's per-slot reports (population
-    division is checked from them) and screens every family's for raw user ids."""
+    division is checked from them) and CGM's ``mu_spent`` (user division), and screens every
+    family's for raw user ids."""
 
     epsilon_m1: float | None = None
     epsilon_m2: float | None = None
     users_m1: int | None = None
     users_m2: int | None = None
     window_users: int | None = None
+    mu_spent: float | None = None
     user: Any = _UNSET
     user_id: Any = _UNSET
     users: Any = _UNSET
@@ -538,8 +546,9 @@ _RELEASE_DTYPES: dict[str, Any] = {"pair": np.int64, "slot": np.int64, "epsilon"
 _ENTRY_KIND = b'"kind":"ledger"'
 _ENTRY_DTYPES: dict[str, Any] = {
     "pair": np.int64, "slot": np.int64, "population_division": np.bool_,
-    "plain": np.bool_, "epsilon": np.float64, "window": np.int64, "m1": np.float64,
-    "m2": np.float64, "users1": np.int64, "users2": np.int64, "window_users": np.int64,
+    "user_division": np.bool_, "period": np.int64, "mu_spent": np.float64, "plain": np.bool_,
+    "epsilon": np.float64, "window": np.int64, "m1": np.float64, "m2": np.float64,
+    "users1": np.int64, "users2": np.int64, "window_users": np.int64,
     "pop_epsilon": np.float64, "pop_spent": np.float64, "evaluation": np.bool_,
 }  # fmt: skip
 _CLASS_DTYPES: dict[str, Any] = {
@@ -594,18 +603,20 @@ def _entry_columns(
 ) -> tuple[dict[str, NDArray[Any]], Bools]:
     """A batch of entries as columns, and which of them are of the audited schema and name a
     known division. ``window`` is the guarantee's (0 for a scope without one); the LDP-IDS
-    details are NaN or −1 where a family does not write them."""
+    details are NaN or −1 where a family does not write them, CGM's ``mu_spent`` NaN."""
     division = fields["division"]
     population = np.array(list(map("population".__eq__, division)), dtype=np.bool_)
-    known = population | np.array(list(map("budget".__eq__, division)), dtype=np.bool_)
+    user = np.array(list(map("user".__eq__, division)), dtype=np.bool_)
+    known = population | user | np.array(list(map("budget".__eq__, division)), dtype=np.bool_)
     known &= np.array([v == SCHEMA for v in fields["schema"]], dtype=np.bool_)
     guarantees, details = fields["guarantee"], fields["details"]
 
     def detail(name: str) -> tuple[Any, ...]:
         return tuple(map(operator.attrgetter(name), details))
 
+    slot = _ints(fields["slot"])
     columns = {
-        "slot": _ints(fields["slot"]),
+        "slot": slot,
         "population_division": population,
         "epsilon": _budgets(guarantees),
         "window": _ints([0 if g.window is None else g.window for g in guarantees]),
@@ -617,25 +628,41 @@ def _entry_columns(
         "pop_epsilon": _optional(fields["population_epsilon"]),
         "pop_spent": _optional(fields["population_window_spent"]),
         "evaluation": np.array(fields["evaluation"], dtype=np.bool_),
+        "user_division": user,
+        "period": _ints(list(map(_period, guarantees))) if user.any() else np.zeros_like(slot),
+        "mu_spent": _optional(detail("mu_spent")),
     }
     scope = np.array([g.scope == "window" for g in guarantees], dtype=np.bool_)
     columns["plain"], columns["own"] = _single_requirement(columns, classes, scope)
     return columns, known
 
 
+def _period(guarantee: _Guarantee) -> int:
+    """The slots after which a user-division guarantee's scope renews: 0 for the whole stream,
+    the length of a period scope, −1 for a scope a per-user account is not checked under."""
+    length = guarantee.length
+    if guarantee.scope == "stream":
+        return 0
+    if guarantee.scope == "period" and length is not None and 1 <= length < _COUNT_LIMIT:
+        return length
+    return -1
+
+
 def _single_requirement(
     columns: dict[str, NDArray[Any]], classes: dict[str, NDArray[Any]], window_scope: Bools
 ) -> tuple[Bools, Bools]:
     """Entries whose users all share one requirement (``plain``): a w-event guarantee and
-    exactly one class, of its window (LDP-IDS, or a uniform baseline over one class); the
-    population accountant keys them by the population's declared ε whatever budget the class
-    states. ``own``: of those, the ones whose class states the guarantee's budget."""
+    exactly one class, of its window (LDP-IDS, or a uniform baseline over one class), or user
+    division and one class (CGM); the population accountant keys them by the population's
+    declared ε whatever budget the class states. ``own``: of those, the ones whose class
+    states the guarantee's budget."""
     entries = columns["slot"].size
     count = np.bincount(classes["row"], minlength=entries)
     single = np.flatnonzero(count[classes["row"]] == 1)
     rows = classes["row"][single]
     plain, own = np.zeros(entries, dtype=np.bool_), np.zeros(entries, dtype=np.bool_)
     plain[rows] = window_scope[rows] & (classes["window"][single] == columns["window"][rows])
+    plain[rows] |= columns["user_division"][rows]
     own[rows] = plain[rows] & close(classes["epsilon"][single], columns["epsilon"][rows])
     return plain, own
 
@@ -695,7 +722,8 @@ def _valid_entries(
     class_ok: Bools,
 ) -> Bools:
     """Which entries of a batch can be audited (``_entry_problem`` says why not, one by one).
-    A population-division entry needs one class, the guarantee's, and the LDP-IDS details."""
+    A population-division entry needs one class, the guarantee's, and the LDP-IDS details; a
+    user-division entry one class of the guarantee's budget and a stream or period scope."""
     c = columns
     ok = known & (c["slot"] >= 0) & (c["slot"] < MAX_SLOT)
     ok &= (c["epsilon"] > 0) & (c["epsilon"] < math.inf)
@@ -704,6 +732,7 @@ def _valid_entries(
     for name in ("users1", "users2", "window_users"):
         population &= (c[name] >= 0) & (c[name] < _COUNT_LIMIT)
     ok &= ~c["population_division"] | population
+    ok &= ~c["user_division"] | (c["own"] & (c["period"] >= 0))
     ok &= np.isnan(c["pop_epsilon"]) | ((c["pop_epsilon"] > 0) & (c["pop_epsilon"] < math.inf))
     ok &= np.isnan(c["pop_spent"]) | (c["pop_spent"] >= 0)
     ok[classes["row"][~class_ok]] = False
@@ -716,8 +745,8 @@ def _entry_problem(rec: _Entry) -> str | None:
     problem = _schema_problem(rec.schema)
     if problem is not None:
         return problem
-    if rec.division not in ("budget", "population"):
-        return f"division {rec.division!r} is neither budget nor population"
+    if rec.division not in ("budget", "population", "user"):
+        return f"division {rec.division!r} is neither budget, population nor user"
     if not (0 <= rec.slot < MAX_SLOT and (window is None or 1 <= window < _COUNT_LIMIT)):
         return "slot outside [0, 2**40) or the guarantee's window outside [1, 2**40)"
     if not 0 < budget < math.inf:
@@ -730,7 +759,18 @@ def _entry_problem(rec: _Entry) -> str | None:
             return f"class (w={c.window}, ε={c.epsilon}) out of range"
         if min(c.charged, c.window_spent) < 0:
             return f"class (w={c.window}, ε={c.epsilon}) has a negative spend"
+    if rec.division == "user":
+        return _user_problem(rec)
     return _population_problem(rec) if rec.division == "population" else None
+
+
+def _user_problem(rec: _Entry) -> str | None:
+    """Why a user-division entry cannot be audited, or None."""
+    if _period(rec.guarantee) < 0:
+        return "user division needs a stream scope or a period scope of length in [1, 2**40)"
+    if len(rec.classes) != 1 or not close(rec.classes[0].epsilon, _budget(rec.guarantee)):
+        return "user division needs one class, of the guarantee's budget"
+    return None
 
 
 def _population_problem(rec: _Entry) -> str | None:
@@ -885,9 +925,10 @@ def _checks(
             f"{collector.duplicates} duplicate copies (at-least-once output), "
             f"{collector.conflicting} with a payload that differs from an earlier copy"
         )),
-        "window_budget": _check(windows.over_budget + windows.over_users, (
+        "window_budget": _check(windows.over_budget + windows.over_users + windows.user_spends, (
             f"{windows.over_budget} windows over a mechanism's or class's ε, "
-            f"{windows.over_users} over n={population} users"
+            f"{windows.over_users} over n={population} users, {windows.user_spends} per-user "
+            "spends their charges cannot explain"
         )),
         "declared_spend": _check(windows.mismatches + accountant.mismatches, (
             f"{windows.mismatches} declared window spends or user counts and "

@@ -40,12 +40,18 @@ class LedgerTable:
     ``m1``, ``m2``, ``users1``, ``users2`` and ``window_users`` are the LDP-IDS details a
     population-division entry is checked from (NaN or −1 where a family does not write them).
     ``pop_epsilon``/``pop_spent`` are NaN where an entry lacks ``population_epsilon`` /
-    ``population_window_spent``.
+    ``population_window_spent``. ``user_division`` marks the entries that keep one account per
+    user (CGM: users join at different slots; ``plain``, one requirement), whose scope renews
+    every ``period`` slots (0: the whole stream) and whose details' ``mu_spent`` (NaN where
+    absent) is their most-charged user's μ.
     """
 
     pair: I64
     slot: I64
     population_division: Bools
+    user_division: Bools
+    period: I64
+    mu_spent: F64
     plain: Bools
     epsilon: F64
     window: I64
@@ -248,10 +254,12 @@ def _report_missing(
 
 @dataclass
 class WindowCounts:
-    """What ``check_windows`` counted: windows over ε, over n users, declared mismatches."""
+    """What ``check_windows`` counted: windows over ε, over n users, per-user spends their
+    charges cannot explain (user division), declared mismatches."""
 
     over_budget: int = 0
     over_users: int = 0
+    user_spends: int = 0
     mismatches: int = 0
 
 
@@ -259,11 +267,13 @@ def check_windows(pub: Published, population: int | None, findings: Findings) ->
     """Every mechanism's per-user spend over every window, recomputed from its per-slot
     charges, stays within its budget: per privacy class over the class's own window (budget
     division: the charges add up), within n reporting users (population division: each
-    reporting user spends ε, at most once per window); declared window spends and user counts
+    reporting user spends ε, at most once per window), within the bounds the charges set on
+    the most-charged user's account (user division); declared window spends and user counts
     that differ from ours are mismatches."""
     counts = WindowCounts()
     _budget_windows(pub, findings, counts)
     _population_windows(pub, population, findings, counts)
+    _user_windows(pub, findings, counts)
     return counts
 
 
@@ -272,7 +282,7 @@ def _budget_windows(pub: Published, findings: Findings, counts: WindowCounts) ->
     class of a ``plain`` mechanism is summed over all its entries whatever they declare; a
     personalized class by its ``(w_c, ε_c)``."""
     led, cls = pub.ledger, pub.classes
-    keep = np.flatnonzero(~led.population_division[cls.row])
+    keep = np.flatnonzero(~(led.population_division | led.user_division)[cls.row])
     rows, window, epsilon = cls.row[keep], cls.window[keep], cls.epsilon[keep]
     plain, pair, slot = led.plain[rows], led.pair[rows], led.slot[rows]
     group, _ = group_ids(pair, np.where(plain, 0, window), np.where(plain, 0.0, epsilon))
@@ -339,6 +349,68 @@ def _population_windows(
     ))  # fmt: skip
 
 
+def _user_windows(pub: Published, findings: Findings, counts: WindowCounts) -> None:
+    """User division: one account per user, users joining at different slots, so the
+    most-charged user's spend (the class's ``window_spent``) is not the sum of the per-slot
+    charges, only bounded by them (``_user_bounds``); it never passes the class's ε, and the
+    details' ``mu_spent`` is its square root (μ of Gaussian DP, whose budget is μ²)."""
+    led, cls = pub.ledger, pub.classes
+    keep = np.flatnonzero(led.user_division[cls.row])
+    rows, epsilon, charged = cls.row[keep], cls.epsilon[keep], cls.charged[keep]
+    spent, mu = cls.spent[keep], led.mu_spent[cls.row[keep]]
+    fell, beyond, below, most = _user_bounds(led, rows, charged, spent)
+    over = spent > epsilon * (1 + RELATIVE)
+    inconsistent = (fell | beyond | below) & ~over
+    wrong = ~np.isnan(mu) & ~close(mu, np.sqrt(spent))
+    counts.over_budget += int(over.sum())
+    counts.user_spends += int(inconsistent.sum())
+    counts.mismatches += int(wrong.sum())
+
+    def why(k: int) -> str:
+        if fell[k]:
+            return "fell since the previous entry of its scope"
+        if beyond[k]:
+            return f"passes {most[k]:.12g}, the spend at the slot before plus this slot's charge"
+        return f"is below this slot's charge {charged[k]:.12g}"
+
+    _report(findings, pub, rows, over, "window_over_budget", lambda k: (
+        f"the most-charged user's spend {spent[k]:.12g} > ε={epsilon[k]:g} in its scope"
+    ))  # fmt: skip
+    _report(findings, pub, rows, inconsistent, "user_spend_inconsistent", lambda k: (
+        f"the most-charged user's spend {spent[k]:.12g} {why(k)}"
+    ))  # fmt: skip
+    _report(findings, pub, rows, wrong, "declared_mismatch", lambda k: (
+        f"mu_spent {mu[k]:.12g} but the square root of window_spent is {np.sqrt(spent[k]):.12g}"
+    ))  # fmt: skip
+
+
+def _user_bounds(
+    led: LedgerTable, rows: I64, charged: F64, spent: F64
+) -> tuple[Bools, Bools, Bools, F64]:
+    """The bounds the per-slot charges set on a user-division spend within its scope (the
+    whole stream, or each period of ``period`` slots counted from slot 0): it never falls from
+    one entry to the next (``fell`` flags those that do); it never passes the spend at the
+    slot before plus this slot's charge (``most``, what one user could have paid so far:
+    0 before the scope's first slot; so never more than the sum of the scope's charges so far),
+    checked where the slot before has an entry or the mechanism has none earlier (``beyond``:
+    a lost entry's charge is unknown); and it never stays below the slot's own charge (a
+    reporting user paid it: ``below``)."""
+    pair, slot, period = led.pair[rows], led.slot[rows], led.period[rows]
+    group, _ = group_ids(pair, np.where(period > 0, slot // np.maximum(period, 1), 0))
+    order = np.lexsort((slot, group))  # by mechanism, then slot: scopes are runs of slots
+    previous = np.full(rows.size, -1)  # each entry's predecessor of its mechanism
+    after, before = order[1:], order[:-1]
+    previous[after] = np.where(pair[after] == pair[before], before, -1)
+    has = previous >= 0
+    scoped = has & (group[previous] == group)
+    fell = scoped & (spent < spent[previous]) & ~close(spent, spent[previous])
+    most = np.where(scoped, spent[previous], 0.0) + charged
+    adjacent = ~has | (slot[previous] == slot - 1)
+    beyond = adjacent & (spent > most) & ~close(spent, most)
+    below = (spent < charged) & ~close(spent, charged)
+    return fell, beyond, below, most
+
+
 def _one_class(entries: int, cls: ClassTable) -> tuple[F64, F64]:
     """Per entry, the charge and window spend of its class (NaN for an entry without one;
     meant for the entries that have exactly one)."""
@@ -377,23 +449,28 @@ class _Sources:
 def _sources(pub: Published) -> _Sources:
     """Population division: the users who reported at each slot (a user who reports spends
     the mechanism's ε once per window); budget division: each class's per-slot charges, one
-    source per ``plain`` mechanism, one per class of the others."""
+    source per ``plain`` mechanism, one per class of the others; user division: the declared
+    spend of the most-charged user (it cannot be recomputed, ``check_windows`` bounds it),
+    counted at its own slot (a window of 1), one source per mechanism."""
     led, cls = pub.ledger, pub.classes
     reports = np.flatnonzero(led.population_division)
     budget = np.flatnonzero(~led.population_division[cls.row])
     rows = cls.row[budget]
-    classwise = ~led.plain[rows]
+    user = led.user_division[rows]
     pair = np.concatenate((led.pair[reports], led.pair[rows]))
-    kind = np.concatenate((np.ones(reports.size, dtype=np.int64), np.where(classwise, 2, 0)))
-    window = np.concatenate((led.window[reports], cls.window[budget]))
+    kind = np.concatenate(
+        (np.ones(reports.size, dtype=np.int64), np.where(user, 3, np.where(led.plain[rows], 0, 2)))
+    )
+    window = np.concatenate((led.window[reports], np.where(user, 1, cls.window[budget])))
     epsilon = np.concatenate((led.epsilon[reports], cls.epsilon[budget]))
     key = np.where(kind == 2, epsilon, 0.0)
     group, first = group_ids(pair, kind, window, key)
     users = (led.users1 + led.users2)[reports].astype(np.float64)
+    spends = np.where(user, cls.spent[budget], cls.charged[budget])
     return _Sources(
         row_group=group,
         row_slot=np.concatenate((led.slot[reports], led.slot[rows])),
-        row_value=np.concatenate((users, cls.charged[budget])),
+        row_value=np.concatenate((users, spends)),
         pair=pair[first],
         window=window[first],
         population=kind[first] == 1,

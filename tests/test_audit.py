@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import subprocess
 import sys
 from collections import defaultdict
@@ -19,7 +21,7 @@ from hypothesis import strategies as st
 
 from privstream.audit_checks import window_sums
 from privstream.cli import main
-from privstream.flows import ldp_ids, personalized
+from privstream.flows import dataflow, ldp_ids, personalized
 
 LDP = "LBU,LSP,LPU,LBD,LBA,LPD,LPA"
 USERS, SLOTS, WINDOW, EPSILON = 1000, 40, 10, 1.0
@@ -438,6 +440,133 @@ def test_a_raw_user_list_in_a_privacy_class_is_caught(tmp_path: Path, pers: Run)
         "kind": "raw_user_field", "id": "sin/Sample/60",
         "detail": "ledger entry has a field 'users' that looks like a raw user id",
     }]  # fmt: skip
+
+
+# -- per-user division (CGM) ------------------------------------------------------------------
+
+C_USERS, C_SLOTS, C_WINDOW = 300, 20, 8
+
+
+def cgm_flow(directory: Path, **kwargs: Any) -> Run:
+    return run_flow(
+        functools.partial(dataflow.build, "cgm"), directory, dataset="taxi",
+        mechanisms="CGM,Alg1", users=C_USERS, slots=C_SLOTS, window=C_WINDOW, epsilon=2.0,
+        budget_split="equal", **kwargs,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cgm(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """CGM and Alg1 sharing μ² equally; a user's stream budget covers 8 reports, so from slot 9
+    on every user is refused and both spends rest at their share."""
+    return cgm_flow(tmp_path_factory.mktemp("cgm"))
+
+
+def respend(
+    ledger: list[str], mechanism: str, slot: int, spent: Callable[[float], float]
+) -> list[str]:
+    """``ledger`` with ``mechanism``'s ``window_spent`` at ``slot`` changed, its ``mu_spent`` and
+    every ``population_window_spent`` of the slot kept consistent with it (so only the check
+    under test can fail)."""
+    records = [json.loads(line) for line in ledger]
+    entry = next(r for r in records if r["mechanism"] == mechanism and r["slot"] == slot)
+    one = entry["classes"][0]
+    new = spent(one["window_spent"])
+    shift = new - one["window_spent"]
+    one["window_spent"], entry["details"]["mu_spent"] = new, math.sqrt(new)
+    for r in records:
+        if r["slot"] == slot:
+            r["population_window_spent"] += shift
+    return dumps(records)
+
+
+@pytest.mark.parametrize("scope", ["stream", "timestamp"])
+def test_the_cgm_flow_passes(tmp_path: Path, cgm: Run, scope: str) -> None:
+    """Per-user division: a stream budget of 8 reports (refusals from slot 9 on), and a budget
+    per timestamp (the scope renews every slot)."""
+    run = cgm if scope == "stream" else cgm_flow(tmp_path, budget_scope=scope)
+    entries = run.records("ledger")
+    assert {e["division"] for e in entries} == {"user"}
+    last, spend = entries[-1], entries[-1]["classes"][0]
+    assert last["slot"] == C_SLOTS and spend["window_spent"] == pytest.approx(spend["epsilon"])
+    if scope == "stream":
+        assert last["guarantee"]["scope"] == "stream" and last["details"]["refused"] > 0
+    else:
+        assert (last["guarantee"]["scope"], last["guarantee"]["length"]) == ("period", 1)
+    status, report = audit(tmp_path, run.releases, run.ledger)
+    assert status == 0 and report["ok"] and report["problems"] == [] and report["notes"] == []
+    assert report["counts"] == {
+        "releases": 2 * C_SLOTS, "ledger_entries": 2 * C_SLOTS, "streams": 1, "mechanisms": 2,
+        "slots_expected": 2 * C_SLOTS, **ZERO,
+    }  # fmt: skip
+
+
+def test_a_user_spend_over_its_budget_is_caught(tmp_path: Path, cgm: Run) -> None:
+    """Past the class's ε at slot 3; the next entry's honest spend then falls below it."""
+    epsilon = cgm.records("ledger")[0]["classes"][0]["epsilon"]
+    ledger = respend(cgm.ledger, "CGM", 3, lambda _: 1.01 * epsilon)
+    status, report = audit(tmp_path, cgm.releases, ledger)
+    assert status == 1 and failed(report) == {"window_budget"}
+    assert report["counts"]["windows_over_budget"] == 1
+    assert report["checks"]["window_budget"]["count"] == 2
+    assert [(p["kind"], p["id"]) for p in report["problems"]] == [
+        ("window_over_budget", "taxi/CGM/3"), ("user_spend_inconsistent", "taxi/CGM/4"),
+    ]  # fmt: skip
+
+
+def test_a_user_spend_falling_within_the_stream_is_caught(tmp_path: Path, cgm: Run) -> None:
+    """A stream-scope account never renews: the most-charged user's spend cannot fall (and the
+    next, honest, entry then spends more than one slot's charge above it)."""
+    ledger = respend(cgm.ledger, "Alg1", 5, lambda spent: spent / 2)
+    status, report = audit(tmp_path, cgm.releases, ledger)
+    assert status == 1 and failed(report) == {"window_budget"}
+    assert report["counts"]["windows_over_budget"] == 0
+    assert report["checks"]["window_budget"]["count"] == 2
+    assert [(p["kind"], p["id"]) for p in report["problems"]] == [
+        ("user_spend_inconsistent", "taxi/Alg1/5"), ("user_spend_inconsistent", "taxi/Alg1/6"),
+    ]  # fmt: skip
+    assert "fell" in report["problems"][0]["detail"]
+    assert "the slot before" in report["problems"][1]["detail"]
+
+
+def test_a_user_spend_beyond_the_charges_is_caught(tmp_path: Path, cgm: Run) -> None:
+    """At slot 2 no user can have paid more than the spend at slot 1 plus the charge of 2."""
+    ledger = respend(cgm.ledger, "CGM", 2, lambda spent: spent * 1.5)
+    status, report = audit(tmp_path, cgm.releases, ledger)
+    assert status == 1 and failed(report) == {"window_budget"}
+    assert [(p["kind"], p["id"]) for p in report["problems"]] == [
+        ("user_spend_inconsistent", "taxi/CGM/2")
+    ]
+    assert "the spend at the slot before plus" in report["problems"][0]["detail"]
+
+
+def test_a_lying_mu_spent_is_caught(tmp_path: Path, cgm: Run) -> None:
+    ledger = edit(
+        cgm.ledger,
+        at("CGM", 7),
+        lambda r: r["details"].update(mu_spent=r["details"]["mu_spent"] * 1.1),
+    )
+    status, report = audit(tmp_path, cgm.releases, ledger)
+    assert status == 1 and failed(report) == {"declared_spend"}
+    assert report["counts"]["declared_mismatches"] == 1
+    assert [(p["kind"], p["id"]) for p in report["problems"]] == [
+        ("declared_mismatch", "taxi/CGM/7")
+    ]
+
+
+def test_a_user_division_entry_without_its_scope_is_malformed(tmp_path: Path, cgm: Run) -> None:
+    """A per-user account is checked within a stream or period scope, of one class."""
+    windowed = edit(
+        cgm.ledger, at("CGM", 4), lambda r: r["guarantee"].update(scope="window", window=8)
+    )
+    two = edit(windowed, at("Alg1", 4), lambda r: r["classes"].append(r["classes"][0]))
+    status, report = audit(tmp_path, cgm.releases, two)
+    assert status == 1 and failed(report) == {"well_formed", "complete_slots"}
+    assert report["checks"]["well_formed"]["count"] == 2
+    assert sorted(p["detail"] for p in report["problems"] if p["kind"] == "malformed") == [
+        "taxi/Alg1/4: user division needs one class, of the guarantee's budget",
+        "taxi/CGM/4: user division needs a stream scope or a period scope of length in [1, 2**40)",
+    ]
 
 
 # -- evaluations, older runs, bad input ---------------------------------------------------------
