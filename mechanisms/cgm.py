@@ -12,10 +12,10 @@ compose exactly as μ-Gaussian DP with ``μ_step = 1/σ̃₁`` (spec §8.4). Wit
 exactly ``l`` reports); with ``"timestamp"`` every slot has its own budget (``σ̃₁ = 1/μ*``, the
 ledger renews every slot while the noise chain goes on).
 
-The noise is attack-proof like the central families' Laplace: each fresh term is snapped to a
-public grid (``2^−grid_bits`` of the domain) and gets exact discrete Gaussian noise on
-that grid (the sensitivity bound grows by one grid step, which the noise covers), drawn from the slot's keyed
-AES-CTR stream, so a replayed slot releases byte-identical reports. The client side (clipping,
+The noise is attack-proof like the central families' Laplace: each fresh term is rounded at
+random (unbiased) to a public grid (``2^−grid_bits`` of the domain) and gets exact discrete
+Gaussian noise on that grid (the sensitivity bound grows by two grid steps, which the noise
+covers), drawn from the slot's keyed AES-CTR stream, so a replayed slot releases byte-identical reports. The client side (clipping,
 the noise chain ``(v, x'_{i−1}, x*_{i−1})`` per user and lag phase) runs behind the client port
 and keeps its state there; the server side only sees the reports ``(x*, v_i)`` and releases
 their mean with its standard error ``σ₁·√(Σ v_k)/n`` and a 95 % interval (spec §8.5).
@@ -53,7 +53,9 @@ from privstream.mechanisms.validation import check_fraction, check_population, c
 STATE_VERSION: Final = 1
 BudgetScope = Literal["stream", "timestamp"]
 Z95: Final = 1.959963984540054
-ADMISSION_SLACK: Final = 1e-12  # spec §8.4: admit while μ_total ≤ μ* + 1e−12
+LEVELS: Final = 128
+"""Gap-aware runs round each report's noise level up to a power of ``2^(1/LEVELS)`` (at most
+0.55 % more noise) so users at irregular steps share a few exact sampler calls."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,7 +77,7 @@ class CgmConfig:
         gap_aware: after ``g`` missed slots use ``C_g = min(g·C/D, 1/2)`` (spec §4.7 b)
             instead of restarting nothing; only reachable when users may miss slots.
         grid_bits: ``2^grid_bits`` steps of the public noise grid span the diameter
-            (``grid_steps``). Default 12.
+            (``grid_steps``). Default 14.
         budget_share: this mechanism's share ``s`` of the budget in μ² (several mechanisms).
     """
 
@@ -88,7 +90,7 @@ class CgmConfig:
     budget_scope: BudgetScope = "stream"
     lag: int = 1
     gap_aware: bool = False
-    grid_bits: int = 12
+    grid_bits: int = 14
     budget_share: float = 1.0
 
     def __post_init__(self) -> None:
@@ -113,6 +115,7 @@ class CgmConfig:
         if not isinstance(self.grid_bits, int) or not 8 <= self.grid_bits <= 20:
             raise ValueError(f"grid_bits must be an integer in [8, 20], got {self.grid_bits!r}")
         check_fraction("budget_share", self.budget_share, closed=True)
+        grid_steps(self.sigma1, self.grid_bits, self.task.d)  # refuse a noise beyond the sampler
 
     def shared(self, share: float) -> CgmConfig:
         """This config for a mechanism given the share ``s`` of the budget in μ² (μ·√s)."""
@@ -194,7 +197,8 @@ class CgmRelease(Details):
 @dataclass(frozen=True)
 class CgmLedger(Details):
     """The Gaussian-DP ledger after a slot (spec §8.4): the most-charged user's μ in the current
-    budget and its (ε at the configured δ), the reports of that user, and the users refused."""
+    budget and its ε at the configured δ, the reports of that user, the users refused, and the
+    lifetime μ of the user with the most reports (the per-user lifetime counter)."""
 
     family: ClassVar[str] = "cgm"
     mu_spent: float
@@ -202,6 +206,8 @@ class CgmLedger(Details):
     delta: float
     reports: int
     refused: int
+    lifetime_mu: float
+    """μ of the user with the most reports over the stream's life (across renewed budgets)."""
 
 
 @dataclass(frozen=True)
@@ -228,7 +234,9 @@ class CgmProtocol:
         r, V, v, c_raw = self._schedule(new, users, phase)
         prev_clip, prev_report = new.clipped[users, phase], new.reported[users, phase]
         first = new.steps[users, phase] == 0
-        clip = x if not self.reuse else np.where(first[:, None], x, diff_clip(x, prev_clip, c_raw))
+        # the differential clip matters only while C/D < 1/2 (else this is Algorithm 1, §4.3)
+        skip = first | (c_raw >= self.diameter / 2)
+        clip = x if not self.reuse else np.where(skip[:, None], x, diff_clip(x, prev_clip, c_raw))
         fresh = clip - r[:, None] * prev_clip
         report = self._perturb(fresh, V, rng) + r[:, None] * prev_report
         new.steps[users, phase] += 1
@@ -272,28 +280,43 @@ class CgmProtocol:
     def _perturb(
         self, fresh: NDArray[np.float64], V: NDArray[np.float64], rng: np.random.Generator
     ) -> NDArray[np.float64]:
-        """``g·(round(fresh/g) + Z)``, ``Z`` exact discrete Gaussian with the integer std
-        ``⌈(V·K + 1)·σ̃₁⌉`` grid steps, where ``K`` (``grid_steps``) steps span the diameter:
-        the snapped term moves by at most ``V·K + 1`` steps between neighbours, so every report
-        keeps the ratio ``1/σ̃₁`` (spec §4.5), with noise at most ``1/(V·K)`` above ``V·σ₁``. One draw per distinct ``V`` (users at
-        one step share it), in increasing ``V``."""
-        K = grid_steps(self.sigma1, self.grid_bits)
+        """``g·(R(fresh/g) + Z)``: ``R`` rounds each coordinate to a neighbouring grid step at
+        random (up with probability its fraction: unbiased, so no rounding error builds up
+        along a user's noise chain) and ``Z`` is exact discrete Gaussian noise of integer std
+        ``⌈(V·K + 2√d)·σ̃₁⌉`` steps, where ``K`` (``grid_steps``) steps span the diameter.
+        Any rounding of two neighbours' terms lies within ``V·K + 2√d`` steps (L2), so each
+        conditional mechanism, and so their mixture, keeps the ratio ``1/σ̃₁`` (spec §4.5); the
+        noise is at most ``2√d/(V·K)`` above ``V·σ₁``. One draw per distinct noise level."""
+        d = fresh.shape[1]
+        K = grid_steps(self.sigma1, self.grid_bits, d)
         grid = self.diameter / K
-        out = np.rint(fresh / grid)
-        for level in np.unique(V):
-            rows = np.flatnonzero(level == V)
-            sigma = math.ceil((float(level) * K + 1) * self.sigma1)
-            noise = discrete_gaussian(rng, Fraction(sigma * sigma), rows.size * fresh.shape[1])
-            out[rows] += noise.reshape(rows.size, fresh.shape[1])
+        scaled = fresh / grid
+        out = np.floor(scaled)
+        out += rng.random(scaled.shape) < scaled - out
+        steps = V * K + 2 * math.sqrt(d)
+        if self.gap_aware:  # irregular gaps give every user its own V: share a few levels
+            steps = 2.0 ** (np.ceil(np.log2(steps) * LEVELS) / LEVELS)
+        for level in np.unique(steps):
+            rows = np.flatnonzero(level == steps)
+            sigma = math.ceil(float(level) * self.sigma1)
+            noise = discrete_gaussian(rng, Fraction(sigma * sigma), rows.size * d)
+            out[rows] += noise.reshape(rows.size, d)
         result: NDArray[np.float64] = out * grid
         return result
 
 
-def grid_steps(sigma1: float, grid_bits: int) -> float:
-    """``K``: the public grid's steps per diameter, ``2^grid_bits`` — fine enough that the one
-    extra step of sensitivity adds at most ``1/(V·K)`` to the noise — unless the noise std in
-    steps would pass ``2^20`` (the exact sampler's range), then the largest power of two below."""
-    return 2.0 ** min(grid_bits, math.floor(math.log2(2**20 / sigma1)))
+def grid_steps(sigma1: float, grid_bits: int, d: int = 1) -> float:
+    """``K``: the public grid's steps per diameter, ``2^grid_bits`` — fine enough that the
+    rounding's extra sensitivity (``2√d`` steps) adds little to the noise — unless the noise
+    std in steps, at most ``(K + 2√d)·σ̃₁``, would pass ``2^20`` (the exact sampler's range):
+    then the largest power of two that keeps it there."""
+    room = 2**20 / sigma1 - 2 * math.sqrt(d)
+    if room <= 0:
+        raise ValueError(
+            f"σ̃₁ = {sigma1:.6g} is too large for the exact Gaussian sampler: raise ε or δ, "
+            "or cover fewer reports with one budget"
+        )
+    return 2.0 ** min(grid_bits, math.floor(math.log2(room)))
 
 
 class CgmMechanism(Mechanism[CgmConfig, CgmState]):
@@ -380,7 +403,8 @@ class CgmMechanism(Mechanism[CgmConfig, CgmState]):
         spend = ClassSpend(cfg.reports_per_budget, cfg.mu_budget**2, cfg.population,
                            step if reports.shape[0] else 0.0, spent)  # fmt: skip
         eps = GaussianDP(math.sqrt(spent)).epsilon(cfg.delta) if spent > 0 else 0.0
-        details = CgmLedger(math.sqrt(spent), eps, cfg.delta, most, refused)
+        lifetime = math.sqrt(int(state.lifetime.max(initial=0)) * step)
+        details = CgmLedger(math.sqrt(spent), eps, cfg.delta, most, refused, lifetime)
         return self.ledger_entry(slot, (spend,), details)
 
 

@@ -58,11 +58,12 @@ def _common(
     epsilon: float = 1.0,
     window: int | None = 20,
     window_help: str = "window size w (default %(default)s)",
+    datasets: tuple[str, ...] = ("lns", "sin", "log", "lns-con", "sin-con", "log-con"),
 ) -> None:
     p.add_argument(
         "--dataset",
-        default="sin",
-        help="lns, sin, log, their -con variants, or file:PATH (default sin)",
+        default=_default_dataset(datasets),
+        help=f"{', '.join(datasets)}, or file:PATH (default %(default)s)",
     )
     p.add_argument(
         "--users",
@@ -108,6 +109,10 @@ def _topic_flags(p: argparse.ArgumentParser, *, input_required: bool) -> None:
     p.add_argument("--ledger-topic", help="topic of ledger entries (optional)")
 
 
+def _default_dataset(datasets: tuple[str, ...]) -> str:
+    return "sin" if "sin" in datasets else datasets[0]
+
+
 def _window_default(family: Family) -> int | None:
     """A family whose window is the stream's length takes ``--slots`` unless told."""
     return None if family.length_window else family.window
@@ -140,7 +145,7 @@ def _family_flags(p: argparse.ArgumentParser, family: Family) -> None:
             type=_mean_range,
             help="LOWER:UPPER: a file dataset is numeric, clipped to it",
         )
-    if family.trust == "ldp-simulated":
+    if family.trust == "ldp-simulated" and family.histograms:
         p.add_argument("--client-path", choices=("aggregate", "per-user"), default="aggregate")
     if family.trust == "cdp":
         p.add_argument(
@@ -155,7 +160,7 @@ def _family_flags(p: argparse.ArgumentParser, family: Family) -> None:
 def _run_flags(p: argparse.ArgumentParser, family: Family) -> None:
     """Flags every ``privstream run`` family shares, with the family's defaults."""
     _common(p, users=family.users, epsilon=family.epsilon, window=_window_default(family),
-            window_help=_window_help(family))  # fmt: skip
+            window_help=_window_help(family), datasets=family.bench.datasets)  # fmt: skip
     p.add_argument(
         "--mechanism",
         default=family.default,
@@ -294,7 +299,8 @@ def _bench_flags(p: argparse.ArgumentParser, family: Family) -> None:
     """``privstream bench <family>``: the family's datasets, defaults and options."""
     spec = family.bench
     files = ", or file:PATH" if spec.files else ""
-    p.add_argument("--dataset", default="sin", help=f"{', '.join(spec.datasets)}{files}")
+    p.add_argument("--dataset", default=_default_dataset(spec.datasets),
+                   help=f"{', '.join(spec.datasets)}{files}")  # fmt: skip
     p.add_argument("--users", type=_positive_int, default=spec.users)
     p.add_argument("--slots", type=_positive_int, default=spec.slots)
     p.add_argument("--epsilon", type=_positive_float, default=family.epsilon)
@@ -467,7 +473,7 @@ def _flow_options(args: argparse.Namespace, family: Family) -> dict[str, Any]:
     from privstream.connectors.registrations import load_preferences
 
     options: dict[str, Any] = {o.name: getattr(args, o.name) for o in family.options}
-    if family.trust == "ldp-simulated":
+    if family.trust == "ldp-simulated" and family.histograms:
         options["client_path"] = args.client_path
     if family.trust == "cdp" and args.preferences:
         options["preferences"] = load_preferences(args.preferences)
