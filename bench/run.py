@@ -680,9 +680,9 @@ def format_cgm_perf(perf: dict[str, Any]) -> str:
 
 CGM_FULL = (
     CgmPlan("taxi", 5000, 48, "stream", (0.25, 0.5, 1.0, 2.0), (0.01, 0.05, 0.1),
-            days=10, alg1_reps=32, cgm_reps=(120, 64, 40)),
+            days=10, alg1_reps=24, cgm_reps=(80, 40, 24)),
     CgmPlan("webtraffic", 20000, 550, "timestamp", (0.25, 2.0), (200.0, 500.0, 1000.0),
-            days=8, alg1_reps=2, cgm_reps=(8, 5, 3), spec_from=50),
+            days=4, alg1_reps=2, cgm_reps=(4, 3, 2), spec_from=50),
 )  # fmt: skip
 """The spec's S2 and S1 settings (spec cgm §6.5); repetitions chosen per C for the stable
 ratio's relative standard error within the time the section may take (bench/README.md)."""
