@@ -60,10 +60,14 @@ class SlotClock:
 class _Columns:
     slots: list[int] = field(default_factory=list)
     users: list[str] = field(default_factory=list)
-    values: list[float] = field(default_factory=list)
+    values: list[Value] = field(default_factory=list)
     raws: list[str | bytes] = field(default_factory=list)
     epsilons: list[float] = field(default_factory=list)
     windows: list[int] = field(default_factory=list)
+
+
+def _shape(value: Value) -> int:
+    return len(value) if isinstance(value, tuple) else 0
 
 
 class Builder:
@@ -89,13 +93,18 @@ class Builder:
         stream: str,
         slot: int,
         user: str,
-        value: float,
+        value: Value,
         raw: str | bytes,
         requirement: tuple[float, int] = (math.nan, 0),
     ) -> None:
         cols = self.rows.get(stream)
         if cols is None:
             cols = self.rows[stream] = _Columns()
+        if cols.values and _shape(cols.values[0]) != _shape(value):
+            line = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+            detail = "value must have the shape of the batch's first value of the stream"
+            self.reject(INVALID_TYPE, line, detail, stream, raw)
+            return
         cols.slots.append(slot)
         cols.users.append(user)
         cols.values.append(value)
@@ -135,7 +144,23 @@ class _Bad:
     detail: str
 
 
-_Event = tuple[int, str, float, tuple[float, int]]  # slot, user, value, (ε_i, w_i)
+Value = float | tuple[float, ...]
+"""A number, or a vector: a JSON list of 1..``MAX_DIMENSIONS`` finite numbers."""
+_Event = tuple[int, str, Value, tuple[float, int]]  # slot, user, value, (ε_i, w_i)
+MAX_DIMENSIONS: Final = 64
+
+
+def _value(x: Any) -> Value | None:
+    """A finite number, or a list of finite numbers as a tuple; None otherwise."""
+    if isinstance(x, list):
+        items = [_number(v) for v in x]
+        if not 1 <= len(items) <= MAX_DIMENSIONS or any(
+            v is None or not math.isfinite(v) for v in items
+        ):
+            return None
+        return tuple(float(v) for v in items if v is not None)
+    number = _number(x)
+    return number if number is not None and math.isfinite(number) else None
 
 
 def _number(x: Any) -> float | None:
@@ -208,9 +233,11 @@ def _event(rec: dict[str, Any], clock: SlotClock | None) -> _Event | _Bad:
     slot = _slot(rec, clock)
     if isinstance(slot, _Bad):
         return slot
-    value = _number(rec["value"])
-    if value is None or not math.isfinite(value):
-        return _Bad(INVALID_TYPE, "value must be a finite number")
+    value = _value(rec["value"])
+    if value is None:
+        return _Bad(
+            INVALID_TYPE, f"value must be a finite number or a list of 1..{MAX_DIMENSIONS} of them"
+        )
     requirement = _requirement(rec)
     if isinstance(requirement, _Bad):
         return requirement

@@ -24,8 +24,9 @@ Parameters of ``build``:
     seed: seed of the synthetic data (and of a synthetic registration; never the noise).
     out, ledger_out, dead_letter_out: JSON-lines outputs (ignored with ``kafka``).
     lateness, client_path: slotting options (``SlottingConfig``).
-    domain, mean_range: task of a file or Kafka stream: ``d`` categories (default 2) or the
-        ``(lower, upper)`` clipping range of a numeric mean (families that estimate means).
+    domain, mean_range, ball: task of a file or Kafka stream: ``d`` categories (default 2),
+        the ``(lower, upper)`` clipping range of a numeric mean, or ``(centre, radius)`` the L2
+        ball of vector values (families that estimate means).
     stream: stream name (defaults to the dataset name).
     preferences: the registration table of a central-DP family, user id → (ε_i, w_i):
         exactly these users are counted (required for file and Kafka input).
@@ -78,6 +79,7 @@ def build(
     client_path: str = "aggregate",
     domain: int | None = None,
     mean_range: tuple[float, float] | None = None,
+    ball: tuple[tuple[float, ...], float] | None = None,
     stream: str | None = None,
     preferences: Mapping[str, tuple[float, int]] | None = None,
     progress: Callable[[Release], None] | None = None,
@@ -97,7 +99,7 @@ def build(
     users = users or entry.users
     eps, win = epsilon or entry.epsilon, window or entry.window
     source = resolve_source(
-        dataset, users, slots, seed, domain, mean_range, stream, entry.bench.independent
+        dataset, users, slots, seed, domain, mean_range, stream, entry.bench.independent, ball
     )
     if not entry.numeric and not isinstance(source.task, FrequencyTask):
         raise ValueError(f"the {entry.name} mechanisms release histograms; {dataset!r} is numeric")

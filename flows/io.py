@@ -37,7 +37,7 @@ from privstream.connectors.kafka_sink import kafka_output
 from privstream.connectors.sources import SyntheticSource, detect_format, file_source
 from privstream.events import MAX_EVENT_BYTES, DeadLetter, EventBatch
 from privstream.mechanisms.contract import Halt, Release
-from privstream.mechanisms.tasks import EstimationTask, FrequencyTask, MeanTask
+from privstream.mechanisms.tasks import BallTask, EstimationTask, FrequencyTask, MeanTask
 from privstream.operators.metrics import BOARD, count_dead_letter
 from privstream.operators.slotting import MechanismOut, SlottingConfig
 
@@ -63,6 +63,7 @@ def resolve_source(
     mean_range: tuple[float, float] | None = None,
     stream: str | None = None,
     independent: bool = False,
+    ball: tuple[tuple[float, ...], float] | None = None,
 ) -> Source:
     """Turn ``--dataset`` (a synthetic name or ``file:PATH``) into a ``Source``.
 
@@ -72,6 +73,8 @@ def resolve_source(
     if dataset.startswith("file:"):
         path = dataset.removeprefix("file:")
         task: EstimationTask = MeanTask(*mean_range) if mean_range else FrequencyTask(domain or 2)
+        if ball is not None:
+            task = BallTask(*ball)
         return Source(stream or "file", task, path=path)
     name = dataset.lower()
     synthetic = synthetic_dataset(name, users, slots, seed, independent=independent)

@@ -44,6 +44,12 @@ class Ingest(Registration):
     cfg: SlottingConfig
     trust: Ports
 
+    def _shaped(self, values: NDArray[np.float64]) -> bool:
+        """Values of the task's shape: one number per row, or a row of ``d`` for vectors."""
+        if self.task.kind == "vector":
+            return values.ndim == 2 and values.shape[1] == self.task.d
+        return values.ndim == 1
+
     def _reject_all(self, batch: EventBatch, reason: str, detail: str) -> list[Output]:
         return [
             (
@@ -86,7 +92,10 @@ class Ingest(Registration):
         kind = "dense" if batch.users.dtype.kind in "iu" else "named"
         if state.id_kind is not None and state.id_kind != kind:
             code[:] = CODE[USER_ID_KIND]
-        code[(code == 0) & ~self.task.in_domain(batch.values)] = CODE[OUT_OF_DOMAIN]
+        if not self._shaped(batch.values):  # scalars for a vector task, or the other way
+            code[:] = CODE[OUT_OF_DOMAIN]
+        else:
+            code[(code == 0) & ~self.task.in_domain(batch.values)] = CODE[OUT_OF_DOMAIN]
         slots = batch.slots
         passed = self._passed_slot(state)
         if passed is not None:
@@ -163,8 +172,8 @@ class Ingest(Registration):
                 rows, users = rows[~repeat], users[~repeat]
             target = state.open_slots.get(slot)
             if target is None:
-                target = state.open_slots[slot] = np.full(self.n, np.nan)
-            seen = ~np.isnan(target[users])
+                target = state.open_slots[slot] = self._blank()
+            seen = ~np.isnan(target[users].reshape(users.shape[0], -1)).any(axis=1)
             if seen.any():
                 code[rows[seen]] = CODE[DUPLICATE]
                 rows, users = rows[~seen], users[~seen]
@@ -180,7 +189,8 @@ class Ingest(Registration):
             f"slot beyond the lateness of {self.cfg.lateness} or an end-of-slot marker)"
         )
         return {
-            OUT_OF_DOMAIN: f"value or user outside the domain (d={self.task.d}, n={self.n})",
+            OUT_OF_DOMAIN: f"value or user outside the domain (d={self.task.d}, n={self.n}; "
+            f"{'a list of d numbers' if self.task.kind == 'vector' else 'one number'} per event)",
             LATE: late,
             FAR_FUTURE: f"slot more than {self.cfg.max_slot_gap} slots ahead of the stream",
             DUPLICATE: "user already reported in this slot (first report wins)",

@@ -24,6 +24,7 @@ from privstream.events import (
     DeadLetter,
     EventBatch,
 )
+from privstream.mechanisms.tasks import EstimationTask
 from privstream.mechanisms.validation import MIN_EPSILON, check_requirement
 from privstream.operators.reasons import CODE, Output
 from privstream.operators.stream_state import StreamState
@@ -58,6 +59,12 @@ class Registration:
     """The registration and enrolment steps of the slotted operator (a mixin of its logic)."""
 
     n: int
+    task: EstimationTask
+
+    def _blank(self) -> NDArray[np.float64]:
+        """Every user's value unknown: NaN, one row of ``d`` per user for a vector task."""
+        shape = (self.n, self.task.d) if self.task.kind == "vector" else (self.n,)
+        return np.full(shape, np.nan)
 
     def _register(self, state: StreamState, prefs: Preferences) -> None:
         """Load the registration before any data: named users of the table in its order, or
@@ -95,7 +102,7 @@ class Registration:
             if user in held:
                 code[i] = CODE[DUPLICATE]
             else:
-                held[user] = (float(batch.values[i]), batch.row_text(i), batch.row_original(i))
+                held[user] = (batch.values[i].copy(), batch.row_text(i), batch.row_original(i))
 
     def _admit_newcomers(self, state: StreamState, slot: int, out: list[Output]) -> None:
         """Enrol the users first seen in ``slot``, in user-id order, and put their reports
@@ -106,7 +113,7 @@ class Registration:
         directory = state.directory
         target = state.open_slots.get(slot)
         if target is None:
-            target = state.open_slots[slot] = np.full(self.n, np.nan)
+            target = state.open_slots[slot] = self._blank()
         for user in sorted(held):
             value, text, original = held[user]
             j = directory.get(user, -1)

@@ -255,7 +255,7 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
             self.state = StreamState(
                 stream=stream,
                 mechanisms={name: m.initial_state() for name, m in self.mechanisms.items()},
-                current=np.full(self.n, np.nan),
+                current=self._blank(),
                 tallies={name: Tally() for name in self.mechanisms},
                 clients={name: m.client_state() for name, m in self.mechanisms.items()},
                 binding=dict(self.binding),
@@ -354,10 +354,10 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
         """Users' values at ``slot``: its reports, over the carried-forward ones by default."""
         reported = state.open_slots.pop(slot, None)
         if self.cfg.missing == "absent":
-            return reported if reported is not None else np.full(self.n, np.nan)
+            return reported if reported is not None else self._blank()
         values = state.current
         if reported is not None:
-            fresh = ~np.isnan(reported)
+            fresh = ~np.isnan(reported.reshape(self.n, -1)).any(axis=1)
             values[fresh] = reported[fresh]
         return values
 

@@ -100,7 +100,7 @@ class StreamState:
     watermarks: PartitionWatermarks | None = None
     binding: dict[str, str] = field(default_factory=dict)
     accountant: PopulationAccountant = field(default_factory=PopulationAccountant)
-    newcomers: dict[int, dict[str, tuple[float, str, bytes | None]]] = field(default_factory=dict)
+    newcomers: dict[int, dict[str, tuple[Any, str, bytes | None]]] = field(default_factory=dict)
     clients: dict[str, Any] = field(default_factory=dict)
 
     def registered(self) -> NDArray[np.bool_] | None:

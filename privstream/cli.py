@@ -44,8 +44,18 @@ def _mean_range(text: str) -> tuple[float, float]:
     return lower, upper
 
 
-def _domain(text: str) -> int | tuple[float, float]:
-    """``--domain``: ``d`` categories, or ``LO:HI`` the public range of numeric values."""
+Ball = tuple[tuple[float, ...], float]
+
+
+def _domain(text: str) -> int | tuple[float, float] | Ball:
+    """``--domain``: ``d`` categories, ``LO:HI`` the public range of numeric values, or
+    ``ball:C1,…,Cd:R`` the L2 ball of vector values (centre and radius)."""
+    if text.startswith("ball:"):
+        try:
+            center, radius = text.removeprefix("ball:").rsplit(":", 1)
+            return tuple(float(c) for c in center.split(",")), float(radius)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected ball:C1,...,Cd:R, got {text}") from None
     if ":" in text:
         return _mean_range(text)
     return _positive_int(text)
@@ -209,7 +219,8 @@ def _output_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--domain",
         type=_domain,
-        help="categories d of a file or Kafka stream, or LO:HI the range of numeric values",
+        help="categories d of a file or Kafka stream, LO:HI the range of numeric values, or "
+        "ball:C1,...,Cd:R the ball of vector values",
     )
     p.add_argument("--stream", help="stream name (default: the dataset name)")
     _kafka_flags(p)
@@ -460,12 +471,17 @@ def _kafka_io(args: argparse.Namespace) -> Any:
 def _task_options(args: argparse.Namespace, family: Family) -> dict[str, Any]:
     """``domain`` (categories) or ``mean_range`` (a numeric range) from ``--domain`` and
     ``--mean-range``."""
-    numeric = args.domain if isinstance(args.domain, tuple) else None
+    given = args.domain
+    ball = given if isinstance(given, tuple) and isinstance(given[0], tuple) else None
+    numeric = given if isinstance(given, tuple) and ball is None else None
     mean_range = getattr(args, "mean_range", None) or numeric
-    if mean_range is not None and not family.numeric:
+    if (mean_range is not None or ball is not None) and not family.numeric:
         raise ValueError(f"the {family.name} family releases histograms: --domain takes d")
-    domain = None if isinstance(args.domain, tuple) else args.domain
-    return {"domain": domain, "mean_range": mean_range}
+    domain = None if isinstance(given, tuple) else given
+    options: dict[str, Any] = {"domain": domain, "mean_range": mean_range}
+    if ball is not None:
+        options["ball"] = ball
+    return options
 
 
 def _flow_options(args: argparse.Namespace, family: Family) -> dict[str, Any]:

@@ -49,7 +49,7 @@ def test_valid_events_become_one_columnar_batch_per_stream() -> None:
         (json.dumps({"stream": "a", "user": "u", "slot": 1.5, "value": 1}), "invalid_type"),
         (json.dumps({"stream": "a", "user": "u", "slot": True, "value": 1}), "invalid_type"),
         (json.dumps({"stream": "a", "user": "u", "slot": 1, "value": "x"}), "invalid_type"),
-        (json.dumps({"stream": "a", "user": "u", "slot": 1, "value": [1, 2]}), "invalid_type"),
+        (json.dumps({"stream": "a", "user": "u", "slot": 1, "value": [1, "x"]}), "invalid_type"),
         (json.dumps({"stream": "a", "user": "u", "slot": 1, "value": False}), "invalid_type"),
         ('{"stream": "a", "user": "u", "slot": 1, "value": NaN}', "invalid_type"),
         (json.dumps({"stream": "a", "user": "u", "slot": -1, "value": 1}), "negative_slot"),
@@ -165,3 +165,19 @@ LINE_POOL = sorted({line for batch in MARKER_BATCHES for line in batch} | {"{oop
 def test_any_mix_of_events_and_markers_parses_the_same_on_both_paths(lines: list[str]) -> None:
     batched = parse_json_lines([line.encode() for line in lines], streams=["a", "b"])
     assert _normal(batched) == _normal(parse_json_lines(lines, streams=["a", "b"]))
+
+
+def test_list_values_are_vectors_of_one_shape_per_batch() -> None:
+    lines = [
+        '{"stream": "v", "user": "a", "slot": 1, "value": [0.5, -1]}',
+        '{"stream": "v", "user": "b", "slot": 1, "value": [0.25, 2.0]}',
+        '{"stream": "v", "user": "c", "slot": 1, "value": [1.0]}',
+        '{"stream": "v", "user": "d", "slot": 1, "value": []}',
+        '{"stream": "v", "user": "e", "slot": 1, "value": [1, NaN]}',
+    ]
+    out = parse_json_lines(lines)
+    batches = [x for x in out if isinstance(x, EventBatch)]
+    letters = [x for x in out if isinstance(x, DeadLetter)]
+    assert len(batches) == 1 and batches[0].values.tolist() == [[0.5, -1.0], [0.25, 2.0]]
+    assert [d.reason for d in letters] == ["invalid_type"] * 3
+    assert "shape" in letters[0].detail

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from bytewax.testing import run_main
 from prometheus_client import REGISTRY
@@ -65,3 +66,29 @@ def test_per_timestamp_budgets_renew_and_the_chain_goes_on(tmp_path: Path) -> No
 def test_a_histogram_dataset_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="release means"):
         run_cgm(tmp_path, dataset="sin")
+
+
+def test_vector_values_flow_from_json_lists(tmp_path: Path) -> None:
+    """Events whose value is a list are d-dimensional items (spec §4.7): the L2 ball's domain,
+    one mean per coordinate; an event of another shape is a dead letter."""
+    rng = np.random.default_rng(5)
+    lines = [
+        json.dumps({"stream": "pos", "user": f"u{u}", "slot": t,
+                    "value": [0.1 + rng.normal(0, 0.02), -0.1 + rng.normal(0, 0.02), 0.0]})
+        for t in range(1, 9) for u in range(800)
+    ]  # fmt: skip
+    lines.insert(900, json.dumps({"stream": "pos", "user": "odd", "slot": 2, "value": 0.5}))
+    path = tmp_path / "vectors.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    letters = tmp_path / "dead.jsonl"
+    releases, _ = run_cgm(tmp_path, dataset=f"file:{path}", ball=((0.0, 0.0, 0.0), 0.5),
+                          users=1000, slots=8, window=8, mechanisms="Alg1",
+                          dead_letter_out=str(letters))  # fmt: skip
+    assert [r["slot"] for r in releases] == list(range(1, 9))
+    assert all(len(r["estimate"]) == 3 and len(r["details"]["stderr"]) == 3 for r in releases)
+    last = releases[-1]
+    stderr = last["details"]["stderr"][0]
+    for got, true in zip(last["estimate"], (0.1, -0.1, 0.0), strict=True):
+        assert abs(got - true) < 5 * stderr
+    dead = [json.loads(line) for line in letters.read_text().splitlines()]
+    assert [d["reason"] for d in dead] == ["invalid_type"]
