@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+from scipy.stats import f as f_distribution
 from tqdm import tqdm
 
 from privstream import harness
@@ -277,15 +278,19 @@ SPEC_S1_RATIO = {
 """Spec cgm §6.5 (S1): web-traffic-like prototype, days ≥ 50, CGM/Alg1 (None: any ε)."""
 PAPER_RATIO = {("taxi", 2.0, 0.05): 0.21}
 """The paper's Beijing taxi result (spec §6.4 item 4): CGM ≈ 0.006 against Alg1 ≈ 0.028."""
+SEED_STRIDE = 10_000
+"""Noise seed of repetition ``k`` in the ``c``-th (ε, mechanism, C) setting: ``c·10⁴ + k``. The
+same seed at another ε or C would reuse the same random stream, so settings would share their
+Monte Carlo errors; distinct seeds make them independent."""
 
 
 @dataclass(frozen=True)
 class CgmPlan:
     """One CGM reproduction (spec cgm §6.5). ``days`` datasets are generated (data seeds
     ``1..days``, the paper's days); repetition ``k`` runs on day ``(k − 1) mod days + 1`` with
-    noise seed ``k``. Alg1 ignores ``C``, so it runs ``alg1_reps`` times per ε; CGM runs
-    ``cgm_reps[j]`` times at each ε and ``bounds[j]``. ``spec_from``: also score slots from
-    this one on (the spec's S1 window, days ≥ 50)."""
+    noise seed ``k`` offset per setting (``SEED_STRIDE``). Alg1 ignores ``C``, so it runs
+    ``alg1_reps`` times per ε; CGM runs ``cgm_reps[j]`` times at each ε and ``bounds[j]``.
+    ``spec_from``: also score slots from this one on (the spec's S1 window, days ≥ 50)."""
 
     dataset: str
     users: int
@@ -389,14 +394,16 @@ def cgm_reproduction(plan: CgmPlan, progress: bool) -> dict[str, Any]:
         for day in range(1, plan.days + 1):
             source = numeric_dataset(plan.dataset, plan.users, plan.slots, day)
             kept.append(source.users)
-            for eps, (mech, bound, count) in itertools.product(plan.epsilons, plan.jobs()):
+            settings = itertools.product(plan.epsilons, plan.jobs())
+            for cell_id, (eps, (mech, bound, count)) in enumerate(settings):
                 reps = range(day, count + 1, plan.days)
                 if not reps:
                     continue
                 expected = cgm_expected(source, mech, eps, bound, plan.scope)
                 cell = cells.setdefault((mech, eps, bound), CgmCell(plan.slots))
                 for k in reps:
-                    run = harness.run_lockstep(CGM, [mech], source, eps, plan.slots, k,
+                    seed = SEED_STRIDE * cell_id + k  # independent noise in every cell
+                    run = harness.run_lockstep(CGM, [mech], source, eps, plan.slots, seed,
                                                delta=CGM_DELTA, bound=bound,
                                                budget_scope=plan.scope)[mech]  # fmt: skip
                     cell.add(run, expected, spec_from)
@@ -426,15 +433,18 @@ def _spec_reference(dataset: str, eps: float, bound: float) -> tuple[float, floa
 
 def _slot_checks(cgm: dict[str, Any], alg1: dict[str, Any]) -> dict[str, Any]:
     """Spec cgm §6.4 items 1 and 3 on the per-slot means over repetitions: slot 1 equal within
-    noise (z of the difference), and from slot 2 on CGM below Alg1 — slot by slot, below
-    Alg1's time average (Alg1's expected error is the same at every slot), and in expectation."""
+    noise, and from slot 2 on CGM below Alg1 — slot by slot, below Alg1's time average (Alg1's
+    expected error is the same at every slot), and in expectation. At slot 1 both errors are
+    unbiased Gaussian means of the same variance, so the ratio of their mean squares over
+    ``K_C`` and ``K_A`` repetitions is F(K_C, K_A)-distributed: ``slot1_p`` is its two-sided
+    p-value."""
     c, a = np.array(cgm["per_slot"]), np.array(alg1["per_slot"])
-    c_se, a_se = cgm["per_slot_se"][0], alg1["per_slot_se"][0]
     exp_c = np.add(cgm["expected_noise"], cgm["expected_bias2"])
     exp_a = np.add(alg1["expected_noise"], alg1["expected_bias2"])
+    cdf = float(f_distribution.cdf(c[0] / a[0], cgm["reps"], alg1["reps"]))
     return {
         "slot1_ratio": float(c[0] / a[0]),
-        "slot1_z": float((c[0] - a[0]) / math.hypot(c_se, a_se)),
+        "slot1_p": 2 * min(cdf, 1 - cdf),
         "later_slots": int(c.size - 1),
         "below_per_slot": int((c[1:] < a[1:]).sum()),
         "below_alg1_average": int((c[1:] < a.mean()).sum()),
@@ -446,7 +456,8 @@ def cgm_rows(
     plan: CgmPlan, cells: dict[tuple[str, float, float], dict[str, Any]], diameter: float
 ) -> dict[str, Any]:
     """Per (ε, C): CGM's and Alg1's scores, the stable ratio with its relative standard error,
-    the expected ratio given the data (noise-only and with clipping bias), ``4C̃(1 − C̃)``,
+    the expected ratio given the data (noise-only and with clipping bias) and how many standard
+    errors the ratio lies from it (``z_expected``), ``4C̃(1 − C̃)``,
     the spec's and the paper's numbers, and the per-slot checks; per ε, the best C."""
     rows, best = [], {}
     stable = slice(plan.slots // 2, None)
@@ -465,6 +476,8 @@ def cgm_rows(
                 "ratio_spec": spec_ratio, "ratio_spec_rse": spec_rse,
                 "expected_ratio": cgm["expected_stable"] / alg1["expected_stable"],
                 "expected_noise_ratio": float(np.sum(cgm["expected_noise"][stable])) / noise_a,
+                "z_expected": (ratio - cgm["expected_stable"] / alg1["expected_stable"])
+                / (ratio * rse),
                 "v_inf": 4 * c_norm * (1 - c_norm),
                 "spec": _spec_reference(plan.dataset, eps, bound),
                 "paper": PAPER_RATIO.get((plan.dataset, eps, bound)),
@@ -497,7 +510,7 @@ def format_cgm(result: dict[str, Any]) -> str:
         f"{'ε':>5} {'C':>6} {'reps':>7} {'mse CGM':>9} {'mse Alg1':>9} {'stab CGM':>9} "
         f"{'stab Alg1':>9} {'ratio':>6} {'±rse':>5}"
         + (f" {'d≥' + str(p['spec_from']):>6} {'±rse':>5}" if spec_window else "")
-        + f" | {'expect':>6} {'noise':>6} {'4C̃(1−C̃)':>8} {'spec':>11} {'paper':>5}",
+        + f" | {'expect':>6} {'z':>5} {'noise':>6} {'4C̃(1−C̃)':>8} {'spec':>11} {'paper':>5}",
     ]
     lines.append("-" * len(lines[-1]))
     for r in block["rows"]:
@@ -507,7 +520,8 @@ def format_cgm(result: dict[str, Any]) -> str:
             f"{a['mse']:9.4g} {c['mse_stable']:9.4g} {a['mse_stable']:9.4g} {r['ratio']:6.3f} "
             f"{100 * r['ratio_rse']:4.0f}%"
             + (f" {r['ratio_spec']:6.3f} {100 * r['ratio_spec_rse']:4.0f}%" if spec_window else "")
-            + f" | {r['expected_ratio']:6.3f} {r['expected_noise_ratio']:6.3f} {r['v_inf']:8.4f} "
+            + f" | {r['expected_ratio']:6.3f} {r['z_expected']:+5.1f} "
+            f"{r['expected_noise_ratio']:6.3f} {r['v_inf']:8.4f} "
             f"{_ref(r['spec']):>11} {_ref(r['paper']):>5}"
         )
     if p["dataset"] == "taxi":
@@ -516,13 +530,13 @@ def format_cgm(result: dict[str, Any]) -> str:
             for e in p["epsilons"]
         ))  # fmt: skip
     lines += ["", "checks on the per-slot means over repetitions (spec §6.4 items 1, 3, 5):",
-              f"{'ε':>5} {'C':>6}  slot 1 CGM/Alg1 (z)   slots ≥ 2 with CGM < Alg1: "
+              f"{'ε':>5} {'C':>6}  slot 1 CGM/Alg1 (p)   slots ≥ 2 with CGM < Alg1: "
               "per slot | < Alg1 time-average | expected"]  # fmt: skip
     for r in block["rows"]:
         k = r["checks"]
         n = k["later_slots"]
         lines.append(
-            f"{r['epsilon']:5g} {r['bound']:6g}  {k['slot1_ratio']:6.3f} ({k['slot1_z']:+5.2f})"
+            f"{r['epsilon']:5g} {r['bound']:6g}  {k['slot1_ratio']:6.3f} ({k['slot1_p']:5.3f})"
             f"{'':>10}{k['below_per_slot']:>4}/{n} | {k['below_alg1_average']:>4}/{n} | "
             f"{k['below_expected']:>4}/{n}"
         )

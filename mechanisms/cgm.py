@@ -283,7 +283,8 @@ class CgmProtocol:
         """``g·(R(fresh/g) + Z)``: ``R`` rounds each coordinate to a neighbouring grid step at
         random (up with probability its fraction: unbiased, so no rounding error builds up
         along a user's noise chain) and ``Z`` is exact discrete Gaussian noise of integer std
-        ``⌈(V·K + 2√d)·σ̃₁⌉`` steps, where ``K`` (``grid_steps``) steps span the diameter.
+        ``s = ⌈(V·K + 2√d)·σ̃₁⌉`` steps (variance parameter ``s(s+1)``, so the exact sampler
+        stays in int64), where ``K`` (``grid_steps``) steps span the diameter.
         Any rounding of two neighbours' terms lies within ``V·K + 2√d`` steps (L2), so each
         conditional mechanism, and so their mixture, keeps the ratio ``1/σ̃₁`` (spec §4.5); the
         noise is at most ``2√d/(V·K)`` above ``V·σ₁``. One draw per distinct noise level."""
@@ -298,8 +299,8 @@ class CgmProtocol:
             steps = 2.0 ** (np.ceil(np.log2(steps) * LEVELS) / LEVELS)
         for level in np.unique(steps):
             rows = np.flatnonzero(level == steps)
-            sigma = math.ceil(float(level) * self.sigma1)
-            noise = discrete_gaussian(rng, Fraction(sigma * sigma), rows.size * d)
+            sigma = math.ceil(float(level) * self.sigma1)  # σ² = s(s+1) ≥ s²: the fast path
+            noise = discrete_gaussian(rng, Fraction(sigma * (sigma + 1)), rows.size * d)
             out[rows] += noise.reshape(rows.size, d)
         result: NDArray[np.float64] = out * grid
         return result

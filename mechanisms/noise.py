@@ -369,13 +369,17 @@ def discrete_laplace_mechanism(
 
 def _dgauss_exponent(y: IntArray, p: int, q: int, t: int) -> tuple[IntArray, NDArray[Any], int]:
     """``γ = (|Y| − σ²/t)²/(2σ²) = (|Y|·q·t − p)²/(2·p·q·t²)`` for ``σ² = p/q``, split as
-    ``(⌊γ⌋, numerator of the fraction, denominator)``: in int64 when ``(|Y|·q·t + p)² < 2⁶²``,
-    else in Python integers (object arrays), so the split is exact for every rational ``σ²``."""
+    ``(⌊γ⌋, numerator of the fraction, denominator)``, with the common factor ``g² =
+    gcd(p, qt)²`` taken out first: in int64 when the reduced terms fit in 2⁶² (always when
+    ``σ² = s(s+1)``, whose ``t = s + 1`` divides it), else in Python integers (object arrays),
+    so the split is exact for every rational ``σ²``."""
     den = 2 * p * q * t * t
-    top = (int(np.abs(y).max()) if y.size else 0) * q * t + p
-    if top * top < _INT_LIMIT and den < _INT_LIMIT:
-        num = (np.abs(y) * (q * t) - p) ** 2
-        return num // den, num % den, den
+    g = math.gcd(p, q * t)  # γ = (|Y|·a − b)²/(2pqt²/g²), a = qt/g, b = p/g: smaller integers
+    a, b, small = q * t // g, p // g, den // (g * g)
+    top = (int(np.abs(y).max()) if y.size else 0) * a + b
+    if den % (g * g) == 0 and top * top < _INT_LIMIT and small < _INT_LIMIT:
+        num = (np.abs(y) * a - b) ** 2
+        return num // small, num % small, small
     big = (np.abs(y).astype(object) * (q * t) - p) ** 2
     whole = big // den
     if whole.size and int(whole.max()) > _NEVER:  # |Y| > 2³¹·σ: probability < e^{−2³¹}

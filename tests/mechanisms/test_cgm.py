@@ -124,17 +124,19 @@ def noise(step: Step, truth: NDArray[np.float64], phase: int = 0) -> NDArray[np.
 
 @functools.cache
 def _dg_variance(s: int) -> float:
-    return discrete_gaussian_variance(Fraction(s * s))
+    """The implemented draw's variance: the discrete Gaussian with parameter ``s(s+1)``."""
+    return discrete_gaussian_variance(Fraction(s * (s + 1)))
 
 
 def implemented_variances(cfg: CgmConfig, chain: Sequence[tuple[float, float]]) -> list[float]:
     """The exact ``Var(γ_i)`` (raw units) of a chain of ``(r_i, V_i)`` steps as implemented:
-    ``Var_DG(s_i²)·g² + r_i²·Var(γ_{i−1})``, ``s_i = ⌈(V_i K + 2)σ̃₁⌉``, ``g = D/K``."""
+    ``Var_DG(s_i(s_i+1))·g² + r_i²·Var(γ_{i−1})``, ``s_i = ⌈(V_i K + 2)σ̃₁⌉``, ``g = D/K``."""
     K = grid_steps(cfg.sigma1, cfg.grid_bits)
     g = cfg.diameter / K
     var, out = 0.0, []
     for r, V in chain:
-        var = _dg_variance(math.ceil((V * K + 2) * cfg.sigma1)) * g * g + r * r * var
+        s = math.ceil((V * K + 2) * cfg.sigma1)
+        var = _dg_variance(s) * g * g + r * r * var
         out.append(var)
     return out
 
