@@ -5,7 +5,7 @@ so a family's flow and its bench run on the same data."""
 
 from __future__ import annotations
 
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -17,8 +17,9 @@ from privstream.connectors.synthetic import SyntheticStream
 DATASETS: Final = (*POPULATIONS, *NUMERIC_DATASETS)
 
 
-class SlotStream(Protocol):
-    """A synthetic stream: every user's value and the truth at each 1-based slot."""
+class SlotSource(Protocol):
+    """What the bench harness needs from a dataset: every user's value and the truth, per
+    1-based slot (a synthetic stream, or ``RecordedStream``: a user's own records)."""
 
     @property
     def name(self) -> str: ...
@@ -29,6 +30,14 @@ class SlotStream(Protocol):
     @property
     def slots(self) -> int: ...
 
+    def values(self, slot: int) -> NDArray[Any]: ...
+
+    def truth(self, slot: int) -> NDArray[np.float64]: ...
+
+
+class SlotStream(SlotSource, Protocol):
+    """A synthetic stream: a ``SlotSource`` that also says what its values are."""
+
     @property
     def numeric(self) -> bool: ...
 
@@ -37,10 +46,6 @@ class SlotStream(Protocol):
 
     @property
     def bounds(self) -> tuple[float, float]: ...
-
-    def values(self, slot: int) -> NDArray[np.int64] | NDArray[np.float64]: ...
-
-    def truth(self, slot: int) -> NDArray[np.float64]: ...
 
 
 def synthetic_dataset(

@@ -15,13 +15,13 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 from tqdm import tqdm
 
-from privstream.connectors.datasets import SlotStream, synthetic_dataset
+from privstream.connectors.datasets import SlotSource, SlotStream, synthetic_dataset
 from privstream.connectors.recorded import RecordedStream, load_records
 from privstream.mechanisms.client import (
     ClientPath,
@@ -36,24 +36,6 @@ from privstream.mechanisms.registry import Family
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import EstimationTask, FrequencyTask, MeanTask
 from privstream.mechanisms.utility import Run
-
-
-class SlotSource(Protocol):
-    """What the harness needs from a dataset: every user's value and the truth, per 1-based
-    slot. ``SyntheticStream`` is one; ``RecordedStream`` (a user's own records) another."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def users(self) -> int: ...
-
-    @property
-    def slots(self) -> int: ...
-
-    def values(self, slot: int) -> NDArray[Any]: ...
-
-    def truth(self, slot: int) -> NDArray[np.float64]: ...
 
 
 def task_for(source: SlotSource) -> EstimationTask:
