@@ -452,42 +452,78 @@ def _slot_checks(cgm: dict[str, Any], alg1: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _window_rse(cell: dict[str, Any], reuse: NDArray[np.float64], window: slice) -> float:
+    """The relative standard deviation of one repetition's MSE over ``window`` in theory: the
+    error of slot i is ``b_i + g_i`` with Gaussian ``g``, ``Var(g_i)`` the expected noise and
+    ``Cov(g_i, g_j) = Var(g_j)·r_{j+1}···r_i`` for ``j ≤ i`` (spec §5.4; Alg1: ``r = 0``), so the
+    variance is ``(2 tr(Σ²) + 4 bᵀΣb)/m²``. ``|b_i|`` stands for the bias (its sign is lost)."""
+    var = np.asarray(cell["expected_noise"])[window]
+    b = np.sqrt(np.asarray(cell["expected_bias2"])[window])
+    r = reuse[window]
+    cov = np.diag(var)
+    if r[1:].all():
+        chain = np.concatenate(([1.0], np.cumprod(r[1:])))
+        lower = np.tril(chain[:, None] / chain[None, :]) * var[None, :]
+        cov = lower + lower.T - cov
+    spread = math.sqrt(2 * float(np.sum(cov * cov)) + 4 * float(b @ cov @ b)) / var.size
+    return spread / float(np.mean(var + b * b))
+
+
+def _cgm_row(plan: CgmPlan, eps: float, bound: float, cgm: dict[str, Any],
+             alg1: dict[str, Any], diameter: float) -> dict[str, Any]:  # fmt: skip
+    """One (ε, C) of the table: the measured ratios with their relative standard errors (from
+    the repetitions' spread and, ``*_theory``, from ``_window_rse``), the expectation given the
+    data, how many theoretical standard errors the ratio lies from it, and the references."""
+    stable = slice(plan.slots // 2, None)
+    spec = slice((plan.spec_from or plan.slots // 2 + 1) - 1, None)
+    reuse = cgm_schedule(bound / diameter, plan.slots).r[1:]
+    no_reuse = np.zeros(plan.slots)
+
+    def theory(window: slice) -> float:
+        return math.hypot(_window_rse(cgm, reuse, window) / math.sqrt(cgm["reps"]),
+                          _window_rse(alg1, no_reuse, window) / math.sqrt(alg1["reps"]))  # fmt: skip
+
+    ratio, rse = _ratio(cgm["mse_stable"], cgm["mse_stable_se"],
+                        alg1["mse_stable"], alg1["mse_stable_se"])  # fmt: skip
+    spec_ratio, spec_rse = _ratio(cgm["mse_spec"], cgm["mse_spec_se"],
+                                  alg1["mse_spec"], alg1["mse_spec_se"])  # fmt: skip
+    expected = cgm["expected_stable"] / alg1["expected_stable"]
+    noise = np.sum(cgm["expected_noise"][stable]) / np.sum(alg1["expected_noise"][stable])
+    c_norm = bound / diameter
+    return {
+        "epsilon": eps, "bound": bound, "cgm": cgm, "ratio": ratio, "ratio_rse": rse,
+        "ratio_rse_theory": theory(stable), "ratio_spec": spec_ratio, "ratio_spec_rse": spec_rse,
+        "ratio_spec_rse_theory": theory(spec), "expected_ratio": expected,
+        "expected_spec_ratio": cgm["expected_spec"] / alg1["expected_spec"],
+        "expected_noise_ratio": float(noise),
+        "z_expected": (ratio - expected) / (expected * theory(stable)),
+        "v_inf": 4 * c_norm * (1 - c_norm),
+        "spec": _spec_reference(plan.dataset, eps, bound),
+        "paper": PAPER_RATIO.get((plan.dataset, eps, bound)),
+        "checks": _slot_checks(cgm, alg1),
+    }  # fmt: skip
+
+
 def cgm_rows(
     plan: CgmPlan, cells: dict[tuple[str, float, float], dict[str, Any]], diameter: float
 ) -> dict[str, Any]:
-    """Per (ε, C): CGM's and Alg1's scores, the stable ratio with its relative standard error,
-    the expected ratio given the data (noise-only and with clipping bias) and how many standard
-    errors the ratio lies from it (``z_expected``), ``4C̃(1 − C̃)``,
-    the spec's and the paper's numbers, and the per-slot checks; per ε, the best C."""
+    """Every (ε, C) row (``_cgm_row``), Alg1's scores per ε, and per ε the best C (the lowest
+    stable ratio) and whether the ratio grows with C."""
     rows, best = [], {}
-    stable = slice(plan.slots // 2, None)
     for eps in plan.epsilons:
         alg1 = cells[("Alg1", eps, plan.bounds[0])]
-        noise_a = float(np.sum(alg1["expected_noise"][stable]))
         for bound in plan.bounds:
-            cgm = cells[("CGM", eps, bound)]
-            ratio, rse = _ratio(cgm["mse_stable"], cgm["mse_stable_se"],
-                                alg1["mse_stable"], alg1["mse_stable_se"])  # fmt: skip
-            spec_ratio, spec_rse = _ratio(cgm["mse_spec"], cgm["mse_spec_se"],
-                                          alg1["mse_spec"], alg1["mse_spec_se"])  # fmt: skip
-            c_norm = bound / diameter
-            rows.append({
-                "epsilon": eps, "bound": bound, "cgm": cgm, "ratio": ratio, "ratio_rse": rse,
-                "ratio_spec": spec_ratio, "ratio_spec_rse": spec_rse,
-                "expected_ratio": cgm["expected_stable"] / alg1["expected_stable"],
-                "expected_noise_ratio": float(np.sum(cgm["expected_noise"][stable])) / noise_a,
-                "z_expected": (ratio - cgm["expected_stable"] / alg1["expected_stable"])
-                / (ratio * rse),
-                "v_inf": 4 * c_norm * (1 - c_norm),
-                "spec": _spec_reference(plan.dataset, eps, bound),
-                "paper": PAPER_RATIO.get((plan.dataset, eps, bound)),
-                "checks": _slot_checks(cgm, alg1),
-            })  # fmt: skip
+            rows.append(_cgm_row(plan, eps, bound, cells[("CGM", eps, bound)], alg1, diameter))
         ratios = [r["ratio"] for r in rows if r["epsilon"] == eps]
         best[str(eps)] = {"best_bound": plan.bounds[int(np.argmin(ratios))],
                           "increasing_in_c": bool(np.all(np.diff(ratios) > 0))}  # fmt: skip
     alg1s = {str(e): cells[("Alg1", e, plan.bounds[0])] for e in plan.epsilons}
     return {"rows": rows, "alg1": alg1s, "best_c": best}
+
+
+def _rse(spread: float, theory: float) -> str:
+    """A relative standard error from the repetitions' spread beside the theoretical one."""
+    return f"{100 * spread:3.0f}/{100 * theory:2.0f}%".rjust(8)
 
 
 def _ref(value: tuple[float, float] | float | None) -> str:
@@ -508,8 +544,8 @@ def format_cgm(result: dict[str, Any]) -> str:
         f"T = {p['slots']}, budget per {p['scope']}, δ = {p['delta']:g}; {p['days']} data "
         f"seeds; stable = slots {p['slots'] // 2 + 1}–{p['slots']}; {result['wall_seconds']:.0f} s",
         f"{'ε':>5} {'C':>6} {'reps':>7} {'mse CGM':>9} {'mse Alg1':>9} {'stab CGM':>9} "
-        f"{'stab Alg1':>9} {'ratio':>6} {'±rse':>5}"
-        + (f" {'d≥' + str(p['spec_from']):>6} {'±rse':>5}" if spec_window else "")
+        f"{'stab Alg1':>9} {'ratio':>6} {'±rse/th':>8}"
+        + (f" {'d≥' + str(p['spec_from']):>6} {'±rse/th':>8}" if spec_window else "")
         + f" | {'expect':>6} {'z':>5} {'noise':>6} {'4C̃(1−C̃)':>8} {'spec':>11} {'paper':>5}",
     ]
     lines.append("-" * len(lines[-1]))
@@ -518,8 +554,12 @@ def format_cgm(result: dict[str, Any]) -> str:
         lines.append(
             f"{r['epsilon']:5g} {r['bound']:6g} {c['reps']:>3}/{a['reps']:<3} {c['mse']:9.4g} "
             f"{a['mse']:9.4g} {c['mse_stable']:9.4g} {a['mse_stable']:9.4g} {r['ratio']:6.3f} "
-            f"{100 * r['ratio_rse']:4.0f}%"
-            + (f" {r['ratio_spec']:6.3f} {100 * r['ratio_spec_rse']:4.0f}%" if spec_window else "")
+            f"{_rse(r['ratio_rse'], r['ratio_rse_theory'])}"
+            + (
+                f" {r['ratio_spec']:6.3f} {_rse(r['ratio_spec_rse'], r['ratio_spec_rse_theory'])}"
+                if spec_window
+                else ""
+            )
             + f" | {r['expected_ratio']:6.3f} {r['z_expected']:+5.1f} "
             f"{r['expected_noise_ratio']:6.3f} {r['v_inf']:8.4f} "
             f"{_ref(r['spec']):>11} {_ref(r['paper']):>5}"
@@ -583,8 +623,9 @@ def _core_step(mech: CgmMechanism, states: tuple[Any, Any], values: NDArray[np.f
 
 
 def _noise_std_steps(cfg: CgmConfig, V: float) -> tuple[float, int]:
-    """The public grid's steps per diameter ``K`` and the integer std, in steps, of the exact
-    discrete Gaussian a report at sensitivity ``V`` draws (as ``CgmProtocol._perturb``, d = 1)."""
+    """The public grid's steps per diameter ``K`` and the integer ``s`` of the exact discrete
+    Gaussian (variance parameter ``s(s + 1)`` steps²) a report at sensitivity ``V`` draws, as
+    ``CgmProtocol._perturb`` does for d = 1."""
     steps = grid_steps(cfg.sigma1, cfg.grid_bits)
     return steps, math.ceil((V * steps + 2) * cfg.sigma1)
 
@@ -608,7 +649,7 @@ def _loop_slot(cfg: CgmConfig, values: NDArray[np.float64], clipped: NDArray[np.
         steps, sigma = _noise_std_steps(cfg, V)
         scaled = (x - r * prev) * steps / (hi - lo)
         snapped = math.floor(scaled) + (rng.random() < scaled - math.floor(scaled))
-        z = int(discrete_gaussian(rng, Fraction(sigma * sigma), 1)[0])
+        z = int(discrete_gaussian(rng, Fraction(sigma * (sigma + 1)), 1)[0])
         reports[k] = (snapped + z) * (hi - lo) / steps + r * prev
         total_v += v
     _ = (reports.mean(), cfg.sigma1 * (hi - lo) * math.sqrt(total_v) / values.size)
@@ -694,12 +735,14 @@ def format_cgm_perf(perf: dict[str, Any]) -> str:
 
 CGM_FULL = (
     CgmPlan("taxi", 5000, 48, "stream", (0.25, 0.5, 1.0, 2.0), (0.01, 0.05, 0.1),
-            days=10, alg1_reps=24, cgm_reps=(80, 40, 24)),
+            days=10, alg1_reps=40, cgm_reps=(175, 92, 54)),
     CgmPlan("webtraffic", 20000, 550, "timestamp", (0.25, 2.0), (200.0, 500.0, 1000.0),
-            days=4, alg1_reps=2, cgm_reps=(4, 3, 2), spec_from=50),
+            days=10, alg1_reps=2, cgm_reps=(10, 6, 4), spec_from=50),
 )  # fmt: skip
-"""The spec's S2 and S1 settings (spec cgm §6.5); repetitions chosen per C for the stable
-ratio's relative standard error within the time the section may take (bench/README.md)."""
+"""The spec's S2 and S1 settings (spec cgm §6.5). Repetitions per C: on the taxi-like stream
+enough for a relative standard error of the stable ratio ≤ 10 % (one repetition's is 1.2, 0.85
+and 0.6 for C = 0.01, 0.05, 0.1, Alg1's 0.29); on the web-traffic-like stream, where one
+repetition costs 10⁷ exact draws, what the section's ten minutes allow (bench/README.md)."""
 CGM_QUICK = (
     CgmPlan("taxi", 1000, 48, "stream", (0.25, 0.5, 1.0, 2.0), (0.01, 0.05, 0.1),
             days=2, alg1_reps=3, cgm_reps=(3, 3, 3)),
