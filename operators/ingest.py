@@ -9,6 +9,7 @@ is a duplicate). Everything refused becomes a dead letter with a machine-readabl
 from __future__ import annotations
 
 import itertools
+import json
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -51,13 +52,17 @@ class Ingest(Registration):
         return values.ndim == 1
 
     def _reject_all(self, batch: EventBatch, reason: str, detail: str) -> list[Output]:
-        return [
-            (
-                "dead_letter",
-                DeadLetter(reason, batch.stream, batch.row_text(i), detail, batch.row_original(i)),
-            )
-            for i in range(len(batch))
-        ]
+        """Every row of ``batch`` as a dead letter. This also runs after a failure, so a row
+        that cannot be rendered still becomes a dead letter (naming only its stream), never a
+        second exception that would end the process."""
+        out: list[Output] = []
+        for i in range(len(batch)):
+            try:
+                text, original = batch.row_text(i), batch.row_original(i)
+            except Exception:  # a malformed in-process batch: keep the row, not its content
+                text, original = json.dumps({"stream": batch.stream}), None
+            out.append(("dead_letter", DeadLetter(reason, batch.stream, text, detail, original)))
+        return out
 
     def _user_index(
         self, state: StreamState, batch: EventBatch, ok: NDArray[np.bool_]

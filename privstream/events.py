@@ -114,10 +114,11 @@ class EventBatch:
         """The original line of row ``i``, or an equivalent JSON object."""
         if self.raw is not None:
             return line_text(self.raw[i]).strip()
-        user = self.users[i]
+        user, value = self.users[i], self.values[i]
         return json.dumps(
             {"stream": self.stream, "user": user.item() if hasattr(user, "item") else user,
-             "slot": int(self.slots[i]), "value": float(self.values[i])}
+             "slot": int(self.slots[i]),
+             "value": value.tolist() if value.ndim else float(value)}
         )  # fmt: skip
 
 

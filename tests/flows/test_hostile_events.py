@@ -102,3 +102,13 @@ def test_a_marker_before_any_event_is_counted_and_closes_nothing() -> None:
     out = run([marker(7), *[slot(t) for t in range(1, 4)]])
     assert [r["slot"] for r in out["releases"]] == [1, 2, 3]
     assert ignored("before_any_event") == before + 1
+
+
+def test_vector_values_for_a_histogram_stream_are_dead_letters_not_a_crash() -> None:
+    """A batch of list values (vectors) sent to a stream that releases histograms: every row
+    is an ``out_of_domain`` dead letter, and the stream goes on with the next good slot."""
+    vectors = EventBatch("s", np.full(N, 2), np.arange(N), np.ones((N, 3)), None, 2)
+    out = run([slot(1), vectors, slot(3)])
+    assert [d.reason for d in out["dead_letters"]] == ["out_of_domain"] * N
+    assert [r["slot"] for r in out["releases"]] == [1, 2, 3]
+    assert not [e for e in out["ledger"] if e.get("kind") == "halt"]
