@@ -41,6 +41,7 @@ from privstream.connectors.control import StopSignal
 from privstream.connectors.json_events import parse_json_batch, parse_json_lines
 from privstream.connectors.jsonl import to_json
 from privstream.connectors.kafka_health import (
+    CONSUMER_LAG,
     DEFAULT_STALL_SECONDS,
     FAULTS,
     SOURCE,
@@ -276,6 +277,8 @@ class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int]]):
         self._stop = stop
         self._eof = False
         self._awake: datetime | None = None
+        self._watermark_of = TopicPartition(topic, partition)
+        self._lag = CONSUMER_LAG.labels(topic=topic, partition=str(partition))
         health = ClientHealth(SOURCE, topic, stall_seconds, f"partition {partition}")
         self._probe = Probe(  # started by the worker's first poll
             health, lambda timeout: topic_exists(consumer, topic, timeout), cluster_name(config)
@@ -304,6 +307,7 @@ class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int]]):
             if len(values) - got < want:  # the wait is over or the partition ended
                 break
         self._awake = None if values else datetime.now(timezone.utc) + self._IDLE
+        self._report_lag()
         if poll.first is None:
             return []
         self._probe.health.progressed()
@@ -338,6 +342,13 @@ class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int]]):
             if poll.offsets is not None:
                 poll.offsets.extend(m.offset() for m in messages[:good])
             self._offset = end + 1
+
+    def _report_lag(self) -> None:
+        """``privstream_internal_consumer_lag`` from the high watermark of the last fetch
+        response (cached by librdkafka: no request), once the broker has reported one."""
+        _low, high = self._consumer.get_watermark_offsets(self._watermark_of, cached=True)
+        if high >= 0:
+            self._lag.set(max(high - self._offset, 0))
 
     def next_awake(self) -> datetime | None:
         return self._awake

@@ -11,6 +11,9 @@ that returned data, a delivered batch, librdkafka's ``error_cb``) it keeps:
   broker, 0 while one does not (a probe unanswered within its timeout, a transport error);
 * ``privstream_internal_last_progress_timestamp_seconds{client}`` (internal): the Unix time of
   the last consumed batch or delivered output batch;
+* ``privstream_internal_consumer_lag{topic, partition}`` (internal): messages between a source
+  partition's position and the high watermark of the broker's last fetch response (librdkafka's
+  cached watermark: no extra request, and right where Tansu's ListOffsets answer is not);
 * a warning on the log, at most once per ``max(stall_seconds, 60)`` seconds per client, once a
   source has heard nothing from the broker for ``stall_seconds`` (no data and no answer) or a sink
   has had messages waiting for ``stall_seconds`` without a delivery; and one when it recovers;
@@ -46,6 +49,14 @@ LAST_PROGRESS: Final = Gauge(
     "Unix time of the last consumed input batch (client=source) or delivered output batch "
     "(client=sink).",
     ["client"],
+    registry=INTERNAL,
+)
+# Internal: how many input messages wait to be read tells how many events arrive.
+CONSUMER_LAG: Final = Gauge(
+    INTERNAL_PREFIX + "consumer_lag",
+    "Messages between a source partition's read position and its high watermark, as the "
+    "broker last reported it in a fetch response (absent until it has reported one).",
+    ["topic", "partition"],
     registry=INTERNAL,
 )
 DEAD_LETTERS_UNDELIVERABLE: Final = Counter(

@@ -1024,9 +1024,22 @@ def collect(args: argparse.Namespace) -> Collector:
 
 def main(args: argparse.Namespace) -> int:
     """``privstream audit``: print the report (and write it to ``--json``); 0 when every check
-    holds, 1 when one fails (input errors raise: the CLI turns them into 2)."""
+    holds, 1 when one fails (input errors raise: the CLI turns them into 2). With
+    ``--metrics-port`` the verdict is served for ``--linger`` seconds afterwards (also when
+    the inputs could not be read: then it says the audit failed)."""
+    from privstream.audit_metrics import AuditMetrics
+
     started = time.perf_counter()
-    collector = collect(args)
+    metrics = (
+        None if args.metrics_port is None else AuditMetrics(args.metrics_port, args.metrics_addr)
+    )
+    try:
+        collector = collect(args)
+    except Exception:
+        if metrics is not None:
+            metrics.record(None, time.time())
+            metrics.linger(args.linger)
+        raise
     report = audit(collector, population=args.population, expect_slots=args.expect_slots)
     text = json.dumps(report, indent=2)
     print(text)
@@ -1038,4 +1051,7 @@ def main(args: argparse.Namespace) -> int:
         f"({collector.records:,} lines in {time.perf_counter() - started:.1f} s)",
         file=sys.stderr,
     )
+    if metrics is not None:
+        metrics.record(report, time.time())
+        metrics.linger(args.linger)
     return 0 if report["ok"] else 1

@@ -436,6 +436,20 @@ def _demo_audit(commands: Any) -> None:
     )
     audit.add_argument("--json", metavar="FILE", help="also write the report to this file")
     audit.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+    audit.add_argument(
+        "--metrics-port", type=int, metavar="PORT",
+        help="after the audit, serve its verdict as Prometheus metrics (privstream_audit_*) on "
+        "this port for --linger seconds, so a periodic job is scraped before it exits",
+    )  # fmt: skip
+    audit.add_argument(
+        "--metrics-addr", default="127.0.0.1", metavar="ADDR",
+        help="address of that server (default %(default)s; 0.0.0.0 in a pod)",
+    )  # fmt: skip
+    audit.add_argument(
+        "--linger", type=_positive_float, default=60.0, metavar="S",
+        help="seconds to serve the verdict after the audit (default %(default)s; longer than "
+        "two scrape intervals; SIGTERM ends it early)",
+    )  # fmt: skip
 
 
 def _kafka_settings(args: argparse.Namespace) -> Any:

@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -696,3 +697,110 @@ def test_an_empty_output_fails_the_audit(tmp_path: Path) -> None:
         "count": 0,
         "detail": "nothing was read",
     }
+
+
+# -- the verdict as Prometheus metrics (``--metrics-port``, a periodic job in deploy/) ---------
+
+
+def _serve_audit(tmp_path: Path, releases: list[str], ledger: list[str], *flags: str) -> Any:
+    """``privstream audit ... --metrics-port P --linger 60`` as its own process: (process, its
+    metrics text once the verdict is served)."""
+    from privstream.connectors.broker import free_port
+    from tests.integration.prometheus import scrape_until
+
+    paths = tmp_path / "r.jsonl", tmp_path / "l.jsonl"
+    for path, lines in zip(paths, (releases, ledger), strict=True):
+        path.write_text("".join(line + "\n" for line in lines))
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "privstream.cli", "audit", "--releases", str(paths[0]),
+         "--ledger", str(paths[1]), "--no-progress", "--metrics-port", str(port), "--linger",
+         "60", *flags],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    text = scrape_until(port, lambda t: "privstream_audit_passed " in t, _alive(process))
+    return process, text
+
+
+def _alive(process: Any) -> Callable[[], None]:
+    def check() -> None:
+        if process.poll() is not None:
+            pytest.fail(f"the audit exited with {process.returncode}: {process.stderr.read()}")
+
+    return check
+
+
+def _samples(text: str) -> dict[str, float]:
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("privstream_audit_")
+    }
+
+
+def _stop(process: Any) -> tuple[int, str]:
+    """SIGTERM ends the linger at once; the audit's own exit status and stderr."""
+    process.terminate()
+    _out, err = process.communicate(timeout=10)
+    return process.returncode, err
+
+
+def test_a_passing_audit_serves_its_verdict_until_sigterm(tmp_path: Path, ldp: Run) -> None:
+    process, text = _serve_audit(tmp_path, ldp.releases, ldp.ledger, "--population", str(USERS))
+    samples = _samples(text)
+    assert samples["privstream_audit_passed"] == 1.0
+    checks = {k: v for k, v in samples.items() if k.startswith("privstream_audit_check_passed")}
+    assert checks == {
+        f'privstream_audit_check_passed{{check="{name}"}}': 1.0
+        for name in ("inputs", "well_formed", "complete_slots", "unique_payloads",
+                     "window_budget", "declared_spend", "population_accountant", "no_user_ids",
+                     "something_read")
+    }  # fmt: skip
+    assert samples["privstream_audit_releases"] == samples["privstream_audit_ledger_entries"]
+    assert samples["privstream_audit_releases"] == 7 * SLOTS
+    assert abs(samples["privstream_audit_last_run_timestamp_seconds"] - time.time()) < 60
+    assert _stop(process)[0] == 0
+
+
+def test_a_failing_audit_serves_0_and_names_the_check(tmp_path: Path, ldp: Run) -> None:
+    ledger = edit(ldp.ledger, at("LBU", 12), lambda r: r["classes"][0].update(charged=9.0))
+    process, text = _serve_audit(tmp_path, ldp.releases, ledger)
+    samples = _samples(text)
+    assert samples["privstream_audit_passed"] == 0.0
+    assert samples['privstream_audit_check_passed{check="window_budget"}'] == 0.0
+    assert samples['privstream_audit_check_passed{check="no_user_ids"}'] == 1.0
+    assert _stop(process)[0] == 1
+
+
+def test_an_audit_that_cannot_read_its_inputs_serves_0(tmp_path: Path) -> None:
+    """A broken audit job (a missing file, topic or broker) is a failed audit, not silence."""
+    from privstream.connectors.broker import free_port
+    from tests.integration.prometheus import scrape_until
+
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "privstream.cli", "audit", "--releases", str(tmp_path / "none"),
+         "--ledger", str(tmp_path / "none2"), "--metrics-port", str(port), "--linger", "60"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    samples = _samples(
+        scrape_until(port, lambda t: "privstream_audit_passed " in t, _alive(process))
+    )
+    assert samples["privstream_audit_passed"] == 0.0
+    assert samples['privstream_audit_check_passed{check="inputs"}'] == 0.0
+    assert "privstream_audit_releases" not in samples  # nothing was read: no count at all
+    status, err = _stop(process)
+    assert status == 2 and "no such file" in err.lower() and "Traceback" not in err
+
+
+def test_a_taken_metrics_port_is_an_input_error(
+    tmp_path: Path, ldp: Run, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        status = main(["audit", "--releases", "r", "--ledger", "l", "--metrics-port", str(port)])
+    assert status == 2 and "cannot serve the audit's metrics" in capsys.readouterr().err

@@ -109,6 +109,7 @@ def test_readme_documents_every_exported_metric() -> None:
             "privstream_internal_step_seconds",
             "privstream_internal_last_progress_timestamp_seconds",
             "privstream_internal_dead_letters_undeliverable_total",
+            "privstream_internal_consumer_lag",
         }
     )
     for phrase in ("true event counts", "--internal-metrics-port", "same access as the input"):

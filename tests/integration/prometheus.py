@@ -312,18 +312,7 @@ class FlowProcess:
     ) -> str:
         """The first exposition (of the endpoint on ``port``, by default the public
         ``/metrics``) for which ``condition`` holds."""
-        deadline = time.monotonic() + timeout
-        while True:
-            self.check_alive()
-            try:
-                text = self.metrics(port)
-                if condition(text):
-                    return text
-            except (urllib.error.URLError, OSError):
-                text = ""
-            if time.monotonic() > deadline:
-                pytest.fail(f"the flow's /metrics never showed {what}; last:\n{text[-3000:]}")
-            time.sleep(0.1)
+        return scrape_until(port or self.metrics_port, condition, self.check_alive, timeout, what)
 
     def terminate(self, timeout: float = 30.0) -> int:
         """SIGTERM, then the exit code (fails when the flow does not stop in ``timeout`` s)."""
@@ -343,6 +332,32 @@ class FlowProcess:
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait()
+
+
+def scrape_until(
+    port: int,
+    condition: Callable[[str], bool],
+    check_alive: Callable[[], None] | None = None,
+    timeout: float = 30.0,
+    what: str = "what the test waits for",
+) -> str:
+    """The first text of ``http://127.0.0.1:port/metrics`` for which ``condition`` holds;
+    ``check_alive`` fails the test early once the server's process is gone."""
+    deadline = time.monotonic() + timeout
+    text = ""
+    while True:
+        if check_alive is not None:
+            check_alive()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+                text = answer.read().decode("utf-8")
+            if condition(text):
+                return text
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"/metrics on :{port} never showed {what}; last:\n{text[-3000:]}")
+        time.sleep(0.1)
 
 
 def read_keyed(
