@@ -1,7 +1,8 @@
 """A real Prometheus server for the integration tests (design §9, §10).
 
 ``ensure_prometheus`` finds ``prometheus`` and ``promtool`` on PATH and, on a fresh machine,
-installs Debian's ``prometheus`` package itself (``apt-get``, through ``sudo -n`` when not root).
+installs Debian's ``prometheus`` package itself (``apt-get``, through ``sudo -n`` when not root);
+``ensure_alertmanager`` and ``ensure_chromium`` do the same for Alertmanager and Chromium.
 When that is impossible the test fails with the reason: a metrics test that silently skips
 checks nothing.
 
@@ -27,7 +28,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -40,14 +41,13 @@ from privstream.connectors.kafka import KafkaSettings, wait_for_messages
 
 from .service import Managed
 
-BINARIES = ("prometheus", "promtool")
 # Serialises the installers of parallel test processes (pytest-xdist workers).
-INSTALL_LOCK = Path(tempfile.gettempdir()) / f"privstream-prometheus-install-{os.getuid()}.lock"
+INSTALL_LOCK = Path(tempfile.gettempdir()) / f"privstream-apt-install-{os.getuid()}.lock"
 
 
-def _found() -> dict[str, str] | None:
+def _found(binaries: Sequence[str]) -> dict[str, str] | None:
     paths = {}
-    for name in BINARIES:
+    for name in binaries:
         path = shutil.which(name) or next(
             (p for p in (f"/usr/bin/{name}", f"/usr/local/bin/{name}") if os.access(p, os.X_OK)),
             None,
@@ -58,62 +58,83 @@ def _found() -> dict[str, str] | None:
     return paths
 
 
-def _install() -> None:
-    """``apt-get install prometheus`` (Debian's package ships both binaries); fails the test
-    with apt's own words when that is not possible."""
+def _install(package: str) -> None:
+    """``apt-get install <package>``; fails the test with apt's own words when that is not
+    possible."""
     if shutil.which("apt-get") is None:
         pytest.fail(
-            "Prometheus is needed by this test and is not installed, and this machine has no "
-            "apt-get to install Debian's `prometheus` package; install prometheus and promtool "
-            "on PATH"
+            f"Debian's `{package}` package is needed by this test and is not installed, and this "
+            "machine has no apt-get to install it; install its programs on PATH"
         )
     prefix: list[str] = []
     if os.geteuid() != 0:
         if shutil.which("sudo") is None:
             pytest.fail(
-                "Prometheus is not installed and installing Debian's `prometheus` package needs "
-                "root, but sudo is not available; run `apt-get install prometheus` as root"
+                f"`{package}` is not installed and installing Debian's package needs root, but "
+                f"sudo is not available; run `apt-get install {package}` as root"
             )
         prefix = ["sudo", "-n"]  # never wait for a password prompt
     apt = [*prefix, "env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "-q"]
     wait = ["-o", "DPkg::Lock::Timeout=300"]
     for step in (
         [*apt, *wait, "update"],
-        [*apt, *wait, "install", "-y", "--no-install-recommends", "prometheus"],
+        [*apt, *wait, "install", "-y", "--no-install-recommends", package],
     ):
         try:
             done = subprocess.run(step, capture_output=True, text=True, timeout=900)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            pytest.fail(f"cannot install Prometheus: `{' '.join(step)}` failed: {exc}")
+            pytest.fail(f"cannot install {package}: `{' '.join(step)}` failed: {exc}")
         if done.returncode != 0:
             pytest.fail(
-                f"cannot install Prometheus: `{' '.join(step)}` exited {done.returncode}:\n"
+                f"cannot install {package}: `{' '.join(step)}` exited {done.returncode}:\n"
                 f"{(done.stderr or done.stdout)[-2000:]}"
             )
 
 
-def ensure_prometheus() -> dict[str, str]:
-    """Paths of ``prometheus`` and ``promtool``, installing Debian's package when missing."""
-    paths = _found()
+def ensure_debian(package: str, binaries: Sequence[str]) -> dict[str, str]:
+    """Paths of ``binaries``, installing Debian's ``package`` when one is missing (a test that
+    silently skips checks nothing, so failing to install fails the test with the reason)."""
+    paths = _found(binaries)
     if paths is not None:
         return paths
     with open(INSTALL_LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one installer at a time; the others then find it
-        paths = _found()
+        paths = _found(binaries)
         if paths is None:
-            _install()
-            paths = _found()
+            _install(package)
+            paths = _found(binaries)
     if paths is None:
         pytest.fail(
-            "installed Debian's `prometheus` package, but `prometheus`/`promtool` are still not "
+            f"installed Debian's `{package}` package, but {', '.join(binaries)} are still not "
             "found on PATH or in /usr/bin"
         )
     return paths
 
 
-def scrape_config(targets: Sequence[str], job: str = "privstream") -> str:
-    """A Prometheus configuration scraping ``targets`` every second (JSON is valid YAML)."""
-    config = {
+def ensure_prometheus() -> dict[str, str]:
+    """Paths of ``prometheus`` and ``promtool`` (Debian's ``prometheus``)."""
+    return ensure_debian("prometheus", ("prometheus", "promtool"))
+
+
+def ensure_alertmanager() -> dict[str, str]:
+    """Paths of ``prometheus-alertmanager`` and ``amtool`` (Debian's
+    ``prometheus-alertmanager``)."""
+    return ensure_debian("prometheus-alertmanager", ("prometheus-alertmanager", "amtool"))
+
+
+def ensure_chromium() -> str:
+    """Path of Debian's headless-capable ``chromium``."""
+    return ensure_debian("chromium", ("chromium",))["chromium"]
+
+
+def scrape_config(
+    jobs: Mapping[str, Sequence[str]],
+    rule_files: Sequence[Path] = (),
+    alertmanagers: Sequence[str] = (),
+) -> str:
+    """A Prometheus configuration scraping each job's targets every second, evaluating
+    ``rule_files`` every second and sending alerts to ``alertmanagers`` (JSON is valid YAML)."""
+    config: dict[str, Any] = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "scrape_configs": [
             {
@@ -123,8 +144,15 @@ def scrape_config(targets: Sequence[str], job: str = "privstream") -> str:
                 "metrics_path": "/metrics",
                 "static_configs": [{"targets": list(targets)}],
             }
+            for job, targets in jobs.items()
         ],
     }
+    if rule_files:
+        config["rule_files"] = [str(path) for path in rule_files]
+    if alertmanagers:
+        config["alerting"] = {
+            "alertmanagers": [{"static_configs": [{"targets": list(alertmanagers)}]}]
+        }
     return json.dumps(config, indent=2) + "\n"
 
 
@@ -140,13 +168,26 @@ class PrometheusServer(Managed):
     """``prometheus`` scraping ``targets``, on a free loopback port; a context manager.
 
     Args:
-        targets: ``host:port`` of the endpoints to scrape.
+        targets: ``host:port`` of the endpoints to scrape (job ``job``), or job → targets.
         workdir: directory for the configuration, the TSDB and the server's log.
+        rule_files: recording and alerting rules to evaluate (every second).
+        alertmanagers: ``host:port`` of the Alertmanagers that receive its alerts.
+        user_assets: a directory served at ``/user/`` (``--web.user-assets``).
     """
 
-    def __init__(self, targets: Sequence[str], workdir: Path, job: str = "privstream") -> None:
+    def __init__(
+        self,
+        targets: Sequence[str] | Mapping[str, Sequence[str]],
+        workdir: Path,
+        job: str = "privstream",
+        *,
+        rule_files: Sequence[Path] = (),
+        alertmanagers: Sequence[str] = (),
+        user_assets: Path | None = None,
+    ) -> None:
         self.paths = ensure_prometheus()
-        self.job = job
+        jobs = targets if isinstance(targets, Mapping) else {job: targets}
+        self.user_assets = user_assets
         self.workdir = workdir
         self.config = workdir / "prometheus.yml"
         self.log_path = workdir / "prometheus.log"
@@ -154,7 +195,7 @@ class PrometheusServer(Managed):
         self._process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         workdir.mkdir(parents=True, exist_ok=True)
-        self.config.write_text(scrape_config(targets, job))
+        self.config.write_text(scrape_config(jobs, rule_files, alertmanagers))
         check = subprocess.run(
             [self.paths["promtool"], "check", "config", str(self.config)],
             capture_output=True,
@@ -189,6 +230,7 @@ class PrometheusServer(Managed):
                     f"--config.file={self.config}",
                     f"--storage.tsdb.path={tsdb}",
                     f"--web.listen-address=127.0.0.1:{self.port}",
+                    *([f"--web.user-assets={self.user_assets}"] if self.user_assets else []),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=self._log,
