@@ -97,6 +97,7 @@ PUBLIC_METRICS: Final[frozenset[str]] = frozenset(
         "privstream_class_window_budget_spent",
         "privstream_class_window_budget_remaining",
         "privstream_class_users",
+        "privstream_class_epsilon",
         # the population's composed budget, per stream
         "privstream_population_epsilon",
         "privstream_population_window",
@@ -256,6 +257,11 @@ def _class_families(accounts: dict[tuple[str, str], _Account]) -> Iterator[Metri
         "Registered users in the privacy class (public metadata).",
         labels=class_labels,
     )
+    epsilon = GaugeMetricFamily(
+        PREFIX + "class_epsilon",
+        "The privacy class's window budget ε_c: its spend must never exceed it.",
+        labels=class_labels,
+    )
     for (stream, mechanism), account in sorted(accounts.items()):
         entry = account.tally.last_ledger
         for c in entry.classes if entry is not None else ():
@@ -264,7 +270,8 @@ def _class_families(accounts: dict[tuple[str, str], _Account]) -> Iterator[Metri
             spent.add_metric(labels, c_spent)
             remaining.add_metric(labels, max(c.epsilon - c_spent, 0.0))
             users.add_metric(labels, c.users)
-    yield from (spent, remaining, users)
+            epsilon.add_metric(labels, c.epsilon)
+    yield from (spent, remaining, users, epsilon)
 
 
 def _account_families(accounts: dict[tuple[str, str], _Account]) -> Iterator[Metric]:

@@ -125,6 +125,7 @@ def test_operational_metrics_live_in_the_internal_registry_only() -> None:
         INTERNAL_PREFIX + "last_progress_timestamp_seconds",
         INTERNAL_PREFIX + "dead_letters_undeliverable_total",
         INTERNAL_PREFIX + "step_seconds",
+        INTERNAL_PREFIX + "consumer_lag",
     }
     assert (
         INTERNAL.get_sample_value(INTERNAL_PREFIX + "events_total", {"stream": "unit"}) or 0
@@ -216,3 +217,11 @@ def test_ledger_gauges_read_the_entry_envelope_and_its_details() -> None:
         (("class", "w4_e1"), *pbd_labels): 7.0,
         (("class", "w2_e2"), *pbd_labels): 3.0,
     }
+    # per class, the spend is compared with the class's own ε_c: the personalized mechanism's
+    # worst class spent 1.5 of its 2.0, above the stream default ε = 1.0 and yet within budget
+    assert got["privstream_class_epsilon"] == {
+        (("class", "w10_e0.5"), *lpu_labels): 0.5,
+        (("class", "w4_e1"), *pbd_labels): 1.0,
+        (("class", "w2_e2"), *pbd_labels): 2.0,
+    }
+    assert got["privstream_window_budget_spent"][pbd_labels] > got["privstream_epsilon"][pbd_labels]
