@@ -22,7 +22,7 @@ from .prometheus import FlowProcess, PrometheusServer
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "rules" / "privstream.rules.yml"
-HALTED = "PrivstreamStreamHalted"
+HALTED = "PrivstreamHalted"
 USERS, SLOTS, HALT_AT = 1000, 12, 5
 
 
