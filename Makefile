@@ -40,10 +40,13 @@ demo: $(STAMP) ## Run the main job: embedded Kafka broker, synthetic events, all
 chaos: $(STAMP) ## Long chaos round: 60 kills, outages and hostile messages, audited (writes chaos-out/)
 	$(BIN)/python -m tests.integration.chaos --kills 60 --users 5000 --slots 200 --workdir chaos-out
 
+image: $(STAMP) ## Build the container image localhost/privstream:latest, no registry needed (deploy/build-image.sh)
+	deploy/build-image.sh
+
 bench: $(STAMP) ## Reproduction and performance benchmarks (writes bench/results/)
 	$(BIN)/python bench/run.py
 
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis demo-out chaos-out
 
-.PHONY: help install test test-fast format lint demo bench chaos clean
+.PHONY: help install test test-fast format lint demo bench chaos image clean

@@ -122,6 +122,7 @@ def test_the_docs_stand_alone() -> None:
         README,
         *sorted((README.parent / "docs").rglob("*.md")),
         README.parent / "bench" / "README.md",
+        *sorted((README.parent / "deploy").rglob("*.md")),
     ]
     for page in pages:
         text = page.read_text()

@@ -1,0 +1,68 @@
+#!/bin/sh
+# privstream's container entrypoint (deploy/README.md).
+#
+#   entrypoint.sh [FLAG ...]        privstream run "$PRIVSTREAM_FAMILY" with the production
+#                                   fixed parts below, then FLAG ... (mechanisms, topics, ε, w)
+#   entrypoint.sh audit [FLAG ...]  privstream audit FLAG ... (the audit CronJob)
+#   entrypoint.sh --help            this text and privstream's help
+#
+# The fixed parts of a flow, each overridable from the environment (default in brackets):
+#   PRIVSTREAM_FAMILY                 the flow's family, e.g. ldp-ids (required)
+#   PRIVSTREAM_SECRET_FILE            the noise key, mounted from a Secret
+#                                     [/var/run/secrets/privstream/noise.key]
+#   PRIVSTREAM_RECOVERY_DIR           the recovery store, on the persistent volume
+#                                     [/var/lib/privstream/recovery]
+#   PRIVSTREAM_METRICS_ADDR/_PORT     public metrics [0.0.0.0:9100]
+#   PRIVSTREAM_INTERNAL_METRICS_ADDR/_PORT
+#                                     internal metrics: true counts, operators' Prometheus
+#                                     only (a NetworkPolicy guards it) [0.0.0.0:9101]
+# Kafka: privstream reads PRIVSTREAM_BOOTSTRAP and PRIVSTREAM_KAFKA_<PROPERTY> itself.
+#
+# A flow refuses to start (exit 2) without a non-empty key file: privstream would otherwise
+# stop on the same error, but later and with less advice. The key itself is never printed.
+# `exec` makes privstream the process that receives SIGTERM: it drains, snapshots, exits 0.
+set -eu
+
+fail() {
+    printf 'privstream-entrypoint: %s\n' "$*" >&2
+    exit 2
+}
+
+usage() {
+    sed -n '2,22s/^# \{0,1\}//p' "$0"
+}
+
+case "${1:-}" in
+audit)
+    shift
+    exec privstream audit "$@"
+    ;;
+-h | --help)
+    if [ -n "${PRIVSTREAM_FAMILY:-}" ]; then
+        exec privstream run "$PRIVSTREAM_FAMILY" --help
+    fi
+    usage
+    exec privstream --help
+    ;;
+esac
+
+family=${PRIVSTREAM_FAMILY:-}
+[ -n "$family" ] || fail "set PRIVSTREAM_FAMILY to the flow's family (privstream run --help lists them)"
+
+secret_file=${PRIVSTREAM_SECRET_FILE:-/var/run/secrets/privstream/noise.key}
+if [ ! -f "$secret_file" ] || [ ! -s "$secret_file" ]; then
+    fail "refusing to start: the noise key file $secret_file is missing or empty; create" \
+        "the flow's Secret once and mount it there (deploy/README.md, 'The noise key')"
+fi
+[ -r "$secret_file" ] || fail "refusing to start: the noise key file $secret_file is not" \
+    "readable by uid $(id -u) (mount the Secret with the pod's fsGroup)"
+
+exec privstream run "$family" \
+    --secret-file "$secret_file" \
+    --recovery-dir "${PRIVSTREAM_RECOVERY_DIR:-/var/lib/privstream/recovery}" \
+    --metrics-addr "${PRIVSTREAM_METRICS_ADDR:-0.0.0.0}" \
+    --metrics-port "${PRIVSTREAM_METRICS_PORT:-9100}" \
+    --internal-metrics-addr "${PRIVSTREAM_INTERNAL_METRICS_ADDR:-0.0.0.0}" \
+    --internal-metrics-port "${PRIVSTREAM_INTERNAL_METRICS_PORT:-9101}" \
+    --no-progress \
+    "$@"

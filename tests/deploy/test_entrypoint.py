@@ -1,0 +1,186 @@
+"""deploy/entrypoint.sh, the container's entrypoint, run as the container runs it, against the
+embedded broker: a flow keyed by the mounted secret, with its recovery store and both metrics
+endpoints, stopped by SIGTERM (the entrypoint execs privstream, so the signal reaches it) and
+resumed to ``--slots T``; ``entrypoint.sh audit`` with the CronJob's flags passes its output
+and serves the verdict on its metrics port. Without a usable noise key the entrypoint refuses
+to start, exit 2, with a message and without printing the key."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from privstream.connectors.broker import EmbeddedBroker, free_port
+from privstream.connectors.kafka import KafkaSettings
+from tests.integration.conftest import Topics, cli_env, read_json, run_cli, write_secret
+
+ENTRYPOINT = Path(__file__).resolve().parents[2] / "deploy" / "entrypoint.sh"
+USERS, EPSILON, WINDOW = 300, 1.0, 5
+
+
+def entrypoint_env(tmp_path: Path, key: Path, **extra: str) -> dict[str, str]:
+    """The container's environment, with test paths and free loopback ports instead of the
+    production defaults, and this interpreter's ``privstream`` on PATH."""
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    return cli_env(
+        PATH=path,
+        PRIVSTREAM_FAMILY="ldp-ids",
+        PRIVSTREAM_SECRET_FILE=str(key),
+        PRIVSTREAM_RECOVERY_DIR=str(tmp_path / "recovery"),
+        PRIVSTREAM_METRICS_ADDR="127.0.0.1",
+        PRIVSTREAM_METRICS_PORT=str(free_port()),
+        PRIVSTREAM_INTERNAL_METRICS_ADDR="127.0.0.1",
+        PRIVSTREAM_INTERNAL_METRICS_PORT=str(free_port()),
+        **extra,
+    )
+
+
+def flow_args(topics: Topics) -> list[str]:
+    """What a StatefulSet's args choose: mechanism, population, ε, w, topics."""
+    return [
+        "--mechanism", "LBU", "--users", str(USERS), "--epsilon", str(EPSILON),
+        "--window", str(WINDOW), "--input-topic", topics.events, "--output-topic",
+        topics.releases, "--ledger-topic", topics.ledger, "--dead-letter-topic", topics.dlq,
+    ]  # fmt: skip
+
+
+def produce(kafka: KafkaSettings, topics: Topics, first: int, last: int) -> None:
+    run_cli(
+        "produce", "--bootstrap", kafka.bootstrap, "--topic", topics.events, "--dataset", "sin",
+        "--users", str(USERS), "--first-slot", str(first), "--slots", str(last), "--no-progress",
+    )  # fmt: skip
+
+
+def scrape(port: str, process: subprocess.Popen[str], until: str = "", timeout: float = 60) -> str:
+    """The text of ``http://127.0.0.1:port/metrics`` once it answers with ``until`` in it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
+                text = str(page.read().decode())
+            if until in text:
+                return text
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, f"no metrics with {until!r} on port {port}"
+        time.sleep(0.2)
+
+
+def stop(process: subprocess.Popen[str]) -> tuple[str, str]:
+    """SIGTERM to the process alone, as the kubelet sends it to the container's first process;
+    its output once it exited. Whatever is left of its session is killed after 60 s."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        return process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        raise
+
+
+def test_a_flow_runs_stops_on_sigterm_resumes_and_passes_the_audit(
+    broker: EmbeddedBroker, kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    topics = Topics(kafka)
+    key = write_secret(tmp_path / "noise.key")
+    env = entrypoint_env(tmp_path, key, PRIVSTREAM_BOOTSTRAP=broker.bootstrap)
+    flow = subprocess.Popen(
+        [str(ENTRYPOINT), *flow_args(topics)], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        public = scrape(env["PRIVSTREAM_METRICS_PORT"], flow)
+        internal = scrape(env["PRIVSTREAM_INTERNAL_METRICS_PORT"], flow)
+        command = Path(f"/proc/{flow.pid}/cmdline").read_bytes().split(b"\0")
+        produce(kafka, topics, 1, 3)
+        read_json(kafka, topics.releases, 3)
+    finally:
+        out, err = stop(flow)
+    assert flow.returncode == 0, err[-3000:]
+    assert "received SIGTERM" in err
+    assert "privstream_epsilon" in public and "privstream_internal_" not in public
+    assert "privstream_internal_" in internal
+    assert b"run" in command and not any(b"entrypoint" in arg for arg in command)  # exec'd
+    assert list((tmp_path / "recovery").glob("*.sqlite3"))
+
+    produce(kafka, topics, 4, 5)
+    resumed = subprocess.run(
+        [str(ENTRYPOINT), *flow_args(topics), "--slots", "5"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    secret = key.read_text().strip()
+    assert secret not in out + err + resumed.stdout + resumed.stderr
+
+    check_audit(env, topics)
+
+
+def check_audit(env: dict[str, str], topics: Topics) -> None:
+    """``entrypoint.sh audit`` with the CronJob's metrics flags: the verdict is served while
+    the audit lingers, SIGTERM ends the lingering and the audit's status is the exit code."""
+    port = str(free_port())
+    audit = subprocess.Popen(
+        [str(ENTRYPOINT), "audit", "--release-topic", topics.releases, "--ledger-topic",
+         topics.ledger, "--population", str(USERS), "--expect-slots", "5", "--no-progress",
+         "--metrics-port", port, "--metrics-addr", "127.0.0.1", "--linger", "120"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        verdict = scrape(port, audit, until="privstream_audit_passed ")
+    finally:
+        out, err = stop(audit)
+    assert audit.returncode == 0, out[-3000:] + err[-3000:]
+    assert "privstream_audit_passed 1.0" in verdict
+    report = json.loads(out)
+    assert report["ok"] and report["counts"]["releases"] == 5
+
+
+@pytest.mark.parametrize("content", [None, ""], ids=["missing", "empty"])
+def test_no_key_file_no_start(tmp_path: Path, content: str | None) -> None:
+    key = tmp_path / "noise.key"
+    if content is not None:
+        key.write_text(content)
+    done = subprocess.run(
+        [str(ENTRYPOINT), "--mechanism", "LBU"],
+        env=entrypoint_env(tmp_path, key), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert f"the noise key file {key} is missing or empty" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "recovery").exists()
+
+
+def test_a_weak_key_is_refused_without_being_printed(tmp_path: Path) -> None:
+    """The Secret template's placeholder: privstream itself refuses it, exit 2."""
+    key = tmp_path / "noise.key"
+    key.write_text("REPLACE-ME\n")
+    done = subprocess.run(
+        [str(ENTRYPOINT), "--mechanism", "LBU", "--users", "100", "--slots", "2"],
+        env=entrypoint_env(tmp_path, key), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "privstream: error:" in done.stderr and "entropy" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert "REPLACE-ME" not in done.stdout + done.stderr
+
+
+def test_without_a_family_the_entrypoint_says_what_to_set(tmp_path: Path) -> None:
+    env = entrypoint_env(tmp_path, write_secret(tmp_path / "noise.key"))
+    del env["PRIVSTREAM_FAMILY"]
+    done = subprocess.run([str(ENTRYPOINT)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "set PRIVSTREAM_FAMILY" in done.stderr
+    helped = subprocess.run(
+        [str(ENTRYPOINT), "--help"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert helped.returncode == 0
+    assert "PRIVSTREAM_SECRET_FILE" in helped.stdout and "{run," in helped.stdout
