@@ -36,6 +36,7 @@ from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
+from prometheus_client import Gauge
 
 from privstream.connectors.control import StopSignal
 from privstream.connectors.json_events import parse_json_batch, parse_json_lines
@@ -278,7 +279,7 @@ class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int]]):
         self._eof = False
         self._awake: datetime | None = None
         self._watermark_of = TopicPartition(topic, partition)
-        self._lag = CONSUMER_LAG.labels(topic=topic, partition=str(partition))
+        self._lag: Gauge | None = None  # created with the broker's first watermark
         health = ClientHealth(SOURCE, topic, stall_seconds, f"partition {partition}")
         self._probe = Probe(  # started by the worker's first poll
             health, lambda timeout: topic_exists(consumer, topic, timeout), cluster_name(config)
@@ -347,8 +348,11 @@ class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int]]):
         """``privstream_internal_consumer_lag`` from the high watermark of the last fetch
         response (cached by librdkafka: no request), once the broker has reported one."""
         _low, high = self._consumer.get_watermark_offsets(self._watermark_of, cached=True)
-        if high >= 0:
-            self._lag.set(max(high - self._offset, 0))
+        if high < 0:
+            return
+        if self._lag is None:
+            self._lag = CONSUMER_LAG.labels(topic=self._topic, partition=str(self._partition))
+        self._lag.set(max(high - self._offset, 0))
 
     def next_awake(self) -> datetime | None:
         return self._awake

@@ -141,6 +141,7 @@ class ScriptedConsumer:
     """Returns one scripted list of messages per ``consume`` call."""
 
     script: ClassVar[list[list[Msg]]] = []
+    high: ClassVar[int] = -1  # the high watermark of the last fetch response (-1: none yet)
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
@@ -150,6 +151,10 @@ class ScriptedConsumer:
 
     def consume(self, _n: int, _timeout: float) -> list[Msg]:
         return self.script.pop(0) if self.script else []
+
+    def get_watermark_offsets(self, _partition: Any, cached: bool = False) -> tuple[int, int]:
+        assert cached, "the lag must come from the cached watermark, never a broker request"
+        return 0, self.high
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
         return SimpleNamespace(topics={topic: SimpleNamespace(error=None)})
@@ -164,6 +169,7 @@ def scripted(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[ScriptedConsumer]
     monkeypatch.setattr(kafka._EventPartition, "_CHUNK", 2)
     yield ScriptedConsumer
     ScriptedConsumer.script = []
+    ScriptedConsumer.high = -1
     FAULTS.clear()
 
 
@@ -188,6 +194,33 @@ def test_a_poll_keeps_offsets_only_when_they_are_not_consecutive(
     assert (batch.first_offset, batch.offsets) == (5, [5, 6, 9, 10, 12])
     scripted.script = [[Msg(5), Msg(8)], []]  # a gap inside a chunk
     assert poll().offsets == [5, 8]
+
+
+def test_the_consumer_lag_is_the_high_watermark_past_the_read_position(
+    scripted: type[ScriptedConsumer],
+) -> None:
+    """Internal gauge: messages the broker holds beyond what the partition has read, once the
+    broker reported a high watermark (absent before)."""
+    from privstream.connectors.kafka_health import CONSUMER_LAG
+    from privstream.exposition import INTERNAL
+
+    def lag() -> float | None:
+        return INTERNAL.get_sample_value(
+            "privstream_internal_consumer_lag", {"topic": "events", "partition": "0"}
+        )
+
+    CONSUMER_LAG.clear()
+    scripted.script = [[Msg(5), Msg(6)], [Msg(7)]]
+    poll()
+    assert lag() is None  # no watermark reported yet: no guess
+    scripted.high = 20
+    scripted.script = [[Msg(5), Msg(6)], [Msg(7)]]
+    poll()
+    assert lag() == 20 - 8  # read through offset 7; offsets 8..19 wait
+    scripted.high = 3  # a stale watermark behind the position is no negative lag
+    scripted.script = [[Msg(5)]]
+    poll()
+    assert lag() == 0
 
 
 def test_the_source_stops_with_the_fault_a_probe_found(scripted: type[ScriptedConsumer]) -> None:
@@ -255,6 +288,10 @@ class FakeProducer:
             else:
                 on_delivery(KafkaError(outcome), None)
         return len(queue)
+
+    def get_watermark_offsets(self, _partition: Any, cached: bool = False) -> tuple[int, int]:
+        assert cached, "the lag must come from the cached watermark, never a broker request"
+        return 0, self.high
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
         missing = None if topic in self.cluster.topics else KafkaError(3)
