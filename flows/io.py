@@ -10,9 +10,11 @@ format.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Final
 
 from bytewax import operators as op
@@ -107,6 +109,9 @@ class KafkaIO:
             has passed it, and refuses events from a partition beyond this count.
         stall_warning_seconds: warn (rate-limited) once a source partition has heard nothing
             from the broker, or a sink has had messages waiting undelivered, this long.
+        stop_file: a cluster's ``until_slot`` stop: the process that sees every stream
+            through ``until_slot`` creates this file, and every process stops once it exists
+            (each stream's progress lives on one worker; the processes share a host).
     """
 
     settings: KafkaSettings
@@ -119,6 +124,7 @@ class KafkaIO:
     max_event_bytes: int = MAX_EVENT_BYTES
     partitions: int = 1
     stall_warning_seconds: float = 30.0
+    stop_file: str | None = None
 
     def topics(self) -> list[str]:
         names = [self.input_topic, self.output_topic, self.dead_letter_topic, self.ledger_topic]
@@ -139,37 +145,47 @@ def events(
     """Input step(s): parsed event batches and the dead letters of parsing (None when the
     source needs no parsing)."""
     if kafka is not None:
-        raw: Stream[RawBatch] = op.input(
-            "kafka_in",
-            flow,
-            KafkaEventSource(
-                kafka.settings,
-                kafka.input_topic,
-                batch_size=kafka.batch_size,
-                stop=stop,
-                stall_seconds=kafka.stall_warning_seconds,
-            ),
-        )
-        streams = [source.stream]
-
-        def parse_polls(batch: RawBatch) -> list[EventBatch | DeadLetter]:
-            return parse_raw_batch(batch, streams=streams, max_bytes=kafka.max_event_bytes)
-
-        parsed: Stream[Any] = op.flat_map("parse", raw, parse_polls)
-    elif source.synthetic is not None:
+        return kafka_events(flow, kafka, [source.stream], stop)
+    if source.synthetic is not None:
         batches: Stream[Any] = op.input(
             "synthetic", flow, SyntheticSource(source.synthetic, source.stream)
         )
         return batches, None
-    else:
-        assert source.path is not None
-        lines = op.input("file", flow, file_source(source.path))
-        parse = parse_csv_lines if detect_format(source.path) == "csv" else parse_json_lines
+    assert source.path is not None
+    lines = op.input("file", flow, file_source(source.path))
+    parse = parse_csv_lines if detect_format(source.path) == "csv" else parse_json_lines
 
-        def parse_batch(batch: list[str]) -> list[Any]:
-            return parse(batch, default_stream=source.stream)
+    def parse_batch(batch: list[str]) -> list[Any]:
+        return parse(batch, default_stream=source.stream)
 
-        parsed = op.flat_map_batch("parse", lines, parse_batch)
+    return _split_parsed(op.flat_map_batch("parse", lines, parse_batch))
+
+
+def kafka_events(
+    flow: Dataflow, kafka: KafkaIO, streams: Sequence[str], stop: StopSignal | None
+) -> tuple[Stream[EventBatch], Stream[DeadLetter]]:
+    """The Kafka input steps: polls of every partition, parsed on the worker that read them
+    into event batches of the configured ``streams`` and dead letters."""
+    raw: Stream[RawBatch] = op.input(
+        "kafka_in",
+        flow,
+        KafkaEventSource(
+            kafka.settings,
+            kafka.input_topic,
+            batch_size=kafka.batch_size,
+            stop=stop,
+            stall_seconds=kafka.stall_warning_seconds,
+        ),
+    )
+    known = list(streams)
+
+    def parse_polls(batch: RawBatch) -> list[EventBatch | DeadLetter]:
+        return parse_raw_batch(batch, streams=known, max_bytes=kafka.max_event_bytes)
+
+    return _split_parsed(op.flat_map("parse", raw, parse_polls))
+
+
+def _split_parsed(parsed: Stream[Any]) -> tuple[Stream[EventBatch], Stream[DeadLetter]]:
     split = op.branch("split_parsed", parsed, lambda item: isinstance(item, EventBatch))
     return split.trues, split.falses
 
@@ -178,8 +194,7 @@ def outputs(
     mech: MechanismOut,
     parse_errors: Stream[DeadLetter] | None,
     *,
-    streams: Iterable[str],
-    mechanisms: Iterable[str],
+    pairs: Sequence[tuple[str, str]],
     kafka: KafkaIO | None = None,
     stop: StopSignal | None = None,
     out: str | None = None,
@@ -188,8 +203,9 @@ def outputs(
     progress: Callable[[Release], None] | None = None,
 ) -> None:
     """Write releases, ledger entries and dead letters to Kafka topics or JSON-lines files,
-    count dead letters in the metrics, and stop at ``kafka.until_slot``."""
-    known = frozenset(streams)
+    count dead letters in the metrics, and stop at ``kafka.until_slot`` once every (stream,
+    mechanism) of ``pairs`` has released it."""
+    known = frozenset(stream for stream, _mechanism in pairs)
     releases = op.inspect(
         "handed",
         mech.releases,
@@ -231,9 +247,16 @@ def outputs(
     if kafka.until_slot is not None:
         assert stop is not None, "until_slot needs a stop signal"
         progress_of = _release_progress(releases, mech.ledger)
-        pairs = [(s, m) for s in known for m in mechanisms]
-        last = kafka.until_slot
-        stop.when(lambda: progress_of.through(pairs, last), f"slot {last} released")
+        last, stop_file = kafka.until_slot, kafka.stop_file
+
+        def released() -> bool:
+            if progress_of.through(pairs, last):
+                if stop_file is not None:
+                    Path(stop_file).touch()
+                return True
+            return stop_file is not None and os.path.exists(stop_file)
+
+        stop.when(released, f"slot {last} released")
 
 
 HALTED: Final = 2**62
@@ -263,7 +286,7 @@ Progress = dict[tuple[str, str], int]
 
 
 class _ProgressLogic(StatefulBatchLogic[Any, None, Progress]):
-    """One stream's released slots per mechanism (a halted one counts as done)."""
+    """Every stream's released slots per mechanism (a halted one counts as done)."""
 
     def __init__(self, progress: ReleaseProgress, resume: Progress | None) -> None:
         self.progress = progress
@@ -286,7 +309,8 @@ def _release_progress(releases: Stream[Release], ledger: Stream[Any]) -> Release
     """Track each stream's released slots (and halts) in the recovered step ``release_progress``."""
     progress = ReleaseProgress()
     halts = op.filter("halts", ledger, lambda item: isinstance(item, Halt))
-    done = op.key_on("progress_key", op.merge("progress_in", releases, halts), lambda e: e.stream)
+    # one key: one worker sees every stream's progress (a cluster's --slots stop needs that)
+    done = op.key_on("progress_key", op.merge("progress_in", releases, halts), lambda _e: "all")
     op.stateful_batch("release_progress", done, lambda resume: _ProgressLogic(progress, resume))
     return progress
 
@@ -316,8 +340,7 @@ def assemble(
     outputs(
         operator(keyed),
         parse_errors,
-        streams=[source.stream],
-        mechanisms=mechanisms,
+        pairs=[(source.stream, m) for m in mechanisms],
         kafka=kafka,
         stop=stop,
         out=out,

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from privstream.mechanisms.registry import FAMILIES, Family
+from privstream.run_config import add_config_flags, run_config
 from privstream.runner import run_dataflow, serve
 
 log = logging.getLogger("privstream")
@@ -291,8 +292,11 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="privstream", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="run a ready dataflow")
-    run_family = run.add_subparsers(dest="family", required=True)
+    run = commands.add_parser(
+        "run", help="run a ready dataflow: a family's (one stream), or a configuration file's"
+    )
+    add_config_flags(run)
+    run_family = run.add_subparsers(dest="family")
     bench = commands.add_parser(
         "bench", help="run a reproduction benchmark on the engine-free core"
     )
@@ -303,6 +307,7 @@ def _parser() -> argparse.ArgumentParser:
     _kafka_tools(commands)
     _bench_tools(bench_family)
     _demo_audit(commands)
+    _config_tools(commands)
     return parser
 
 
@@ -452,6 +457,19 @@ def _demo_audit(commands: Any) -> None:
     )  # fmt: skip
 
 
+def _config_tools(commands: Any) -> None:
+    """``privstream config check FILE``."""
+    config = commands.add_parser("config", help="work with a flow configuration file (TOML)")
+    config_cmd = config.add_subparsers(dest="config_command", required=True)
+    check = config_cmd.add_parser(
+        "check",
+        help="validate FILE without running: print each stream's family, mechanisms, task, "
+        "ε (its share of the population's) and window, and the total share; exit 2 naming the "
+        "file, the key and what is allowed when a field is invalid",
+    )
+    check.add_argument("file", metavar="FILE", help="the configuration file (TOML)")
+
+
 def _kafka_settings(args: argparse.Namespace) -> Any:
     from privstream.connectors.kafka import KafkaSettings
 
@@ -511,7 +529,22 @@ def _flow_options(args: argparse.Namespace, family: Family) -> dict[str, Any]:
 
 
 def run_flow(args: argparse.Namespace) -> int:
-    """``privstream run FAMILY``: the family's ready flow on a synthetic, file or Kafka input."""
+    """``privstream run FAMILY``: the family's ready flow on a synthetic, file or Kafka input;
+    ``privstream run --config FILE``: every stream of a configuration file."""
+    if args.family is None:
+        if not hasattr(args, "config"):
+            raise ValueError(
+                "name a family (privstream run ldp-ids ...) or a configuration file "
+                "(privstream run --config flow.toml)"
+            )
+        return run_config(args, args.argv)
+    if hasattr(args, "config"):
+        raise ValueError("--config runs the file's streams: leave out the family name")
+    return _run_family(args)
+
+
+def _run_family(args: argparse.Namespace) -> int:
+    """``privstream run FAMILY``."""
     from privstream.connectors import control
     from privstream.flows.dataflow import build
     from privstream.flows.secret import resolve_noise_key
@@ -701,8 +734,20 @@ def audit(args: argparse.Namespace) -> int:
     return run_audit(args)
 
 
+def config_check(args: argparse.Namespace) -> int:
+    """``privstream config check FILE``: the file's streams, one line each; a ``ConfigError``
+    (a ``ValueError``) exits 2 through ``main``."""
+    from privstream.flow_config import describe, load
+
+    for line in describe(load(args.file)):
+        print(line)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
+    args.argv = argv  # a cluster launcher starts its processes with the same arguments
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
@@ -721,6 +766,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ),
         "demo": demo,
         "audit": audit,
+        "config": config_check,
     }
     try:
         return commands[args.command](args)

@@ -22,10 +22,13 @@ def run_dataflow(
     snapshot_interval: float | None = None,
     metrics_port: int | None = None,
     metrics_addr: str = "127.0.0.1",
+    process_id: int | None = None,
+    addresses: list[str] | None = None,
 ) -> None:
     """Run ``flow`` in this process with Bytewax's runner: recovery store (``prepare_store``),
     snapshot interval and the public metrics endpoint (``serve_metrics`` on
-    ``metrics_addr:metrics_port``, stopped when the run ends) as asked."""
+    ``metrics_addr:metrics_port``, stopped when the run ends) as asked; ``process_id`` of
+    ``addresses`` makes it one process of a Bytewax cluster."""
     from bytewax.recovery import RecoveryConfig
     from bytewax.run import cli_main
 
@@ -43,8 +46,9 @@ def run_dataflow(
     server = None if metrics_port is None else serve(metrics_port, metrics_addr)
     try:
         cli_main(
-            flow, workers_per_process=workers, epoch_interval=interval, recovery_config=recovery
-        )
+            flow, workers_per_process=workers, process_id=process_id, addresses=addresses,
+            epoch_interval=interval, recovery_config=recovery,
+        )  # fmt: skip
     finally:
         if server is not None:
             server.close()

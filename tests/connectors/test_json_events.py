@@ -4,7 +4,7 @@ reasons, and the batch fast path agreeing with the line-by-line checks."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import given, settings
@@ -66,7 +66,7 @@ def test_each_bad_event_gets_its_reason(line: str, reason: str) -> None:
 
 
 def test_timestamps_map_to_slots_with_a_clock() -> None:
-    clock = SlotClock(datetime(2026, 1, 1, tzinfo=timezone.utc), timedelta(minutes=10))
+    clock = SlotClock(datetime(2026, 1, 1, tzinfo=UTC), timedelta(minutes=10))
     lines = [
         json.dumps({"stream": "a", "user": "u", "ts": "2026-01-01T00:25:00Z", "value": 1}),
         json.dumps({"stream": "a", "user": "v", "ts": "not a time", "value": 1}),
@@ -75,7 +75,7 @@ def test_timestamps_map_to_slots_with_a_clock() -> None:
     assert batches["a"].slots.tolist() == [2]
     assert [d.reason for d in dead] == ["invalid_type"]
     with pytest.raises(ValueError, match="positive"):
-        SlotClock(datetime(2026, 1, 1, tzinfo=timezone.utc), timedelta(0))
+        SlotClock(datetime(2026, 1, 1, tzinfo=UTC), timedelta(0))
 
 
 def test_dead_letters_serialise_without_loss() -> None:

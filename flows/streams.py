@@ -1,0 +1,117 @@
+"""The dataflow of a flow configuration file (``privstream run --config flow.toml``): one Kafka
+input topic carrying many streams → parse (where the partition is read) → key by stream → one
+family operator per configured stream, each with its own mechanisms, task, budget share, window
+and slotting → the shared outputs.
+
+Guarantee: every stream's mechanisms compose under the stream's share ``s·ε`` of the
+population's budget (its own population accountant, enforced before release), and the shares
+sum to at most 1 (``privstream.flow_config``), so a user present in every stream spends at most
+ε in any window of the population's ``window`` slots. A central-DP stream scales every
+registered user's own ε_i by its share.
+
+Step ids: ``<family>_<stream>`` per stream (``ldp_ids_country``), and the shared input and
+output steps of ``flows.io``; they are part of the recovery format, so a stream keeps its
+state across restarts as long as its name does. Under Bytewax's cluster mode each stream's
+state lives on one worker (its key's), parsing runs on the worker that reads the partition.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import bytewax.operators as op
+from bytewax.dataflow import Dataflow
+from bytewax.operators import KeyedStream
+
+from privstream.connectors import control
+from privstream.connectors.kafka import KafkaSettings
+from privstream.events import EventBatch
+from privstream.flow_config import FlowConfig, StreamSection, estimation_task
+from privstream.flows.io import KafkaIO, kafka_events, outputs, slotting_for
+from privstream.mechanisms.accountant import BudgetSplit
+from privstream.mechanisms.contract import Release
+from privstream.mechanisms.registry import family
+from privstream.mechanisms.seeding import NoiseKey
+from privstream.operators.family import family_mechanisms
+from privstream.operators.metrics import BOARD
+from privstream.operators.registration import Preferences
+from privstream.operators.slotting import MechanismOut
+
+__all__ = ["build_streams", "kafka_io"]
+
+
+def kafka_io(config: FlowConfig, until_slot: int | None = None) -> KafkaIO:
+    """The Kafka topics of ``config`` (partitions still to be read from the broker); client
+    properties from the file win over ``PRIVSTREAM_KAFKA_*`` in the environment."""
+    k = config.kafka
+    return KafkaIO(
+        # the environment's PRIVSTREAM_KAFKA_* properties (credentials from a Secret) merge in
+        KafkaSettings.from_options(k.bootstrap, [f"{p}={v}" for p, v in k.properties.items()]),
+        k.input_topic,
+        k.output_topic, k.dead_letter_topic, k.ledger_topic, until_slot=until_slot,
+        max_event_bytes=k.max_event_bytes, stall_warning_seconds=k.stall_warning_seconds,
+    )  # fmt: skip
+
+
+def build_streams(
+    config: FlowConfig,
+    kafka: KafkaIO,
+    secret: NoiseKey,
+    *,
+    progress: Callable[[Release], None] | None = None,
+) -> Dataflow:
+    """The dataflow of every stream of ``config`` over ``kafka`` (with its partition count)."""
+    stop = control.fresh()
+    BOARD.clear()
+    flow = Dataflow("privstream_streams")
+    names = [s.name for s in config.streams]
+    batches, parse_errors = kafka_events(flow, kafka, names, stop)
+    keyed = op.key_on("by_stream", batches, lambda b: b.stream)
+    outs = [_stream_operator(spec, keyed, config, kafka, secret) for spec in config.streams]
+    merged = MechanismOut(
+        op.merge("releases", *(o.releases for o in outs)),
+        op.merge("ledger", *(o.ledger for o in outs)),
+        op.merge("mechanism_dead_letters", *(o.dead_letters for o in outs)),
+    )
+    pairs = [(s.name, m) for s in config.streams for m in s.mechanisms]
+    outputs(merged, parse_errors, pairs=pairs, kafka=kafka, stop=stop, progress=progress)
+    return flow
+
+
+def _stream_operator(
+    spec: StreamSection,
+    keyed: KeyedStream[EventBatch],
+    config: FlowConfig,
+    kafka: KafkaIO,
+    secret: NoiseKey,
+) -> MechanismOut:
+    """``spec``'s family operator over its own events (the batches keyed by its name)."""
+    entry = family(spec.family)
+    options = dict(spec.options)
+    client_path = str(options.pop("client_path", "aggregate"))
+    family_config = entry.make_config(
+        epsilon=spec.epsilon, window=spec.window, population=config.population.users,
+        task=estimation_task(spec.task), **options,
+    )  # fmt: skip
+    registration = None
+    if entry.trust == "cdp":
+        table = config.population.preferences  # read and checked by flow_config.load
+        if not table:
+            raise ValueError(f"stream {spec.name!r}: central DP needs the registration table")
+        registration = Preferences(
+            by_user={u: (eps * spec.share, win) for u, (eps, win) in table.items()}
+        )
+    mine: Any = op.filter(f"stream_{spec.name}", keyed, functools.partial(_is, spec.name))
+    step = f"{entry.name.replace('-', '_')}_{spec.name}"
+    return family_mechanisms(
+        step, mine, family=entry, mechanism=spec.mechanisms, config=family_config,
+        secret=secret, slotting=slotting_for(kafka, spec.lateness, client_path),
+        split=BudgetSplit.parse(spec.budget_split, len(spec.mechanisms)),
+        registration=registration,
+    )  # fmt: skip
+
+
+def _is(name: str, item: tuple[str, EventBatch]) -> bool:
+    return item[0] == name

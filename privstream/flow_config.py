@@ -1,0 +1,672 @@
+"""A flow configuration file (``privstream run --config flow.toml``): Kafka, the population and
+any number of streams, each with its own family, mechanisms, task and budget share.
+
+Privacy: the streams of one population compose. Every stream gets the share ``s`` of the
+population's budget ε per window (``Σ s ≤ 1``), so a user present in every stream spends at most
+``Σ_s s·ε ≤ ε`` in any window of the population's ``window`` slots; a stream's mechanisms then
+split its ``s·ε`` (``budget_split``) under its own population accountant. A stream's window may
+be longer than the population's (any population window then lies inside one of the stream's),
+never shorter. For a central-DP stream the share scales every registered user's own ε_i, so
+``load`` admits only registrations with ``ε_i ≤ ε`` and ``w_i ≥ window``; a mechanism whose
+budget renews more often than every ``window`` slots (CGM's ``budget_scope = "timestamp"``) is
+refused, and ``compare`` (an evaluation, full ε each) cannot be configured here.
+
+``load`` reads the file with ``tomllib`` and validates every field; a ``ConfigError`` reads
+``FILE: KEY: problem``, where ``KEY`` is the key's path (``population.users``,
+``streams["country"].share``; ``streams[k]`` is the k-th ``[[streams]]`` table, from 1, until
+it has a valid name). Unknown keys are errors at every level. The limits of ε, w and every
+family option are the families' own (``mechanisms.validation``, ``Family.make_config``), so a
+file and the command-line flags accept the same values.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Final
+
+from privstream.connectors.registrations import load_preferences
+from privstream.events import MAX_EVENT_BYTES
+from privstream.mechanisms.accountant import BudgetSplit
+from privstream.mechanisms.guarantees import PeriodScope, WindowScope
+from privstream.mechanisms.ledger import budget_limit
+from privstream.mechanisms.registry import FAMILIES, Family
+from privstream.mechanisms.tasks import BallTask, EstimationTask, FrequencyTask, MeanTask
+from privstream.mechanisms.validation import MAX_WINDOW, check_fraction, check_requirement
+
+Task = int | tuple[float, float] | tuple[tuple[float, ...], float]
+"""``d`` categories, the ``(lower, upper)`` range of numeric values, or the ``(centre, radius)``
+L2 ball of vector values."""
+
+
+class ConfigError(ValueError):
+    """An invalid configuration file; the message names the file, the key and what is allowed."""
+
+
+@dataclass(frozen=True)
+class KafkaSection:
+    """``[kafka]``: the cluster and the topics (``[kafka.properties]``: librdkafka client
+    properties, e.g. ``"security.protocol" = "SASL_SSL"``)."""
+
+    bootstrap: str
+    input_topic: str
+    output_topic: str
+    dead_letter_topic: str | None = None
+    ledger_topic: str | None = None
+    properties: Mapping[str, str] = field(default_factory=dict)
+    max_event_bytes: int = 65536
+    stall_warning_seconds: float = 30.0
+
+
+@dataclass(frozen=True)
+class PopulationSection:
+    """``[population]``: the registered population ``users`` (n) and its budget ``epsilon`` per
+    ``window`` slots, shared by all streams; ``registrations``: the registration table
+    (``user,epsilon,window`` CSV) of central-DP streams, relative to the config file."""
+
+    users: int
+    epsilon: float
+    window: int
+    registrations: Path | None = None
+    preferences: Mapping[str, tuple[float, int]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+    """The registration table read from ``registrations`` (user id → ``(ε_i, w_i)``), checked
+    against the population's budget; never shown in a repr (it names users)."""
+
+
+@dataclass(frozen=True)
+class RunSection:
+    """``[run]`` (optional): how the flow runs."""
+
+    workers: int = 1
+    processes: int = 1
+    recovery_dir: Path | None = None
+    snapshot_interval: float = 10.0
+    secret_file: Path | None = None
+
+
+@dataclass(frozen=True)
+class StreamSection:
+    """One ``[[streams]]`` table.
+
+    ``epsilon`` is derived: ``share × population.epsilon``; ``window`` defaults to the
+    population's and may only be longer; ``options`` are the family's own options by name
+    (``Family.options``: LDP-IDS ``beta``; CGM ``delta``, ``bound``, ``budget_scope``, ``lag``)
+    plus ``client_path`` where the family has it."""
+
+    name: str
+    family: str
+    mechanisms: tuple[str, ...]
+    task: Task
+    share: float
+    epsilon: float
+    window: int
+    budget_split: str | None = None
+    lateness: int = 1
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FlowConfig:
+    """A whole configuration file, validated."""
+
+    path: Path
+    kafka: KafkaSection
+    population: PopulationSection
+    streams: tuple[StreamSection, ...]
+    run: RunSection = field(default_factory=RunSection)
+
+
+STREAM_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""A stream's name: the ``stream`` field of its events, a suffix of its Bytewax step ids (which
+refuse ``.``) and a metric label."""
+TOPIC_NAME: Final = re.compile(r"[A-Za-z0-9._-]{1,249}")
+"""A Kafka topic name (Kafka's own rule)."""
+CLIENT_PATHS: Final = ("aggregate", "per-user")
+_TASKS: Final = {
+    "domain": "domain = d (a histogram over d categories)",
+    "range": "range = [lower, upper] (the mean of numbers)",
+    "ball": "ball = { center = [...], radius = r } (the mean of vectors)",
+}
+_STREAM_KEYS: Final = (
+    "name",
+    "family",
+    "mechanisms",
+    *_TASKS,
+    "share",
+    "window",
+    "budget_split",
+    "lateness",
+)
+
+
+def estimation_task(task: Task) -> EstimationTask:
+    """The estimation task of a stream's raw ``task``: ``FrequencyTask(d)``,
+    ``MeanTask(lower, upper)`` or ``BallTask(centre, radius)``."""
+    if isinstance(task, int):
+        return FrequencyTask(task)
+    first, second = task
+    if isinstance(first, tuple):
+        return BallTask(first, second)
+    return MeanTask(first, second)
+
+
+def task_keywords(task: Task) -> dict[str, Any]:
+    """The task as ``flows.dataflow.build`` takes it: ``domain``, ``mean_range`` or ``ball``."""
+    if isinstance(task, int):
+        return {"domain": task}
+    return {"ball": task} if isinstance(task[0], tuple) else {"mean_range": task}
+
+
+def _has_client_path(family: Family) -> bool:
+    """LDP families that release histograms choose how users' reports are simulated
+    (``client_path``, the flag ``--client-path``)."""
+    return family.trust == "ldp-simulated" and family.histograms
+
+
+def _takes_vectors(family: Family) -> bool:
+    """A family that estimates means only reports through its own client protocol, which takes
+    vectors (CGM); the others report through an LDP oracle, which takes scalars."""
+    return family.numeric and not family.histograms
+
+
+def _show(value: object) -> str:
+    """A TOML value as an error message shows it."""
+    return "a table" if isinstance(value, dict) else json.dumps(value, default=str)
+
+
+class _Table:
+    """One table of the file being read: typed getters whose errors name the file and the
+    key's path."""
+
+    def __init__(self, source: Path, where: str, data: object) -> None:
+        self.source, self.where = source, where
+        if not isinstance(data, dict):
+            raise self.error(None, f"must be a table, got {_show(data)}")
+        self.data: dict[str, Any] = data
+
+    def path_of(self, key: str | None) -> str:
+        if key is None:
+            return self.where or "(top level)"
+        shown = f'"{key}"' if "." in key or not key else key
+        return f"{self.where}.{shown}" if self.where else shown
+
+    def error(self, key: str | None, problem: str) -> ConfigError:
+        return ConfigError(f"{self.source}: {self.path_of(key)}: {problem}")
+
+    def only(self, allowed: Iterable[str]) -> None:
+        """Refuse every key not in ``allowed``."""
+        names = sorted(allowed)
+        for key in self.data:
+            if key not in names:
+                raise self.error(key, f"unknown key; allowed: {', '.join(names)}")
+
+    def get(self, key: str, what: str) -> Any:
+        """A required key's value."""
+        if key not in self.data:
+            raise self.error(key, f"missing; required ({what})")
+        return self.data[key]
+
+    def table(self, key: str, *, required: bool = True) -> _Table:
+        where = self.path_of(key)
+        if key not in self.data and not required:
+            return _Table(self.source, where, {})
+        return _Table(self.source, where, self.get(key, f"a table [{where}]"))
+
+    def text(
+        self, key: str, pattern: re.Pattern[str] | None = None, what: str = "a non-empty string"
+    ) -> str:
+        value = self.get(key, what)
+        if not (isinstance(value, str) and value) or (pattern and not pattern.fullmatch(value)):
+            raise self.error(key, f"must be {what}, got {_show(value)}")
+        return value
+
+    def optional_text(
+        self, key: str, pattern: re.Pattern[str] | None = None, what: str = "a non-empty string"
+    ) -> str | None:
+        return self.text(key, pattern, what) if key in self.data else None
+
+    def file_path(self, key: str) -> Path | None:
+        """An optional path; a relative one is relative to the configuration file's folder."""
+        value = self.optional_text(key, what="a path (a non-empty string)")
+        return None if value is None else (self.source.parent / value).absolute()
+
+    def choice(self, key: str, choices: tuple[str, ...], default: str) -> str:
+        value = self.data.get(key, default)
+        if not (isinstance(value, str) and value in choices):
+            raise self.error(key, f"must be one of {', '.join(choices)}; got {_show(value)}")
+        return value
+
+    def integer(
+        self, key: str, low: int, high: int | None = None, default: int | None = None, why: str = ""
+    ) -> int:
+        """An integer in ``[low, high]`` (``≥ low`` without ``high``); required without a
+        ``default``. A boolean is not an integer."""
+        value = self.get(key, "an integer") if default is None else self.data.get(key, default)
+        bound = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(key, f"must be {bound}, got {_show(value)}")
+        if value < low or (high is not None and value > high):
+            raise self.error(key, f"must be {bound}, got {_show(value)}{why}")
+        return value
+
+    def number(self, key: str, default: float | None = None, *, positive: bool = False) -> float:
+        """A finite number (an integer is one too; a boolean is not); required without a
+        ``default``."""
+        value = self.get(key, "a number") if default is None else self.data.get(key, default)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not (ok and math.isfinite(value) and (value > 0 or not positive)):
+            bound = " > 0" if positive else ""
+            raise self.error(key, f"must be a finite number{bound}, got {_show(value)}")
+        return float(value)
+
+    def numbers(self, key: str, what: str) -> tuple[float, ...]:
+        """A non-empty array of finite numbers."""
+        value = self.get(key, what)
+        ok = isinstance(value, list) and bool(value)
+        ok = ok and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value)
+        if not (ok and all(math.isfinite(x) for x in value)):
+            raise self.error(key, f"must be {what}, got {_show(value)}")
+        return tuple(float(x) for x in value)
+
+
+def load(path: str | Path) -> FlowConfig:
+    """Read and validate a flow configuration file (the module docstring); a ``ConfigError``
+    names the file, the key and what is allowed."""
+    source = Path(path)
+    try:
+        with source.open("rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read the configuration file: {exc.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{source}: not a valid TOML file: {exc}") from None
+    top = _Table(source, "", data)
+    top.only(("kafka", "population", "run", "streams"))
+    kafka = _kafka(top.table("kafka"))
+    population_table = top.table("population")
+    population = _population(population_table)
+    run = _run(top.table("run", required=False))
+    streams = _streams(top, population)
+    population = _registrations(population_table, population, streams)
+    return FlowConfig(source, kafka, population, streams, run)
+
+
+def _kafka(t: _Table) -> KafkaSection:
+    """``[kafka]``: the brokers, the topics (each role its own) and the client properties."""
+    t.only(
+        (
+            "bootstrap",
+            "input_topic",
+            "output_topic",
+            "dead_letter_topic",
+            "ledger_topic",
+            "max_event_bytes",
+            "stall_warning_seconds",
+            "properties",
+        )
+    )
+    bootstrap = t.text("bootstrap", what="HOST:PORT[,...] (a non-empty string)")
+    what = f"a Kafka topic name ({TOPIC_NAME.pattern})"
+    input_topic = t.text("input_topic", TOPIC_NAME, what)
+    output_topic = t.text("output_topic", TOPIC_NAME, what)
+    dead_letter_topic = t.optional_text("dead_letter_topic", TOPIC_NAME, what)
+    ledger_topic = t.optional_text("ledger_topic", TOPIC_NAME, what)
+    roles: dict[str, str] = {}
+    for role, topic in (
+        ("input_topic", input_topic),
+        ("output_topic", output_topic),
+        ("dead_letter_topic", dead_letter_topic),
+        ("ledger_topic", ledger_topic),
+    ):
+        if topic is not None and roles.setdefault(topic, role) != role:
+            raise t.error(
+                role, f"{_show(topic)} is also kafka.{roles[topic]}; each role needs its own topic"
+            )
+    return KafkaSection(
+        bootstrap,
+        input_topic,
+        output_topic,
+        dead_letter_topic,
+        ledger_topic,
+        properties=_properties(t.table("properties", required=False)),
+        max_event_bytes=t.integer("max_event_bytes", 1, default=MAX_EVENT_BYTES),
+        stall_warning_seconds=t.number("stall_warning_seconds", 30.0, positive=True),
+    )
+
+
+def _properties(t: _Table) -> dict[str, str]:
+    """``[kafka.properties]``: librdkafka properties as strings. A value is never shown in an
+    error (it may be a credential); the brokers are ``kafka.bootstrap``."""
+    for key, value in t.data.items():
+        if key == "bootstrap.servers":
+            raise t.error(key, "set the brokers with kafka.bootstrap")
+        if not isinstance(value, str):
+            raise t.error(key, "must be a string (librdkafka properties are strings: quote it)")
+    return dict(t.data)
+
+
+def _population(t: _Table) -> PopulationSection:
+    """``[population]``: n, and the budget ε per window that all streams share."""
+    t.only(("users", "epsilon", "window", "registrations"))
+    users = t.integer("users", 1)
+    epsilon = t.number("epsilon")
+    try:
+        check_requirement(epsilon, 1, "the population's budget")
+    except ValueError as exc:
+        raise t.error("epsilon", str(exc)) from None
+    window = t.integer("window", 1, MAX_WINDOW)
+    return PopulationSection(users, epsilon, window, t.file_path("registrations"))
+
+
+def _run(t: _Table) -> RunSection:
+    """``[run]``: workers, processes, the recovery store and the noise key file."""
+    t.only(("workers", "processes", "recovery_dir", "snapshot_interval", "secret_file"))
+    return RunSection(
+        workers=t.integer("workers", 1, default=1),
+        processes=t.integer("processes", 1, default=1),
+        recovery_dir=t.file_path("recovery_dir"),
+        snapshot_interval=t.number("snapshot_interval", 10.0, positive=True),
+        secret_file=t.file_path("secret_file"),
+    )
+
+
+def _streams(top: _Table, population: PopulationSection) -> tuple[StreamSection, ...]:
+    """Every ``[[streams]]`` table, named uniquely, whose shares sum to at most 1."""
+    raw = top.get("streams", "one or more [[streams]] tables")
+    if not (isinstance(raw, list) and raw):
+        raise top.error("streams", f"must be one or more [[streams]] tables, got {_show(raw)}")
+    streams: list[StreamSection] = []
+    for k, item in enumerate(raw, start=1):
+        t = _Table(top.source, f"streams[{k}]", item)
+        name = t.text("name", STREAM_NAME, f"a stream name ({STREAM_NAME.pattern})")
+        twin = next((i for i, s in enumerate(streams, start=1) if s.name == name), None)
+        if twin is not None:
+            raise t.error(
+                "name",
+                f"{_show(name)} is also the name of streams[{twin}]; stream names are unique",
+            )
+        t.where = f"streams[{_show(name)}]"
+        streams.append(_stream(t, name, population))
+    total = math.fsum(s.share for s in streams)
+    if total > budget_limit(1.0):
+        shares = ", ".join(f"{s.name} {s.share:g}" for s in streams)
+        raise top.error(
+            "streams",
+            f"the shares sum to {total:.12g} > 1 ({shares}): the streams "
+            "of one population compose, so together they may spend at most "
+            "population.epsilon per window",
+        )
+    return tuple(streams)
+
+
+def _stream(t: _Table, name: str, population: PopulationSection) -> StreamSection:
+    """One ``[[streams]]`` table; ε is its share of the population's budget."""
+    family = FAMILIES.get(t.text("family", what=f"one of {', '.join(FAMILIES)}"), None)
+    if family is None:
+        raise t.error(
+            "family", f"must be one of {', '.join(FAMILIES)}; got {_show(t.data['family'])}"
+        )
+    options = [o.name for o in family.options]
+    if _has_client_path(family):
+        options.append("client_path")
+    t.only((*_STREAM_KEYS, *options))
+    names = _mechanisms(t, family)
+    task = _task(t, family)
+    share = t.number("share")
+    try:
+        check_fraction("share", share, closed=True)
+    except ValueError as exc:
+        raise t.error("share", str(exc)) from None
+    window = t.integer(
+        "window",
+        population.window,
+        MAX_WINDOW,
+        default=population.window,
+        why=f" (a stream's window may be longer than population.window = "
+        f"{population.window}, never shorter)",
+    )
+    split, split_text = _split(t, names)
+    stream = StreamSection(
+        name,
+        family.name,
+        tuple(names),
+        task,
+        share,
+        share * population.epsilon,
+        window,
+        split_text,
+        t.integer("lateness", 0, default=1),
+        _options(t, family),
+    )
+    _check_guarantee(t, family, stream, split, population)
+    return stream
+
+
+def _mechanisms(t: _Table, family: Family) -> list[str]:
+    """``mechanisms``: a list of names or one comma-separated string (``Family.names``)."""
+    raw = t.get("mechanisms", f"a list of {family.name} mechanisms")
+    if not (
+        isinstance(raw, str) or (isinstance(raw, list) and all(isinstance(x, str) for x in raw))
+    ):
+        raise t.error(
+            "mechanisms",
+            f"must be a list of names of {', '.join(family.mechanisms)} "
+            f"(or one comma-separated string), got {_show(raw)}",
+        )
+    try:
+        return family.names(raw)
+    except ValueError as exc:
+        raise t.error("mechanisms", str(exc)) from None
+
+
+def _split(t: _Table, names: list[str]) -> tuple[BudgetSplit, str | None]:
+    """``budget_split``: ``"equal"``, weights ``"w1,w2,…"`` or ``[w1, w2, …]``, as
+    ``--budget-split`` (``BudgetSplit.parse``); required with several mechanisms."""
+    raw = t.data.get("budget_split")
+    if isinstance(raw, list) and all(
+        isinstance(w, (int, float)) and not isinstance(w, bool) for w in raw
+    ):
+        raw = ",".join(repr(w) for w in raw)
+    if raw is not None and not isinstance(raw, str):
+        raise t.error(
+            "budget_split", f'must be "equal", "w1,w2,..." or [w1, w2, ...], got {_show(raw)}'
+        )
+    if raw is None and len(names) > 1:
+        raise t.error(
+            "budget_split",
+            f"missing; required with several mechanisms ({', '.join(names)} "
+            'share the stream\'s ε): "equal" or weights "w1,w2,..."',
+        )
+    try:
+        return BudgetSplit.parse(raw, len(names)), raw
+    except ValueError as exc:
+        raise t.error("budget_split", str(exc)) from None
+
+
+def _task(t: _Table, family: Family) -> Task:
+    """Exactly one of ``domain``, ``range`` or ``ball``, of a kind the family estimates; checked
+    by the task class the run builds."""
+    given = [key for key in _TASKS if key in t.data]
+    if len(given) != 1:
+        raise t.error(
+            None,
+            f"give exactly one of {', '.join(_TASKS.values())}; got "
+            f"{' and '.join(given) or 'none'}",
+        )
+    kind = given[0]
+    takes = {"domain": family.histograms, "range": family.numeric, "ball": _takes_vectors(family)}
+    if not takes[kind]:
+        allowed = " or ".join(text for key, text in _TASKS.items() if takes[key])
+        raise t.error(kind, f"the {family.name} family takes {allowed}")
+    task: Task
+    if kind == "domain":
+        task = t.integer("domain", 2)
+    elif kind == "range":
+        bounds = t.numbers("range", "[lower, upper] (two finite numbers)")
+        if len(bounds) != 2:
+            raise t.error(
+                "range",
+                f"must be [lower, upper] (two finite numbers), got {_show(t.data['range'])}",
+            )
+        task = (bounds[0], bounds[1])
+    else:
+        ball = t.table("ball")
+        ball.only(("center", "radius"))
+        task = (ball.numbers("center", "an array of finite numbers"), ball.number("radius"))
+    try:
+        estimation_task(task)
+    except ValueError as exc:
+        raise t.error(kind, str(exc)) from None
+    return task
+
+
+def _options(t: _Table, family: Family) -> dict[str, Any]:
+    """The family's options by name, checked by each ``Option.parse`` as the flags are, with
+    their defaults where absent; ``client_path`` where the family has it."""
+    options: dict[str, Any] = {}
+    for option in family.options:
+        value = t.data.get(option.name, option.default)
+        kinds = (int, float) if isinstance(option.default, float) else (type(option.default),)
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            kind = {float: "a number", int: "an integer", str: "a string"}.get(
+                type(option.default), "a value"
+            )
+            raise t.error(option.name, f"must be {kind} ({option.help}), got {_show(value)}")
+        try:
+            options[option.name] = option.parse(str(value))
+        except ValueError as exc:
+            raise t.error(option.name, f"{exc} ({option.help})") from None
+    if _has_client_path(family):
+        options["client_path"] = t.choice("client_path", CLIENT_PATHS, "aggregate")
+    return options
+
+
+def _check_guarantee(
+    t: _Table,
+    family: Family,
+    stream: StreamSection,
+    split: BudgetSplit,
+    population: PopulationSection,
+) -> None:
+    """Build the stream's mechanisms as the run does (``Family.make_config``: the family's own
+    limits of ε, w, n, the task and the options; each mechanism its share of the stream's ε)
+    and refuse one whose budget renews within a population window."""
+    options = {k: v for k, v in stream.options.items() if k != "client_path"}
+    try:
+        config = family.make_config(
+            epsilon=stream.epsilon,
+            window=stream.window,
+            population=population.users,
+            task=estimation_task(stream.task),
+            **options,
+        )
+        mechanisms = family.build_shared(stream.mechanisms, config, split.shares)
+    except ValueError as exc:
+        raise t.error(
+            None,
+            f"the {family.name} family refuses ε = share × population.epsilon = "
+            f"{stream.share:g} × {population.epsilon:g} = {stream.epsilon:g}, "
+            f"w = {stream.window}: {exc}",
+        ) from None
+    for mechanism in mechanisms:
+        scope = mechanism.privacy_cost.scope
+        renews = scope.length if isinstance(scope, PeriodScope) else None
+        renews = scope.window if isinstance(scope, WindowScope) else renews
+        if renews is not None and renews < population.window:
+            raise t.error(
+                None,
+                f"with these options {mechanism.name}'s budget renews every "
+                f"{renews} slot(s), fewer than population.window = {population.window}: "
+                "one population window could spend more than the stream's share",
+            )
+
+
+def _registrations(
+    t: _Table, population: PopulationSection, streams: tuple[StreamSection, ...]
+) -> PopulationSection:
+    """Central-DP streams count exactly the registered users: their table is required, read and
+    checked here. A stream's share scales every ε_i, so the population's guarantee needs
+    ``ε_i ≤ ε`` and ``w_i ≥ window`` of every entry, and at most n users."""
+    central = [s.name for s in streams if FAMILIES[s.family].trust == "cdp"]
+    path = population.registrations
+    if not central:
+        if path is not None:
+            raise t.error(
+                "registrations",
+                "no stream counts registered users (only the "
+                "central-DP families do: "
+                + ", ".join(f.name for f in FAMILIES.values() if f.trust == "cdp")
+                + ")",
+            )
+        return population
+    if path is None:
+        raise t.error(
+            "registrations",
+            f"missing; required by the central-DP stream(s) "
+            f"{', '.join(central)}: the table (CSV user,epsilon,window or JSON lines) "
+            "of the users they count, fixed before the data",
+        )
+    try:
+        table = load_preferences(path)
+    except (OSError, ValueError) as exc:
+        raise t.error("registrations", str(exc)) from None
+    if len(table) > population.users:
+        raise t.error(
+            "registrations",
+            f"the table registers {len(table)} users, more than "
+            f"population.users = {population.users}",
+        )
+    for k, (epsilon, window) in enumerate(table.values(), start=1):
+        try:
+            check_requirement(epsilon, window, f"entry {k}")
+        except ValueError as exc:
+            raise t.error("registrations", str(exc)) from None
+        if epsilon > population.epsilon or window < population.window:
+            raise t.error(
+                "registrations",
+                f"entry {k} asks (ε_i, w_i) = ({epsilon:g}, {window}); "
+                f"the population's guarantee needs ε_i <= population.epsilon = "
+                f"{population.epsilon:g} and w_i >= population.window = "
+                f"{population.window}",
+            )
+    return replace(population, preferences=table)
+
+
+def describe(config: FlowConfig) -> list[str]:
+    """What ``privstream config check`` prints: one line per stream (name, family, mechanisms,
+    task, ε = share × ε, w) and the total share."""
+    pop = config.population
+    lines = []
+    for s in config.streams:
+        split = f" (budget_split {s.budget_split})" if s.budget_split else ""
+        each = (
+            f" (registered users: {s.share:g} × ε_i)" if FAMILIES[s.family].trust == "cdp" else ""
+        )
+        lines.append(
+            f"stream {s.name}: {s.family} {', '.join(s.mechanisms)}{split}; "
+            f"{_task_text(s.task)}; ε = {s.share:g} × {pop.epsilon:g} = "
+            f"{s.epsilon:g}{each}; w = {s.window}"
+        )
+    total = math.fsum(s.share for s in config.streams)
+    lines.append(
+        f"{len(config.streams)} stream(s), n = {pop.users}: shares sum to {total:g}, so "
+        f"a user in every stream spends at most {total * pop.epsilon:g} of "
+        f"ε = {pop.epsilon:g} per {pop.window} slots"
+    )
+    return lines
+
+
+def _task_text(task: Task) -> str:
+    if isinstance(task, int):
+        return f"d = {task}"
+    first, second = task
+    if isinstance(first, tuple):
+        return f"ball center ({', '.join(f'{c:g}' for c in first)}) radius {second:g}"
+    return f"range [{first:g}, {second:g}]"

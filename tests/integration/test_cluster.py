@@ -1,0 +1,186 @@
+"""Several streams, several processes: ``privstream run --config`` over one input topic of four
+partitions carrying three streams (two LDP-IDS with different mechanisms and tasks, one
+personalized), as one process and as a Bytewax cluster of two (``--processes 2``).
+
+The cluster must release byte for byte what one process releases — also after one of its
+processes is SIGKILLed mid-stream and the cluster is restarted from the recovery store — and a
+store written by two processes resumes under one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from privstream.connectors.kafka import (
+    RELEASE_TOPIC_CONFIG,
+    KafkaSettings,
+    TopicSpec,
+    create_topics,
+    wait_for_messages,
+)
+
+from .conftest import PRIVSTREAM, cli_env, read_all, run_cli, write_secret
+
+USERS, SLOTS, LAST = 1500, 12, 11  # slot 12 has no later event to close it before --slots 11
+STREAMS = (("country", "sin"), ("device", "log"), ("visits", "sin"))
+
+
+def _config(directory: Path, kafka: KafkaSettings, events: str, tag: str) -> Path:
+    """A flow file over ``events`` writing to topics named after ``tag`` (created here)."""
+    outputs = {"output_topic": f"releases-{tag}", "ledger_topic": f"ledger-{tag}",
+               "dead_letter_topic": f"dlq-{tag}"}  # fmt: skip
+    create_topics(kafka, [TopicSpec(t, config=RELEASE_TOPIC_CONFIG) for t in outputs.values()])
+    table = directory / "registrations.csv"
+    table.write_text("user,epsilon,window\n" + "".join(
+        f"u{u},{2.0 if u % 3 else 1.0},5\n" for u in range(USERS)))  # fmt: skip
+    topics = "".join(f'{key} = "{name}"\n' for key, name in outputs.items())
+    path = directory / f"flow-{tag}.toml"
+    path.write_text(f"""
+[kafka]
+bootstrap = "{kafka.bootstrap}"
+input_topic = "{events}"
+{topics}
+[population]
+users = {USERS}
+epsilon = 2.0
+window = 5
+registrations = "registrations.csv"
+
+[[streams]]
+name = "country"
+family = "ldp-ids"
+mechanisms = ["LBU", "LPA"]
+budget_split = "equal"
+domain = 2
+share = 0.4
+
+[[streams]]
+name = "device"
+family = "ldp-ids"
+mechanisms = ["LBA"]
+domain = 2
+share = 0.3
+
+[[streams]]
+name = "visits"
+family = "personalized"
+mechanisms = ["PBD"]
+domain = 2
+share = 0.3
+""")
+    return path
+
+
+@pytest.fixture
+def events(kafka: KafkaSettings) -> str:
+    """The input topic: four partitions, three streams spread over all of them."""
+    topic = f"events-{uuid.uuid4().hex[:8]}"
+    create_topics(kafka, [TopicSpec(topic, partitions=4)])
+    for stream, dataset in STREAMS:
+        _produce(kafka, topic, stream, dataset, 1, SLOTS)
+    return topic
+
+
+def _produce(kafka: KafkaSettings, topic: str, stream: str, dataset: str, first: int,
+             last: int) -> None:  # fmt: skip
+    run_cli("produce", "--bootstrap", kafka.bootstrap, "--topic", topic, "--dataset", dataset,
+            "--stream", stream, "--users", str(USERS), "--first-slot", str(first), "--slots",
+            str(last), "--spread", "--no-progress")  # fmt: skip
+
+
+def _run(config: Path, *flags: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*PRIVSTREAM, "run", "--config", str(config), *flags], capture_output=True, text=True,
+        timeout=timeout, env=cli_env(), cwd=config.parent,
+    )  # fmt: skip
+
+
+def _outputs(kafka: KafkaSettings, tag: str) -> dict[str, dict[bytes, bytes]]:
+    """Releases and ledger entries by key; a repeated key must repeat its payload."""
+    found: dict[str, dict[bytes, bytes]] = {}
+    for kind in ("releases", "ledger"):
+        seen: dict[bytes, bytes] = {}
+        for message in read_all(kafka, f"{kind}-{tag}"):
+            assert seen.setdefault(message.key(), message.value()) == message.value()
+        found[kind] = seen
+    return found
+
+
+def _expected_keys() -> set[bytes]:
+    mechanisms = {"country": ("LBU", "LPA"), "device": ("LBA",), "visits": ("PBD",)}
+    return {f"{s}/{m}/{t}".encode() for s, ms in mechanisms.items() for m in ms
+            for t in range(1, LAST + 1)}  # fmt: skip
+
+
+def test_two_processes_release_what_one_releases(
+    kafka: KafkaSettings, events: str, tmp_path: Path
+) -> None:
+    key = str(write_secret(tmp_path / "noise.key"))
+    one = _run(_config(tmp_path, kafka, events, "one"), "--slots", str(LAST), "--secret-file", key)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = _run(_config(tmp_path, kafka, events, "two"), "--slots", str(LAST), "--secret-file", key,
+               "--processes", "2", "--recovery-dir", str(tmp_path / "store"))  # fmt: skip
+    assert two.returncode == 0, two.stderr[-3000:]
+    alone, cluster = _outputs(kafka, "one"), _outputs(kafka, "two")
+    assert _expected_keys() <= alone["releases"].keys()
+    assert cluster == alone
+    # a store two processes wrote resumes under one (and releases nothing new)
+    again = _run(_config(tmp_path, kafka, events, "two"), "--slots", str(LAST), "--secret-file",
+                 key, "--recovery-dir", str(tmp_path / "store"))  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert _outputs(kafka, "two") == alone
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def test_a_killed_process_and_a_restarted_cluster_release_what_one_process_releases(
+    kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    topic = f"events-{uuid.uuid4().hex[:8]}"
+    create_topics(kafka, [TopicSpec(topic, partitions=4)])
+    for stream, dataset in STREAMS:
+        _produce(kafka, topic, stream, dataset, 1, 6)
+    key = str(write_secret(tmp_path / "noise.key"))
+    config = _config(tmp_path, kafka, topic, "killed")
+    store = str(tmp_path / "store")
+    with open(tmp_path / "launcher.stderr", "wb") as err:
+        launcher = subprocess.Popen(
+            [*PRIVSTREAM, "run", "--config", str(config), "--secret-file", key, "--processes",
+             "2", "--recovery-dir", store, "--snapshot-interval", "0.5"],
+            stdout=subprocess.DEVNULL, stderr=err, env=cli_env(),
+        )  # fmt: skip
+    try:
+        wait_for_messages(kafka, "releases-killed",
+                          lambda got: {m.key() for m in got} >= {b"visits/PBD/4"}, 120)  # fmt: skip
+        time.sleep(1.0)  # a snapshot or two
+        children = _children(launcher.pid)
+        assert len(children) == 2, children
+        os.kill(children[1], signal.SIGKILL)
+        code = launcher.wait(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    stderr = (tmp_path / "launcher.stderr").read_text()
+    assert code != 0, "a cluster that lost a process must not report success"
+    assert "restart the cluster" in stderr and "Traceback" not in stderr, stderr[-3000:]
+    for stream, dataset in STREAMS:
+        _produce(kafka, topic, stream, dataset, 7, SLOTS)
+    restarted = _run(config, "--slots", str(LAST), "--secret-file", key, "--processes", "2",
+                     "--recovery-dir", store)  # fmt: skip
+    assert restarted.returncode == 0, restarted.stderr[-3000:]
+    alone = _run(_config(tmp_path, kafka, topic, "alone"), "--slots", str(LAST), "--secret-file",
+                 key)  # fmt: skip
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert _outputs(kafka, "killed") == _outputs(kafka, "alone")
