@@ -1,13 +1,16 @@
 #!/bin/sh
 # privstream's container entrypoint (deploy/README.md).
 #
-#   entrypoint.sh [FLAG ...]        privstream run "$PRIVSTREAM_FAMILY" with the production
-#                                   fixed parts below, then FLAG ... (mechanisms, topics, ε, w)
+#   entrypoint.sh [FLAG ...]        privstream run --config "$PRIVSTREAM_CONFIG" (every stream
+#                                   of a flow file), or privstream run "$PRIVSTREAM_FAMILY" (one
+#                                   stream, chosen by FLAG ...: mechanisms, topics, ε, w), with
+#                                   the production fixed parts below
 #   entrypoint.sh audit [FLAG ...]  privstream audit FLAG ... (the audit CronJob)
 #   entrypoint.sh --help            this text and privstream's help
 #
 # The fixed parts of a flow, each overridable from the environment (default in brackets):
-#   PRIVSTREAM_FAMILY                 the flow's family, e.g. ldp-ids (required)
+#   PRIVSTREAM_CONFIG                 a flow file (deploy/flow.toml, from a ConfigMap); or
+#   PRIVSTREAM_FAMILY                 the family of a one-stream flow, e.g. ldp-ids
 #   PRIVSTREAM_SECRET_FILE            the noise key, mounted from a Secret
 #                                     [/var/run/secrets/privstream/noise.key]
 #   PRIVSTREAM_RECOVERY_DIR           the recovery store, on the persistent volume
@@ -46,8 +49,11 @@ audit)
     ;;
 esac
 
+config=${PRIVSTREAM_CONFIG:-}
 family=${PRIVSTREAM_FAMILY:-}
-[ -n "$family" ] || fail "set PRIVSTREAM_FAMILY to the flow's family (privstream run --help lists them)"
+[ -n "$config" ] || [ -n "$family" ] ||
+    fail "set PRIVSTREAM_CONFIG to a flow file, or PRIVSTREAM_FAMILY to the family of a one-stream flow (privstream run --help lists them)"
+[ -z "$config" ] || [ -f "$config" ] || fail "the flow file $config (PRIVSTREAM_CONFIG) does not exist; mount it from a ConfigMap"
 
 secret_file=${PRIVSTREAM_SECRET_FILE:-/var/run/secrets/privstream/noise.key}
 if [ ! -f "$secret_file" ] || [ ! -s "$secret_file" ]; then
@@ -57,12 +63,16 @@ fi
 [ -r "$secret_file" ] || fail "refusing to start: the noise key file $secret_file is not" \
     "readable by uid $(id -u) (mount the Secret with the pod's fsGroup)"
 
-exec privstream run "$family" \
+if [ -n "$config" ]; then
+    set -- --config "$config" "$@"
+else
+    set -- "$family" "$@"
+fi
+exec privstream run "$@" \
     --secret-file "$secret_file" \
     --recovery-dir "${PRIVSTREAM_RECOVERY_DIR:-/var/lib/privstream/recovery}" \
     --metrics-addr "${PRIVSTREAM_METRICS_ADDR:-0.0.0.0}" \
     --metrics-port "${PRIVSTREAM_METRICS_PORT:-9100}" \
     --internal-metrics-addr "${PRIVSTREAM_INTERNAL_METRICS_ADDR:-0.0.0.0}" \
     --internal-metrics-port "${PRIVSTREAM_INTERNAL_METRICS_PORT:-9101}" \
-    --no-progress \
-    "$@"
+    --no-progress

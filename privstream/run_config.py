@@ -54,6 +54,8 @@ def add_config_flags(run: argparse.ArgumentParser) -> None:
     flag("--internal-metrics-port", type=int, metavar="PORT", default=SUPPRESS,
          help="internal metrics (process i of a cluster: PORT + i)")  # fmt: skip
     flag("--internal-metrics-addr", metavar="ADDR", default=SUPPRESS, help="default 127.0.0.1")
+    flag("--no-progress", action="store_true", default=SUPPRESS,
+         help="accepted for symmetry with a family's run: a flow file's run shows no bar")  # fmt: skip
 
 
 def run_config(args: argparse.Namespace, argv: Sequence[str]) -> int:

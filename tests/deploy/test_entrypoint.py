@@ -178,9 +178,45 @@ def test_without_a_family_the_entrypoint_says_what_to_set(tmp_path: Path) -> Non
     del env["PRIVSTREAM_FAMILY"]
     done = subprocess.run([str(ENTRYPOINT)], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
-    assert "set PRIVSTREAM_FAMILY" in done.stderr
+    assert "set PRIVSTREAM_CONFIG to a flow file, or PRIVSTREAM_FAMILY" in done.stderr
     helped = subprocess.run(
         [str(ENTRYPOINT), "--help"], env=env, capture_output=True, text=True, timeout=60
     )
     assert helped.returncode == 0
     assert "PRIVSTREAM_SECRET_FILE" in helped.stdout and "{run," in helped.stdout
+
+
+def test_a_flow_file_runs_every_stream(
+    broker: EmbeddedBroker, kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    """``PRIVSTREAM_CONFIG``: the StatefulSet's form, every stream of the file in one flow."""
+    topics = Topics(kafka)
+    for stream in ("country", "device"):
+        run_cli(
+            "produce", "--bootstrap", kafka.bootstrap, "--topic", topics.events, "--dataset",
+            "sin", "--stream", stream, "--users", str(USERS), "--slots", "4", "--no-progress",
+        )  # fmt: skip
+    config = tmp_path / "flow.toml"
+    config.write_text(
+        f'[kafka]\nbootstrap = "{kafka.bootstrap}"\ninput_topic = "{topics.events}"\n'
+        f'output_topic = "{topics.releases}"\nledger_topic = "{topics.ledger}"\n'
+        f"[population]\nusers = {USERS}\nepsilon = 1.0\nwindow = {WINDOW}\n"
+        + "".join(
+            f'[[streams]]\nname = "{name}"\nfamily = "ldp-ids"\nmechanisms = ["LBU"]\n'
+            f"domain = 2\nshare = 0.5\n"
+            for name in ("country", "device")
+        )
+    )
+    env = entrypoint_env(tmp_path, write_secret(tmp_path / "noise.key"),
+                         PRIVSTREAM_CONFIG=str(config))  # fmt: skip
+    del env["PRIVSTREAM_FAMILY"]
+    done = subprocess.run(
+        [str(ENTRYPOINT), "--slots", "3"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    releases = read_json(kafka, topics.releases, 6)
+    assert {(r["stream"], r["slot"]) for r in releases} >= {
+        (s, t) for s in ("country", "device") for t in (1, 2, 3)
+    }
+    assert {r["guarantee"]["epsilon"] for r in releases} == {0.5}  # each stream's share of ε
+    assert list((tmp_path / "recovery").glob("*.sqlite3"))

@@ -170,8 +170,30 @@ def test_flow_pod_runs_as_the_image_user_without_privileges() -> None:
         assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
     assert flow_pod()["securityContext"]["fsGroup"] == uid
     assert flow_pod()["terminationGracePeriodSeconds"] >= 60
+
+
+def test_the_flow_runs_deploy_flow_toml_from_its_configmap() -> None:
+    """The StatefulSet runs every stream of deploy/flow.toml, mounted with its registration
+    table from the ConfigMap the README creates from those files."""
     env = {e["name"]: e["value"] for e in flow_container()["env"]}
-    assert env["PRIVSTREAM_FAMILY"] == "ldp-ids"
+    config = Path(env["PRIVSTREAM_CONFIG"])
+    assert "PRIVSTREAM_FAMILY" not in env and "args" not in flow_container()
+    mounts = {m["name"]: m for m in flow_container()["volumeMounts"]}
+    volumes = {v["name"]: v for v in flow_pod()["volumes"]}
+    (flow,) = [n for n, m in mounts.items() if m["mountPath"] == str(config.parent)]
+    assert mounts[flow]["readOnly"] is True
+    assert volumes[flow]["configMap"]["name"] == "privstream-flow"
+    readme = (DEPLOY / "README.md").read_text()
+    assert "kubectl create configmap privstream-flow" in readme
+    assert f"--from-file={config.name}=deploy/flow.toml" in readme
+    table = flow_file().population.registrations
+    assert table is not None and f"--from-file={table.name}=deploy/{table.name}" in readme
+
+
+def flow_file() -> Any:
+    from privstream.flow_config import load
+
+    return load(DEPLOY / "flow.toml")
 
 
 def test_both_pods_take_kafka_settings_from_the_configmap() -> None:
@@ -205,10 +227,10 @@ def test_the_audit_cronjob_serves_its_report_on_the_audit_port() -> None:
     assert flags["--metrics-port"] == str(ports(container)["audit-metrics"]) == "9102"
     assert flags["--metrics-addr"] == "0.0.0.0"
     assert int(flags["--linger"]) > 0
-    flow_flags = flag_values(flow_container()["args"])
-    assert flags["--release-topic"] == flow_flags["--output-topic"]
-    assert flags["--ledger-topic"] == flow_flags["--ledger-topic"]
-    assert flags["--population"] == flow_flags["--users"]
+    flow = flow_file()
+    assert flags["--release-topic"] == flow.kafka.output_topic
+    assert flags["--ledger-topic"] == flow.kafka.ledger_topic
+    assert flags["--population"] == str(flow.population.users)
 
 
 def relabel(labels: dict[str, str], configs: list[dict[str, Any]]) -> dict[str, str] | None:
