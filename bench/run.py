@@ -25,8 +25,13 @@
    the expectation given the data, and the paper's qualitative claims; then one slot of
    10⁶ users through the mechanism core against a per-user loop (``--cgm-only`` runs just this).
 
+7. State size and snapshot cost (issue 13, ``bench/state.py``): the snapshotted state of one
+   stream of 10⁶ named users for every family — bytes per user by component, copy, pickle,
+   write and unpickle times — and the pause snapshots cause a real flow with a recovery store
+   (``--state-only`` runs just this; ``--no-state`` skips it).
+
 Writes everything to bench/results/latest.json (override with --out; --cgm-only writes
-bench/results/cgm.json) and prints a summary.
+bench/results/cgm.json, --state-only bench/results/state.json) and prints a summary.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ import pstats
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -51,6 +56,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 from scipy.stats import f as f_distribution
+from state import format_state, run_state  # bench/state.py, beside this script
 from tqdm import tqdm
 
 from privstream import harness
@@ -792,12 +798,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cgm-only", action="store_true", help="run only the CGM section (6), to cgm.json"
     )
+    parser.add_argument("--no-state", action="store_true", help="skip the state section (7)")
+    parser.add_argument(
+        "--state-only", action="store_true", help="run only the state section (7), to state.json"
+    )
     args = parser.parse_args(argv)
     progress = not args.no_progress
     if args.cgm_only:
         started = time.perf_counter()
         record = {"quick": args.quick, "cgm": run_cgm(args.quick, progress)}
         return write_record(args.out or RESULTS / "cgm.json", record, started)
+    state_users = 100_000 if args.quick else 1_000_000
+    if args.state_only:
+        started = time.perf_counter()
+        record = {"quick": args.quick, "state": run_state(state_users, args.quick)}
+        print(format_state(record["state"]))
+        return write_record(args.out or RESULTS / "state.json", record, started)
     if args.quick:
         users, slots, seeds, big_users, warm, timed, path_slots = 20_000, 100, 2, 50_000, 20, 5, 20
         kafka_slots, kafka_repeats = 20, 2
@@ -868,6 +884,11 @@ def main(argv: list[str] | None = None) -> int:
 
     cgm = None if args.no_cgm else run_cgm(args.quick, progress)
 
+    state = None
+    if not args.no_state:
+        state = run_state(state_users, args.quick)
+        print("\n" + format_state(state))
+
     record = {
         "quick": args.quick,
         "default": default,
@@ -877,6 +898,7 @@ def main(argv: list[str] | None = None) -> int:
         "personalized": personalized,
         "noise": noise,
         "cgm": cgm,
+        "state": state,
     }
     return write_record(args.out or RESULTS / "latest.json", record, started)
 
@@ -885,7 +907,7 @@ def write_record(out: Path, record: dict[str, Any], started: float) -> int:
     """Write ``record`` with the creation time, the environment and the total seconds."""
     total = time.perf_counter() - started
     record = {
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "environment": {
             "python": platform.python_version(),
             "numpy": np.__version__,

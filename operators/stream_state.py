@@ -10,6 +10,7 @@ refused instead of re-drawing replayed slots or resetting budgets (design §6).
 
 from __future__ import annotations
 
+import copy
 import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -102,6 +103,20 @@ class StreamState:
     accountant: PopulationAccountant = field(default_factory=PopulationAccountant)
     newcomers: dict[int, dict[str, tuple[Any, str, bytes | None]]] = field(default_factory=dict)
     clients: dict[str, Any] = field(default_factory=dict)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> StreamState:
+        """The copy a snapshot takes (``SlottedLogic.snapshot``): everything deep, except the
+        named users' ``directory``, copied flat — its user ids and indices are immutable, and a
+        generic deep copy walks 10⁶ entries for a second at every snapshot (bench/README.md,
+        "State size and snapshot cost")."""
+        new = object.__new__(type(self))
+        new.__dict__.update(
+            {
+                key: dict(value) if key == "directory" else copy.deepcopy(value, memo)
+                for key, value in self.__dict__.items()
+            }
+        )
+        return new
 
     def registered(self) -> NDArray[np.bool_] | None:
         """Mask of registered users (None: all ``n``, as with dense user indices)."""
