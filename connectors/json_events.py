@@ -8,12 +8,15 @@ good lines and a precise dead-letter reason for each bad one.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
 import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import Any, Final
+from types import GenericAlias
+from typing import Any, Final, Literal
 
 import msgspec
 import numpy as np
@@ -35,41 +38,72 @@ class _Row(msgspec.Struct, gc=False):
     window: int | None = None
 
 
-_ROWS: Final = msgspec.json.Decoder(list[_Row])
 _Marks = list[tuple[str, int | None]]  # each marker's stream and slot, in line order
 
 
-def _decode(lines: Sequence[bytes], max_bytes: int) -> tuple[list[_Row], bytes] | None:
+@functools.lru_cache(maxsize=64)
+def _rows(allowed: frozenset[str] | None) -> msgspec.json.Decoder[list[_Row]]:
+    """The decoder of a batch whose streams must be ``allowed`` (any stream when None).
+
+    With allowed streams, ``stream`` is decoded as a ``Literal`` of them: a line of another
+    stream fails in C (and the batch goes line by line, for its ``unknown_stream`` reason),
+    and every row shares the one string of its stream instead of a fresh one per line — a
+    tenth of the fast path's cost per message (bench/README.md, Kafka read throughput)."""
+    if allowed is None:
+        return msgspec.json.Decoder(list[_Row])
+    names: Any = Literal.__getitem__(tuple(sorted(allowed)))
+    row = msgspec.defstruct("_AllowedRow", [("stream", names)], bases=(_Row,))
+    return msgspec.json.Decoder(GenericAlias(list, (row,)))
+
+
+def _decode(
+    lines: Sequence[bytes], allowed: frozenset[str] | None, max_bytes: int
+) -> tuple[list[_Row], bytes] | None:
     """Every line decoded in one call, with the joined batch; None when a line is oversized,
-    malformed, holds several JSON values, or has a missing or mistyped field (or a ``ts``)."""
+    malformed, holds several JSON values, has a missing or mistyped field (or a ``ts``), or
+    names a stream that is not ``allowed``."""
     if not lines or max(map(len, lines)) > max_bytes:
         return None
     joined = b"[" + b",".join(lines) + b"]"
-    try:
-        recs = _ROWS.decode(joined)  # types checked in C: str stream/user, int slot, number value
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        return None
+    try:  # types checked in C: allowed stream, str user, int slot, number value
+        recs = _rows(allowed).decode(joined)
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
+        return None  # (invalid UTF-8 inside a string raises the last)
     return (recs, joined) if len(recs) == len(lines) else None
 
 
-def _split_markers(recs: list[_Row], joined: bytes) -> tuple[list[int], _Marks, list[_Row]]:
-    """The markers' line indices, their streams and slots, and the events in order."""
+def _split_markers(
+    recs: list[_Row], users: list[str | None], joined: bytes
+) -> tuple[list[int], _Marks, list[_Row], list[str | None]]:
+    """The markers' line indices, their streams and slots, and the events in order with their
+    users (``users`` holds every line's)."""
+    if all(users):  # the usual poll: no marker (a line without user) and no empty user
+        return [], [], recs, users
     if b"end_of_slot" not in joined:
-        return [], [], recs
-    marks = [i for i, r in enumerate(recs) if r.user is None]
-    bounds = [-1, *marks, len(recs)]
-    events = itertools.chain.from_iterable(recs[a + 1 : b] for a, b in itertools.pairwise(bounds))
-    return marks, [(recs[i].stream, recs[i].end_of_slot) for i in marks], list(events)
+        return [], [], recs, users
+    kept = [user is not None for user in users]  # events; markers have no user
+    marks, i = [], -1
+    with contextlib.suppress(ValueError):  # (``index`` finds the few markers in C)
+        while True:
+            i = kept.index(False, i + 1)
+            marks.append(i)
+    marked = [(recs[i].stream, recs[i].end_of_slot) for i in marks]
+    events = list(itertools.compress(recs, kept))
+    return marks, marked, events, list(itertools.compress(users, kept))
 
 
 def _stream_names(
     events: list[_Row], marked: _Marks, allowed: frozenset[str] | None
 ) -> set[str] | None:
     """The batch's streams, or None when one is empty or not allowed, a marker's slot is
-    missing or negative, or markers come in a batch of several streams."""
+    missing or negative, or markers come in a batch of several streams. (The decoder let only
+    ``allowed`` streams through: with one allowed stream, it is every line's.)"""
     if any(through is None or through < 0 for _, through in marked):
         return None
-    names = {r.stream for r in events} | {stream for stream, _ in marked}
+    if allowed is not None and len(allowed) == 1:
+        names = set(allowed)
+    else:
+        names = {r.stream for r in events} | {stream for stream, _ in marked}
     if "" in names or (allowed is not None and not names <= allowed):
         return None
     if marked and len(names) > 1:
@@ -77,22 +111,28 @@ def _stream_names(
     return names
 
 
-def _columns(events: list[_Row], lines: Sequence[bytes], joined: bytes) -> EventBatch | None:
-    """All events in one unnamed batch, or None when a user, slot, value or stated
-    requirement is missing or out of range."""
-    users = [r.user for r in events]
+def _columns(
+    events: list[_Row], users: list[str | None], lines: Sequence[bytes]
+) -> EventBatch | None:
+    """All events (``users`` their users) in one unnamed batch, or None when a user, slot,
+    value or stated requirement is missing or out of range.
+
+    Each column is read off the rows by a list comprehension and converted by ``np.fromiter``
+    from that list: half the cost of a generator feeding ``np.fromiter``, which the ~0.25 µs per
+    message of the whole fast path notices (bench/README.md, Kafka read throughput)."""
     if not all(users):
         return None  # an event without a user, or with an empty one
+    n = len(events)
     try:  # a missing slot or value (None) raises TypeError, a huge slot OverflowError
-        slot_arr = np.fromiter((r.slot for r in events), dtype=np.int64, count=len(events))
-        value_arr = np.fromiter((r.value for r in events), dtype=np.float64, count=len(events))
+        slot_arr = np.fromiter([r.slot for r in events], dtype=np.int64, count=n)
+        value_arr = np.fromiter([r.value for r in events], dtype=np.float64, count=n)
     except (OverflowError, TypeError):
         return None
     if (slot_arr < 0).any() or (slot_arr >= INT_LIMIT).any() or not np.isfinite(value_arr).all():
         return None
     whole = EventBatch(
-        "", slot_arr, np.asarray(users, dtype=object), value_arr, lines, None,
-        *_requirements(events, joined),
+        "", slot_arr, np.fromiter(users, dtype=object, count=n), value_arr, lines, None,
+        *_requirements(events),
     )  # fmt: skip
     if whole.epsilons is not None and whole.epsilons.shape[0] == 0:
         return None  # a stated requirement out of range: line by line, for its reason
@@ -104,23 +144,19 @@ _EMPTY_I: Final = np.zeros(0, dtype=np.int64)
 
 
 def _requirements(
-    events: Sequence[_Row], joined: bytes
+    events: Sequence[_Row],
 ) -> tuple[NDArray[np.float64] | None, NDArray[np.int64] | None]:
-    """The stated ``(ε_i, w_i)`` columns of the fast path (None, None when no line states one;
-    empty arrays when a stated value is out of range)."""
-    if b'"epsilon"' not in joined and b'"window"' not in joined:
+    """The stated ``(ε_i, w_i)`` columns of the fast path (None, None when no event states one,
+    as the line-by-line ``Builder`` gives; empty arrays when a stated value is out of range)."""
+    if not [r for r in events if r.epsilon is not None or r.window is not None]:
         return None, None
-    nan = math.nan
+    n, nan = len(events), math.nan
     try:
-        eps = np.fromiter(
-            (nan if r.epsilon is None else r.epsilon for r in events), np.float64, len(events)
-        )
-        win = np.fromiter(
-            (0 if r.window is None else r.window for r in events), np.int64, len(events)
-        )
+        eps = np.fromiter([nan if r.epsilon is None else r.epsilon for r in events], np.float64, n)
+        win = np.fromiter([0 if r.window is None else r.window for r in events], np.int64, n)
     except OverflowError:
         return _EMPTY_F, _EMPTY_I
-    said = np.fromiter((r.window is not None for r in events), bool, len(events))
+    said = np.fromiter([r.window is not None for r in events], bool, n)
     if (
         not (eps[~np.isnan(eps)] > 0).all()
         or not (win[said] >= 1).all()
@@ -173,13 +209,13 @@ def _fast_json(
     End-of-slot markers of a single-stream batch stay on this path: they cut the rows into
     batches exactly as the line-by-line ``Builder`` does.
     """
-    decoded = _decode(lines, max_bytes)
+    decoded = _decode(lines, allowed, max_bytes)
     if decoded is None:
         return None
     recs, joined = decoded
-    marks, marked, events = _split_markers(recs, joined)
+    marks, marked, events, users = _split_markers(recs, [r.user for r in recs], joined)
     names = _stream_names(events, marked, allowed)
-    whole = None if names is None else _columns(events, lines, joined)
+    whole = None if names is None else _columns(events, users, lines)
     if names is None or whole is None:
         return None
     if marked:
@@ -206,7 +242,14 @@ def parse_json_batch(
 
 def _decode_line(line: str, out: Builder, raw: str | bytes) -> Any:
     """One line by the standard parser: it reads NaN and huge integers, so they get a precise
-    reason from the record checks."""
+    reason from the record checks. Invalid UTF-8 is malformed: replacing it would merge
+    different user ids into one."""
+    if isinstance(raw, bytes) and "\ufffd" in line:
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            out.reject(MALFORMED, line, "not valid UTF-8", raw=raw)
+            return SKIP
     try:
         return json.loads(line)
     except (json.JSONDecodeError, RecursionError):

@@ -28,7 +28,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Protocol
 
 from bytewax.connectors.kafka import KafkaSinkMessage
@@ -307,7 +307,7 @@ class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int]]):
             self._take(self._consumer.consume(want, timeout), values, poll)
             if len(values) - got < want:  # the wait is over or the partition ended
                 break
-        self._awake = None if values else datetime.now(timezone.utc) + self._IDLE
+        self._awake = None if values else datetime.now(UTC) + self._IDLE
         self._report_lag()
         if poll.first is None:
             return []
@@ -317,22 +317,19 @@ class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int]]):
     def _take(self, messages: list[Any], values: list[bytes], poll: _Poll) -> None:
         """Append the values of ``messages`` to ``values``, and where they came from to ``poll``.
 
-        Per message only ``error()`` and ``value()`` are read; offsets are read at the ends of
-        the run of good messages, and one by one only once they are not consecutive."""
+        Per message only ``error()`` and ``value()`` are read, each by ``map`` over the
+        method of the messages' class (no Python-level loop: half the cost per message); offsets
+        are read at the ends of the run of good messages, and one by one only once they are not
+        consecutive."""
+        if not messages:
+            return
         before = len(values)
-        good = len(messages)
-        for k, message in enumerate(messages):
-            error = message.error()
-            if error is not None:
-                good = k
-                if error.code() == KafkaError._PARTITION_EOF:
-                    self._eof = True
-                    break
-                raise RuntimeError(
-                    f"error consuming Kafka topic {self._topic!r} partition {self._partition}: "
-                    f"{error}"
-                )
-            values.append(message.value() or b"")
+        kind = type(messages[0])  # one class per consume call
+        good = self._good(messages) if any(map(kind.error, messages)) else len(messages)
+        taken = list(map(kind.value, messages[:good]))
+        if not all(taken):  # a tombstone's value is None: an empty message
+            taken = [value or b"" for value in taken]
+        values += taken
         if good:
             start, end = messages[0].offset(), messages[good - 1].offset()
             assert start is not None and end is not None
@@ -343,6 +340,21 @@ class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int]]):
             if poll.offsets is not None:
                 poll.offsets.extend(m.offset() for m in messages[:good])
             self._offset = end + 1
+
+    def _good(self, messages: list[Any]) -> int:
+        """How many messages come before the first error: the end of the partition (which
+        ends it), or a failure, which is raised."""
+        for k, message in enumerate(messages):
+            error = message.error()
+            if error is None:
+                continue
+            if error.code() == KafkaError._PARTITION_EOF:
+                self._eof = True
+                return k
+            raise RuntimeError(
+                f"error consuming Kafka topic {self._topic!r} partition {self._partition}: {error}"
+            )
+        return len(messages)
 
     def _report_lag(self) -> None:
         """``privstream_internal_consumer_lag`` from the high watermark of the last fetch

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 import numpy as np
@@ -52,7 +52,7 @@ class SlotClock:
     def slot(self, ts: str) -> int:
         when = datetime.fromisoformat(ts.replace("Z", "+00:00"))
         if when.tzinfo is None:
-            when = when.replace(tzinfo=timezone.utc)
+            when = when.replace(tzinfo=UTC)
         return (when - self.origin) // self.length
 
 

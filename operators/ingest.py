@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import itertools
 import json
-from typing import TYPE_CHECKING
+import operator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -44,6 +45,7 @@ class Ingest(Registration):
     task: EstimationTask
     cfg: SlottingConfig
     trust: Ports
+    _marks: NDArray[np.int32] | None = None  # scratch of ``_repeats``, one entry per user
 
     def _shaped(self, values: NDArray[np.float64]) -> bool:
         """Values of the task's shape: one number per row, or a row of ``d`` for vectors."""
@@ -58,7 +60,7 @@ class Ingest(Registration):
         out: list[Output] = []
         for i in range(len(batch)):
             try:
-                text, original = batch.row_text(i), batch.row_original(i)
+                text, original = batch.row_line(i)
             except Exception:  # a malformed in-process batch: keep the row, not its content
                 text, original = json.dumps({"stream": batch.stream}), None
             out.append(("dead_letter", DeadLetter(reason, batch.stream, text, detail, original)))
@@ -72,13 +74,10 @@ class Ingest(Registration):
         if batch.users.dtype.kind in "iu":
             idx = batch.users.astype(np.int64)
             return np.where((idx >= 0) & (idx < self.n), idx, -1), "dense"
-        directory = state.directory
         every = bool(ok.all())
         rows = np.flatnonzero(ok)
         users = batch.users.tolist() if every else batch.users[rows].tolist()
-        known = np.fromiter(
-            map(directory.get, users, itertools.repeat(-1)), dtype=np.int64, count=len(users)
-        )
+        known = _indices(state.directory, users)
         if every:
             return known, "named"
         idx = np.full(len(batch), -1, dtype=np.int64)
@@ -133,15 +132,10 @@ class Ingest(Registration):
         if rejected.size == 0:
             return []
         details = self._details(state, batch, late is not None)
+        lines = [batch.row_line(i) for i in rejected.tolist()]
         return [
-            DeadLetter(
-                REASON[c],
-                batch.stream,
-                batch.row_text(i),
-                details[REASON[c]],
-                batch.row_original(i),
-            )
-            for i, c in zip(rejected.tolist(), code[rejected].tolist(), strict=True)
+            DeadLetter(REASON[c], batch.stream, text, details[REASON[c]], original)
+            for (text, original), c in zip(lines, code[rejected].tolist(), strict=True)
         ]
 
     def _passed_slot(self, state: StreamState) -> int | None:
@@ -169,8 +163,8 @@ class Ingest(Registration):
         for slot in [lo] if lo == hi else np.unique(ok_slots).tolist():
             rows = ok if lo == hi else ok[ok_slots == slot]
             users = idx[rows]
-            _, first = np.unique(users, return_index=True)
-            if first.shape[0] < users.shape[0]:  # rare: repeats inside the batch
+            if self._repeats(users):  # rare: repeats inside the batch
+                _, first = np.unique(users, return_index=True)
                 repeat = np.ones(rows.shape[0], dtype=bool)
                 repeat[first] = False
                 code[rows[repeat]] = CODE[DUPLICATE]
@@ -183,6 +177,18 @@ class Ingest(Registration):
                 code[rows[seen]] = CODE[DUPLICATE]
                 rows, users = rows[~seen], users[~seen]
             target[users] = batch.values[rows]
+
+    def _repeats(self, users: NDArray[np.int64]) -> bool:
+        """Whether a user index occurs twice in ``users`` (each in ``[0, n)``): every row
+        writes its position at its user's place in a scratch array of the population and
+        reads it back — a repeated user reads another row's position. A sixth of the cost of
+        the sort that finds which report came first, which only a batch with repeats needs."""
+        marks = self._marks
+        if marks is None:
+            marks = self._marks = np.empty(self.n, dtype=np.int32)
+        order = np.arange(users.shape[0], dtype=np.int32)
+        marks[users] = order
+        return bool((marks[users] != order).any())
 
     def _details(self, state: StreamState, batch: EventBatch, by_partition: bool) -> dict[str, str]:
         """The dead-letter detail of each reason the slotting gives."""
@@ -232,3 +238,20 @@ class Ingest(Registration):
         if usable.any():
             marks.observe(batch.partition, int(slots[usable].max()))
         return late
+
+
+def _indices(directory: dict[str, int], users: list[Any]) -> NDArray[np.int64]:
+    """Each user's dense index in ``directory``, −1 for a user not in it.
+
+    The usual batch (every user enrolled) takes one C-level ``itemgetter`` call over the whole
+    batch, which costs a third less per row than a ``dict.get`` per user; a batch holding an
+    unknown user (a ``KeyError``) is looked up again user by user with the default."""
+    count = len(users)
+    if count > 1:  # (``itemgetter`` of one key gives the value itself, not a tuple)
+        try:
+            found = operator.itemgetter(*users)(directory)
+        except KeyError:
+            pass
+        else:
+            return np.fromiter(found, dtype=np.int64, count=count)
+    return np.fromiter(map(directory.get, users, itertools.repeat(-1)), dtype=np.int64, count=count)

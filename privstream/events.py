@@ -105,10 +105,15 @@ class EventBatch:
 
     def row_original(self, i: int) -> bytes | None:
         """The exact bytes of row ``i`` when ``row_text`` does not reproduce them."""
+        return self.row_line(i)[1]
+
+    def row_line(self, i: int) -> tuple[str, bytes | None]:
+        """``(row_text(i), row_original(i))``, the line decoded once."""
+        text = self.row_text(i)
         raw = self.raw[i] if self.raw is not None else None
-        if isinstance(raw, bytes) and raw != self.row_text(i).encode("utf-8"):
-            return raw
-        return None
+        if isinstance(raw, bytes) and raw != text.encode("utf-8"):
+            return text, raw
+        return text, None
 
     def row_text(self, i: int) -> str:
         """The original line of row ``i``, or an equivalent JSON object."""

@@ -138,7 +138,7 @@ MARKER_BATCHES = [
 
 
 @pytest.mark.parametrize("lines", MARKER_BATCHES)
-@pytest.mark.parametrize("streams", [None, ["a", "b"]])
+@pytest.mark.parametrize("streams", [None, ["a", "b"], ["a"]])
 def test_the_batch_fast_path_parses_markers_like_the_line_by_line_path(
     lines: list[str], streams: list[str] | None
 ) -> None:
@@ -155,6 +155,24 @@ def test_markers_of_a_single_stream_batch_stay_on_the_fast_path() -> None:
     assert [(len(b), b.complete_through) for b in fast if isinstance(b, EventBatch)] == [
         (0, 1), (0, 2), (1, 3)
     ]  # fmt: skip
+
+
+def test_invalid_utf8_inside_a_string_leaves_the_fast_path_without_failing() -> None:
+    """msgspec raises ``UnicodeDecodeError`` (not a ``DecodeError``) for invalid UTF-8 inside a
+    JSON string: the poll goes line by line instead of failing the flow, and that line is a
+    ``malformed_json`` dead letter (replacing the bytes would merge different user ids)."""
+    bad = b'{"stream":"a","user":"\xff","slot":1,"value":1}'
+    lines = [bad, _event("a", "u1", 1).encode()]
+    assert _fast_json(lines, frozenset({"a"}), 1000) is None
+    out = parse_json_lines(lines, streams=["a"])
+    batches = [b for b in out if isinstance(b, EventBatch)]
+    assert [user for b in batches for user in b.users.tolist()] == ["u1"]
+    (letter,) = [d for d in out if isinstance(d, DeadLetter)]
+    assert (letter.reason, letter.detail, letter.payload_bytes()) == (
+        "malformed_json",
+        "not valid UTF-8",
+        bad,
+    )
 
 
 LINE_POOL = sorted({line for batch in MARKER_BATCHES for line in batch} | {"{oops", "[1]"})
