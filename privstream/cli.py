@@ -401,8 +401,25 @@ def _bench_tools(bench_family: Any) -> None:
         "--spread); the raw side reads them with one consumer per partition on one thread, as "
         "the flow's one worker does (default 1)",
     )
+    bkafka.add_argument(
+        "--streams", type=_positive_int, metavar="S",
+        help="scaling run: S streams of a flow file (LPA, equal shares) over the --partitions, "
+        "run with each of --processes",
+    )  # fmt: skip
+    bkafka.add_argument(
+        "--processes", type=_process_counts, metavar="P1,P2,...",
+        help="scaling run: the Bytewax process counts to measure (e.g. 1,2,4,8), each against "
+        "raw consumers with the same parallelism; ratios against the first",
+    )  # fmt: skip
     bkafka.add_argument("--json", help="write the results as JSON to this file")
     _kafka_flags(bkafka)
+
+
+def _process_counts(text: str) -> tuple[int, ...]:
+    counts = tuple(_positive_int(x) for x in text.split(","))
+    if not counts:
+        raise argparse.ArgumentTypeError(f"expected P1,P2,..., got {text!r}")
+    return counts
 
 
 def _demo_audit(commands: Any) -> None:
@@ -679,6 +696,8 @@ def _report(result: dict[str, Any], path: str | None) -> int:
 
 
 def bench_kafka(args: argparse.Namespace) -> int:
+    if args.streams is not None or args.processes is not None:
+        return _bench_scaling(args)
     from privstream.bench_kafka import bench_kafka as run
     from privstream.bench_kafka import format_result
 
@@ -694,6 +713,27 @@ def bench_kafka(args: argparse.Namespace) -> int:
         partitions=args.partitions,
     )
     print(format_result(result))
+    return _report(result, args.json)
+
+
+def _bench_scaling(args: argparse.Namespace) -> int:
+    """``bench kafka --streams S --processes 1,2,...`` (an embedded broker unless --bootstrap)."""
+    import contextlib
+
+    from privstream.bench_scaling import bench_scaling, format_scaling
+    from privstream.connectors.broker import EmbeddedBroker
+    from privstream.connectors.kafka import KafkaSettings
+
+    with contextlib.ExitStack() as stack:
+        if args.bootstrap or os.environ.get("PRIVSTREAM_BOOTSTRAP"):
+            settings = _kafka_settings(args)
+        else:
+            settings = KafkaSettings((stack.enter_context(EmbeddedBroker()).bootstrap,))
+        result = bench_scaling(
+            settings, partitions=args.partitions, streams=args.streams or 1,
+            processes=args.processes or (1,), users=args.users, slots=args.slots,
+        )  # fmt: skip
+    print(format_scaling(result))
     return _report(result, args.json)
 
 
