@@ -24,25 +24,39 @@ log = logging.getLogger("privstream")
 SUPPRESS = argparse.SUPPRESS
 
 
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
 def add_config_flags(run: argparse.ArgumentParser) -> None:
     """The ``run --config`` flags (defaults from the file's ``[run]`` section)."""
     flag = run.add_argument
     flag("--config", metavar="FILE", default=SUPPRESS,
          help="run every stream of this flow configuration file (TOML; check it with "
          "`privstream config check FILE`); give the flags below before any family name")  # fmt: skip
-    flag("--slots", type=int, metavar="T", default=SUPPRESS,
+    flag("--slots", type=_at_least_one, metavar="T", default=SUPPRESS,
          help="stop once every stream's mechanisms released slot T (default: run until SIGTERM)")  # fmt: skip
-    flag("--processes", type=int, metavar="P", default=SUPPRESS,
+    flag("--processes", type=_at_least_one, metavar="P", default=SUPPRESS,
          help="run as a Bytewax cluster of P processes on this host (default [run] processes)")  # fmt: skip
     flag("--process-id", type=int, metavar="I", default=SUPPRESS,
          help="several hosts: this process's index in --addresses (one command per process)")  # fmt: skip
     flag("--addresses", metavar="HOST:PORT;...", default=SUPPRESS,
          help="several hosts: every cluster process's address, in process-id order")  # fmt: skip
     flag("--stop-file", default=SUPPRESS, help=SUPPRESS)  # the launcher's --slots stop
-    flag("--workers", type=int, metavar="W", default=SUPPRESS,
+    flag("--workers", type=_at_least_one, metavar="W", default=SUPPRESS,
          help="Bytewax worker threads per process (default [run] workers)")  # fmt: skip
     flag("--recovery-dir", default=SUPPRESS, help="recovery store (default [run] recovery_dir)")
-    flag("--snapshot-interval", type=float, default=SUPPRESS,
+    flag("--snapshot-interval", type=_positive, default=SUPPRESS,
          help="seconds between snapshots (default [run] snapshot_interval)")  # fmt: skip
     flag("--secret-file", default=SUPPRESS, help="the noise key (default [run] secret_file, "
          "else $PRIVSTREAM_SECRET)")  # fmt: skip
@@ -64,8 +78,6 @@ def run_config(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     config = load(args.config)
     processes = _get(args, "processes", config.run.processes)
-    if processes < 1:
-        raise ValueError(f"--processes must be >= 1, got {processes}")
     if processes > 1 and not hasattr(args, "process_id"):
         from privstream.cluster import launch
 
@@ -86,6 +98,7 @@ def _run_process(args: argparse.Namespace, config: Any) -> int:
     from privstream.flows.streams import build_streams, kafka_io
     from privstream.runner import run_dataflow, serve
 
+    cluster = _cluster(args)  # before reaching Kafka: a wrong command line fails at once
     kafka = kafka_io(config, until_slot=_get(args, "slots", None))
     kafka = kafka.with_partitions(require_topics(kafka.settings, kafka.topics()))
     kafka = dataclasses.replace(kafka, stop_file=_get(args, "stop_file", None))
@@ -96,7 +109,6 @@ def _run_process(args: argparse.Namespace, config: Any) -> int:
     )
     flow = build_streams(config, kafka, secret)
     control.install_signal_handlers()
-    cluster = _cluster(args)
     internal_port = _get(args, "internal_metrics_port", None)
     internal = None
     if internal_port is not None:

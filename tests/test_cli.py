@@ -213,3 +213,19 @@ def test_bench_personalized_writes_the_documented_json(
         assert {"amre", "ln_amre", "ajsd", "publications", "seconds"} <= set(row)
         assert row["amre"] > 0 and 0 <= row["ajsd"] <= 1
     assert "PBD" in capsys.readouterr().out
+
+
+def test_run_needs_a_family_or_a_flow_file_and_not_both(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from privstream.cli import main
+
+    assert main(["run"]) == 2
+    assert "name a family" in capsys.readouterr().err
+    flow = Path(__file__).resolve().parent.parent / "deploy" / "flow.toml"
+    assert main(["run", "--config", str(flow), "ldp-ids"]) == 2
+    assert "leave out the family name" in capsys.readouterr().err
+    assert main(["run", "--config", str(flow), "--process-id", "0"]) == 2
+    assert "needs both --process-id and --addresses" in capsys.readouterr().err
+    assert main(["run", "--config", str(flow), "--process-id", "2", "--addresses", "a:1;b:2"]) == 2
+    assert "is not an index of the 2 --addresses" in capsys.readouterr().err
