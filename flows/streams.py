@@ -46,12 +46,14 @@ def kafka_io(config: FlowConfig, until_slot: int | None = None) -> KafkaIO:
     """The Kafka topics of ``config`` (partitions still to be read from the broker); client
     properties from the file win over ``PRIVSTREAM_KAFKA_*`` in the environment."""
     k = config.kafka
+    # the environment's PRIVSTREAM_KAFKA_* properties (credentials from a Secret) merge in
+    settings = KafkaSettings.from_options(
+        k.bootstrap, [f"{p}={v}" for p, v in k.properties.items()]
+    )
     return KafkaIO(
-        # the environment's PRIVSTREAM_KAFKA_* properties (credentials from a Secret) merge in
-        KafkaSettings.from_options(k.bootstrap, [f"{p}={v}" for p, v in k.properties.items()]),
-        k.input_topic,
-        k.output_topic, k.dead_letter_topic, k.ledger_topic, until_slot=until_slot,
-        max_event_bytes=k.max_event_bytes, stall_warning_seconds=k.stall_warning_seconds,
+        settings, k.input_topic, k.output_topic, k.dead_letter_topic, k.ledger_topic,
+        until_slot=until_slot, max_event_bytes=k.max_event_bytes,
+        stall_warning_seconds=k.stall_warning_seconds,
     )  # fmt: skip
 
 
