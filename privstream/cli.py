@@ -16,25 +16,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from privstream.argtypes import positive_float as _positive_float
+from privstream.argtypes import positive_int as _positive_int
 from privstream.mechanisms.registry import FAMILIES, Family
 from privstream.run_config import add_config_flags, run_config
 from privstream.runner import run_dataflow, serve
 
 log = logging.getLogger("privstream")
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
 
 
 def _mean_range(text: str) -> tuple[float, float]:

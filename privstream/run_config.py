@@ -19,23 +19,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from privstream.argtypes import positive_float, positive_int
+
 log = logging.getLogger("privstream")
 
 SUPPRESS = argparse.SUPPRESS
-
-
-def _at_least_one(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
-
-
-def _positive(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
 
 
 def add_config_flags(run: argparse.ArgumentParser) -> None:
@@ -44,19 +32,19 @@ def add_config_flags(run: argparse.ArgumentParser) -> None:
     flag("--config", metavar="FILE", default=SUPPRESS,
          help="run every stream of this flow configuration file (TOML; check it with "
          "`privstream config check FILE`); give the flags below before any family name")  # fmt: skip
-    flag("--slots", type=_at_least_one, metavar="T", default=SUPPRESS,
+    flag("--slots", type=positive_int, metavar="T", default=SUPPRESS,
          help="stop once every stream's mechanisms released slot T (default: run until SIGTERM)")  # fmt: skip
-    flag("--processes", type=_at_least_one, metavar="P", default=SUPPRESS,
+    flag("--processes", type=positive_int, metavar="P", default=SUPPRESS,
          help="run as a Bytewax cluster of P processes on this host (default [run] processes)")  # fmt: skip
     flag("--process-id", type=int, metavar="I", default=SUPPRESS,
          help="several hosts: this process's index in --addresses (one command per process)")  # fmt: skip
     flag("--addresses", metavar="HOST:PORT;...", default=SUPPRESS,
          help="several hosts: every cluster process's address, in process-id order")  # fmt: skip
     flag("--stop-file", default=SUPPRESS, help=SUPPRESS)  # the launcher's --slots stop
-    flag("--workers", type=_at_least_one, metavar="W", default=SUPPRESS,
+    flag("--workers", type=positive_int, metavar="W", default=SUPPRESS,
          help="Bytewax worker threads per process (default [run] workers)")  # fmt: skip
     flag("--recovery-dir", default=SUPPRESS, help="recovery store (default [run] recovery_dir)")
-    flag("--snapshot-interval", type=_positive, default=SUPPRESS,
+    flag("--snapshot-interval", type=positive_float, default=SUPPRESS,
          help="seconds between snapshots (default [run] snapshot_interval)")  # fmt: skip
     flag("--secret-file", default=SUPPRESS, help="the noise key (default [run] secret_file, "
          "else $PRIVSTREAM_SECRET)")  # fmt: skip
