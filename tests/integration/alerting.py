@@ -9,22 +9,17 @@ notification Alertmanager posts, with the time it arrived.
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 
-from privstream.connectors.broker import free_port, stop_process, wait_until_ready
-
 from .prometheus import ensure_alertmanager
-from .service import Managed
+from .service import LocalDaemon, Managed, check_config
 
 
 @dataclass(frozen=True)
@@ -101,61 +96,21 @@ def webhook_config(url: str) -> str:
     return json.dumps(config, indent=2) + "\n"
 
 
-class AlertmanagerServer(Managed):
+class AlertmanagerServer(LocalDaemon):
     """``prometheus-alertmanager`` with ``config`` on a free loopback port, no cluster."""
 
+    name = "alertmanager"
+
     def __init__(self, config: str, workdir: Path) -> None:
+        super().__init__(workdir)
         self.paths = ensure_alertmanager()
-        self.workdir = workdir
-        workdir.mkdir(parents=True, exist_ok=True)
         self.config = workdir / "alertmanager.yml"
         self.config.write_text(config)
-        check = subprocess.run(
-            [self.paths["amtool"], "check-config", str(self.config)],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        if check.returncode != 0:
-            pytest.fail(f"amtool rejected the configuration:\n{check.stdout}{check.stderr}")
-        self.port: int | None = None
-        self._process: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
+        check_config([self.paths["amtool"], "check-config", str(self.config)], "amtool")
 
-    @property
-    def address(self) -> str:
-        assert self.port is not None, "Alertmanager is not started"
-        return f"127.0.0.1:{self.port}"
-
-    def log_tail(self, chars: int = 3000) -> str:
-        try:
-            return (self.workdir / "alertmanager.log").read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    def start(self, timeout: float = 30.0) -> AlertmanagerServer:
-        for attempt in range(3):  # a free port can be taken before alertmanager binds it
-            self.port = free_port()
-            self._log = open(self.workdir / "alertmanager.log", "ab")  # noqa: SIM115
-            self._process = subprocess.Popen(
-                [self.paths["prometheus-alertmanager"], f"--config.file={self.config}",
-                 f"--storage.path={self.workdir / f'data-{attempt}'}",
-                 f"--web.listen-address={self.address}", "--cluster.listen-address="],
-                stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-                cwd=self.workdir,
-            )  # fmt: skip
-
-            def ready() -> bool:
-                with urllib.request.urlopen(f"http://{self.address}/-/ready", timeout=1) as r:
-                    return bool(r.status == 200)
-
-            if wait_until_ready(self._process, ready, timeout, pause=0.1):
-                return self
-            self.stop()
-        pytest.fail(f"Alertmanager did not become ready within {timeout} s:\n{self.log_tail()}")
-
-    def stop(self, timeout: float = 15.0) -> None:
-        process, self._process = self._process, None
-        if process is not None:
-            stop_process(process, signal.SIGTERM, timeout)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+    def command(self, port: int, attempt: int) -> list[str]:
+        return [
+            self.paths["prometheus-alertmanager"], f"--config.file={self.config}",
+            f"--storage.path={self.workdir / f'data-{attempt}'}",
+            f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
+        ]  # fmt: skip

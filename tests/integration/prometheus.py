@@ -32,14 +32,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import Any
 
 import pytest
 
-from privstream.connectors.broker import free_port, stop_process, wait_until_ready
+from privstream.connectors.broker import stop_process
 from privstream.connectors.kafka import KafkaSettings, wait_for_messages
 
-from .service import Managed
+from .service import LocalDaemon, check_config
 
 # Serialises the installers of parallel test processes (pytest-xdist workers).
 INSTALL_LOCK = Path(tempfile.gettempdir()) / f"privstream-apt-install-{os.getuid()}.lock"
@@ -164,7 +164,7 @@ class Sample:
     value: float
 
 
-class PrometheusServer(Managed):
+class PrometheusServer(LocalDaemon):
     """``prometheus`` scraping ``targets``, on a free loopback port; a context manager.
 
     Args:
@@ -174,6 +174,8 @@ class PrometheusServer(Managed):
         alertmanagers: ``host:port`` of the Alertmanagers that receive its alerts.
         user_assets: a directory served at ``/user/`` (``--web.user-assets``).
     """
+
+    name = "prometheus"
 
     def __init__(
         self,
@@ -185,79 +187,26 @@ class PrometheusServer(Managed):
         alertmanagers: Sequence[str] = (),
         user_assets: Path | None = None,
     ) -> None:
+        super().__init__(workdir)
         self.paths = ensure_prometheus()
         jobs = targets if isinstance(targets, Mapping) else {job: targets}
         self.user_assets = user_assets
-        self.workdir = workdir
         self.config = workdir / "prometheus.yml"
-        self.log_path = workdir / "prometheus.log"
-        self.port: int | None = None
-        self._process: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
-        workdir.mkdir(parents=True, exist_ok=True)
         self.config.write_text(scrape_config(jobs, rule_files, alertmanagers))
-        check = subprocess.run(
-            [self.paths["promtool"], "check", "config", str(self.config)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        if check.returncode != 0:
-            pytest.fail(
-                f"promtool rejected the scrape configuration:\n{check.stdout}{check.stderr}"
-            )
+        check_config([self.paths["promtool"], "check", "config", str(self.config)], "promtool")
 
     @property
     def url(self) -> str:
-        assert self.port is not None, "Prometheus is not started"
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.address}"
 
-    def log_tail(self, chars: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    def start(self, timeout: float = 30.0) -> PrometheusServer:
-        """Start the server and return once ``/-/ready`` answers 200; fail the test otherwise."""
-        for attempt in range(3):  # a free port can be taken before prometheus binds it
-            self.port = free_port()
-            tsdb = self.workdir / f"tsdb-{attempt}"
-            self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-            self._process = subprocess.Popen(
-                [
-                    self.paths["prometheus"],
-                    f"--config.file={self.config}",
-                    f"--storage.tsdb.path={tsdb}",
-                    f"--web.listen-address=127.0.0.1:{self.port}",
-                    *([f"--web.user-assets={self.user_assets}"] if self.user_assets else []),
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=self._log,
-                stderr=subprocess.STDOUT,
-                cwd=self.workdir,
-            )
-            if self._wait_ready(timeout):
-                return self
-            self.stop()
-        pytest.fail(f"Prometheus did not become ready within {timeout} s:\n{self.log_tail()}")
-
-    def _wait_ready(self, timeout: float) -> bool:
-        def ready() -> bool:
-            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as response:
-                return bool(response.status == 200)
-
-        assert self._process is not None
-        return wait_until_ready(self._process, ready, timeout, pause=0.1)
-
-    def stop(self, timeout: float = 15.0) -> None:
-        """SIGTERM (Prometheus shuts down cleanly on it), SIGKILL after ``timeout``."""
-        process, self._process = self._process, None
-        if process is not None:
-            stop_process(process, signal.SIGTERM, timeout)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+    def command(self, port: int, attempt: int) -> list[str]:
+        return [
+            self.paths["prometheus"],
+            f"--config.file={self.config}",
+            f"--storage.tsdb.path={self.workdir / f'tsdb-{attempt}'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            *([f"--web.user-assets={self.user_assets}"] if self.user_assets else []),
+        ]
 
     def api(self, path: str, **params: str) -> Any:
         """GET ``/api/v1/<path>``; the ``data`` of a successful answer."""
