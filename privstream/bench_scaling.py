@@ -116,31 +116,17 @@ def flow_rate(flow: Path, processes: int, slots: int, messages: int, key: Path) 
 
 
 def produce_streams(settings: KafkaSettings, topic: str, streams: int, users: int,
-                    slots: int) -> list[int]:  # fmt: skip
-    """Produce the streams spread over the topic; the messages per partition."""
+                    slots: int, partitions: int) -> list[int]:  # fmt: skip
+    """Produce the streams spread over the topic; the messages per partition (each stream's
+    events round-robin from partition 0, its markers on every partition)."""
+    from privstream.bench_kafka import partition_counts
     from privstream.connectors.datasets import synthetic_dataset
     from privstream.connectors.producer import produce_synthetic
 
     for k in range(streams):
         produce_synthetic(settings, topic, synthetic_dataset("sin", users, slots, k + 1),
                           name=f"s{k}", spread=True)  # fmt: skip
-    consumer = Consumer(consumer_config(settings, tail=False))
-    try:
-        meta = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        return [_count(consumer, topic, p) for p in sorted(meta)]
-    finally:
-        consumer.close()
-
-
-def _count(consumer: Consumer, topic: str, partition: int) -> int:
-    """Messages of one partition, counted by reading it (Tansu's watermarks are wrong)."""
-    consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
-    count, idle = 0, time.monotonic()
-    while time.monotonic() - idle < 1.0:
-        got = [m for m in consumer.consume(5000, 0.1) if m.error() is None]
-        if got:
-            count, idle = count + len(got), time.monotonic()
-    return count
+    return [streams * count for count in partition_counts(users, slots, partitions)]
 
 
 def bench_scaling(
@@ -155,7 +141,7 @@ def bench_scaling(
     """The scaling table (see the module docstring)."""
     topic = f"bench-events-{uuid.uuid4().hex[:8]}"
     create_topics(settings, [TopicSpec(topic, partitions=partitions)])
-    counts = produce_streams(settings, topic, streams, users, slots)
+    counts = produce_streams(settings, topic, streams, users, slots, partitions)
     rows = []
     with tempfile.TemporaryDirectory(prefix="privstream-scaling-") as work:
         key = Path(work) / "noise.key"
