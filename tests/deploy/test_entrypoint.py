@@ -12,8 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ import pytest
 from privstream.connectors.broker import EmbeddedBroker, free_port
 from privstream.connectors.kafka import KafkaSettings
 from tests.integration.conftest import Topics, cli_env, read_json, run_cli, write_secret
+from tests.integration.prometheus import scrape_until
 
 ENTRYPOINT = Path(__file__).resolve().parents[2] / "deploy" / "entrypoint.sh"
 USERS, EPSILON, WINDOW = 300, 1.0, 5
@@ -61,18 +60,11 @@ def produce(kafka: KafkaSettings, topics: Topics, first: int, last: int) -> None
 
 def scrape(port: str, process: subprocess.Popen[str], until: str = "", timeout: float = 60) -> str:
     """The text of ``http://127.0.0.1:port/metrics`` once it answers with ``until`` in it."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def alive() -> None:
         assert process.poll() is None, process.communicate()[1][-3000:]
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
-                text = str(page.read().decode())
-            if until in text:
-                return text
-        except OSError:
-            pass
-        assert time.monotonic() < deadline, f"no metrics with {until!r} on port {port}"
-        time.sleep(0.2)
+
+    return scrape_until(int(port), lambda text: until in text, alive, timeout, repr(until))
 
 
 def stop(process: subprocess.Popen[str]) -> tuple[str, str]:
