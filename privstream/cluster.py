@@ -13,6 +13,7 @@ store. Each process serves its metrics on the given port plus its process id.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -66,25 +67,49 @@ def launch(argv: Sequence[str], processes: int) -> int:
                 args = _port_plus(args, flag, i)
             command = [sys.executable, "-m", "privstream.cli", *args, "--process-id", str(i),
                        "--addresses", addresses, "--stop-file", stop_file]  # fmt: skip
-            children.append(subprocess.Popen(command, stdin=subprocess.DEVNULL))
+            children.append(
+                subprocess.Popen(command, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+            )
         return _supervise(children)
 
 
+def die_with_parent() -> None:
+    """In a child before ``exec``: ask the kernel to SIGKILL it when its parent (the launcher)
+    dies, however the launcher died (SIGKILL included), so no member outlives its launcher and a
+    restarted launcher never runs a second cluster beside the first (Linux ``PR_SET_PDEATHSIG``;
+    elsewhere a no-op). If the launcher died before this ran, the child exits at once."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != _LAUNCHER_PID:  # the launcher is already gone: re-parented to init
+        os._exit(1)
+
+
+_PR_SET_PDEATHSIG = 1
+_LAUNCHER_PID = os.getpid()
+
+
 def _supervise(children: list[subprocess.Popen[bytes]]) -> int:
-    """Wait for every child; forward SIGTERM/SIGINT; once one fails, terminate the rest."""
+    """Wait for every child; forward SIGTERM/SIGINT; once one fails, terminate the rest. The
+    exit status is the first failed member's own (the others were stopped because of it)."""
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         for child in children:
             if child.poll() is None:
                 child.send_signal(signum)
 
+    first: tuple[int, int] | None = None
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        while any(c.poll() is None for c in children):
-            failed = [c for c in children if c.returncode not in (None, 0)]
+        while _running(children):
+            failed = [(i, c.returncode) for i, c in enumerate(children)
+                      if c.returncode not in (None, 0)]  # fmt: skip
             if failed:
-                log.error("a cluster process exited with %s: stopping the others",
-                          failed[0].returncode)  # fmt: skip
+                first = failed[0]
+                log.error("cluster process %d exited with %s: stopping the others", *first)
                 _stop_all(children)
                 break
             time.sleep(0.1)
@@ -93,10 +118,21 @@ def _supervise(children: list[subprocess.Popen[bytes]]) -> int:
             signal.signal(signum, handler)
     codes = [c.wait() for c in children]
     exits = {i: code for i, code in enumerate(codes) if code != 0}
-    if exits:
-        log.error("cluster processes exited with %s; restart the cluster: it resumes from its "
-                  "recovery store", ", ".join(f"{i}: {c}" for i, c in exits.items()))  # fmt: skip
-    return next(iter(exits.values()), 0)
+    if first is None and exits:
+        first = next(iter(exits.items()))
+    if first is not None:
+        log.error("cluster process %d failed first (exit %s; see its own error above); the "
+                  "others were stopped. Restart the cluster: it resumes from its recovery store",
+                  *first)  # fmt: skip
+    return 0 if first is None else first[1]
+
+
+def _running(children: list[subprocess.Popen[bytes]]) -> bool:
+    """Poll *every* child (so each one's exit status is known) and say whether any still runs.
+    ``any(c.poll() is None …)`` stopped at the first live child, so a member that died during
+    start-up behind a live one was never noticed and the launcher waited for ever."""
+    alive = [c.poll() is None for c in children]
+    return any(alive)
 
 
 def _stop_all(children: list[subprocess.Popen[bytes]], grace: float = 30.0) -> None:
