@@ -39,7 +39,7 @@ from privstream.operators.metrics import BOARD
 from privstream.operators.registration import Preferences
 from privstream.operators.slotting import MechanismOut
 
-__all__ = ["build_streams", "kafka_io"]
+__all__ = ["build_streams", "kafka_io", "registration_for"]
 
 
 def kafka_io(config: FlowConfig, until_slot: int | None = None) -> KafkaIO:
@@ -97,14 +97,7 @@ def _stream_operator(
         epsilon=spec.epsilon, window=spec.window, population=config.population.users,
         task=estimation_task(spec.task), **options,
     )  # fmt: skip
-    registration = None
-    if entry.trust == "cdp":
-        table = config.population.preferences  # read and checked by flow_config.load
-        if not table:
-            raise ValueError(f"stream {spec.name!r}: central DP needs the registration table")
-        registration = Preferences(
-            by_user={u: (eps * spec.share, win) for u, (eps, win) in table.items()}
-        )
+    registration = registration_for(spec, config) if entry.trust == "cdp" else None
     mine: Any = op.filter(f"stream_{spec.name}", keyed, functools.partial(_is, spec.name))
     step = f"{entry.name.replace('-', '_')}_{spec.name}"
     return family_mechanisms(
@@ -113,6 +106,16 @@ def _stream_operator(
         split=BudgetSplit.parse(spec.budget_split, len(spec.mechanisms)),
         registration=registration,
     )  # fmt: skip
+
+
+def registration_for(spec: StreamSection, config: FlowConfig) -> Preferences:
+    """A central-DP stream's registration: the population's table at the stream's share. The
+    mechanisms run every user at ``share·ε_i``; users state (and are checked against) their own
+    ``ε_i`` (``Preferences.share``)."""
+    table = config.population.preferences  # read and checked by flow_config.load
+    if not table:
+        raise ValueError(f"stream {spec.name!r}: central DP needs the registration table")
+    return Preferences(by_user=dict(table), share=spec.share)
 
 
 def _is(name: str, item: tuple[str, EventBatch]) -> bool:

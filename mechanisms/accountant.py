@@ -14,14 +14,20 @@ LDP-IDS families there is one class, ``(w, ε)``; population division charges ``
 at most once per window (its population ledger enforces it). A violation raises
 ``PrivacyBudgetExceeded``: the stream stops before release.
 
+δ composes too: streams at ``(ε_s, δ_s)`` over one population are ``(Σ ε_s, Σ δ_s)``-DP, so
+``compose_deltas`` checks ``Σ δ_s`` against the population's δ, and ``check_delta_bound`` keeps
+that δ below ``1/n`` unless an operator says otherwise.
+
 Running mechanisms side by side with the full budget each is an evaluation (``--compare``): the
 accountant then only reports the composed spend (which exceeds ε) and every output says so.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from privstream.mechanisms.contract import LedgerEntry
 from privstream.mechanisms.errors import PrivacyBudgetExceeded
@@ -156,3 +162,67 @@ class PopulationAccountant:
             return None
         (window, epsilon), spent = max(self.last.items(), key=lambda kv: kv[1] / kv[0][1])
         return window, epsilon, spent
+
+
+LARGE_DELTA_FLAG: Final = "population.allow_large_delta = true (--allow-large-delta)"
+"""How an operator accepts a population δ ≥ 1/n (named in every refusal)."""
+
+
+def check_delta_bound(delta: float, users: int, *, allow_large: bool, override: str) -> None:
+    """Refuse a population δ that is not well below ``1/n``.
+
+    (ε, δ)-DP allows a failure with probability δ for each user: at δ ≥ 1/n one of n users
+    is expected to lose everything. ``delta`` must lie in (0, 1) always and below ``1/users``
+    unless ``allow_large`` (``override`` says how an operator sets it).
+    """
+    if not (isinstance(delta, (int, float)) and math.isfinite(delta) and 0 < delta < 1):
+        raise ValueError(f"δ must lie in (0, 1), got {delta!r}")
+    if delta * users >= 1 and not allow_large:
+        raise ValueError(
+            f"δ = {delta:g} is at least 1/n = 1/{users} = {1 / users:.3g}: one of the n users "
+            f"may be expected to lose everything; take δ well below 1/n (e.g. "
+            f"{_well_below(users):.0e}) or, to accept it anyway, set {override}"
+        )
+
+
+def _well_below(users: int) -> float:
+    """A δ well below 1/n: the power of ten at or below ``1/(100·n)``."""
+    return 10.0 ** math.floor(math.log10(1 / (100 * users)))
+
+
+def compose_deltas(
+    deltas: Mapping[str, float],
+    population_delta: float | None,
+    users: int,
+    *,
+    allow_large: bool = False,
+    override: str = LARGE_DELTA_FLAG,
+) -> float:
+    """The population's δ for the streams ``deltas`` (stream name → its δ) over one population.
+
+    Basic composition: streams at ``(ε_s, δ_s)`` over the same users are together
+    ``(Σ ε_s, Σ δ_s)``-DP, so the population is ``(ε, δ)`` when ``Σ ε_s ≤ ε`` (the shares) and
+    ``Σ δ_s ≤ δ``. With ``population_delta`` given the sum must stay within it; without, the
+    population's δ is the sum. Either way it must pass :func:`check_delta_bound`. Returns the
+    population's δ (0 when no stream has one). Raises ValueError naming the streams.
+    """
+    total = math.fsum(deltas.values())
+    if population_delta is not None:
+        if total > budget_limit(population_delta):
+            each = ", ".join(f"{name} {d:g}" for name, d in deltas.items())
+            raise ValueError(
+                f"the streams' δ sum to {total:.6g} > population δ = {population_delta:g} "
+                f"({each}): the streams of one population compose, so their δ add up; lower "
+                "them or raise population.delta"
+            )
+        check_delta_bound(population_delta, users, allow_large=allow_large, override=override)
+        return population_delta
+    if not deltas:
+        return 0.0
+    if total >= 1:
+        raise ValueError(
+            f"the streams' δ sum to {total:.6g} >= 1: the streams of one population compose, "
+            "so their δ add up; set population.delta and lower the streams' δ"
+        )
+    check_delta_bound(total, users, allow_large=allow_large, override=override)
+    return total

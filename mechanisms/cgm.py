@@ -9,8 +9,10 @@ of std ``V_i·σ₁`` only: ``x*_i = (x'_i − r_i x'_{i−1} + η_i) + r_i x*_{
 mechanism whose normalised surrogate has sensitivity 1 and noise ``σ̃₁``, so a user's reports
 compose exactly as μ-Gaussian DP with ``μ_step = 1/σ̃₁`` (spec §8.4). With ``budget_scope =
 "stream"`` a user's ``l = window`` reports share μ*(ε, δ) (``σ̃₁ = √l/μ*``, the ledger admits
-exactly ``l`` reports); with ``"timestamp"`` every slot has its own budget (``σ̃₁ = 1/μ*``, the
-ledger renews every slot while the noise chain goes on).
+exactly ``l`` reports); with ``"timestamp"`` every slot has its own budget and *every single
+report* is μ*-GDP: a CGM report carries noise of variance ``v_i·σ₁²`` (not ``σ₁²``), so CGM
+calibrates ``σ̃₁ = 1/(μ*·√v_∞)`` with ``v_∞ = 4C̃(1 − C̃)`` the least ``v_i`` of any chain
+(Algorithm 1: ``σ̃₁ = 1/μ*``); the ledger renews every slot while the noise chain goes on.
 
 The noise is attack-proof like the central families' Laplace: each fresh term is rounded at
 random (unbiased) to a public grid (``2^−grid_bits`` of the domain) and gets exact discrete
@@ -32,7 +34,13 @@ from typing import Any, ClassVar, Final, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from privstream.mechanisms.cgm_math import agm_mu, ball_clip, diff_clip, range_clip
+from privstream.mechanisms.cgm_math import (
+    agm_mu,
+    ball_clip,
+    diff_clip,
+    range_clip,
+    variance_floor,
+)
 from privstream.mechanisms.contract import (
     ClassSpend,
     Conformance,
@@ -139,8 +147,45 @@ class CgmConfig:
 
     @property
     def sigma1(self) -> float:
-        """``σ̃₁ = √l/μ`` (stream) or ``1/μ`` (timestamp), normalised units (spec §1.6)."""
+        """Algorithm 1's ``σ̃₁ = √l/μ`` (stream) or ``1/μ`` (timestamp), normalised units
+        (spec §1.6); CGM's is :meth:`sigma1_for` ``(reuse=True)``."""
         return math.sqrt(self.reports_per_budget) / self.mu_budget
+
+    def sigma1_for(self, reuse: bool) -> float:
+        """``σ̃₁`` of a mechanism that reuses noise (CGM) or not (Algorithm 1).
+
+        Guarantee: with ``budget_scope = "timestamp"`` each report alone is μ-GDP. A CGM
+        report's noise has variance ``v_i·σ₁²`` and ``v_i ≥ v_∞ = 4C̃(1 − C̃)`` on every chain,
+        so CGM takes ``σ̃₁ = ρ/(μ·√v_∞)``; ``1/μ`` would leave a report at ``μ/√v_i``
+        (0.615 for μ* = 0.268 at C̃ = 0.05). ``ρ = 1 + √d/(K·C̃)`` covers the grid roundings a
+        report carries (one step per fresh term, weighted by ``∏ r ≤ b^k``: at most
+        ``2√d/(K(1 − b))`` of the diameter between neighbours). Over a whole stream
+        (``"stream"``) the surrogates compose to ``√l/σ̃₁ = μ`` (spec §4.5) and the paper's
+        ``√l/μ`` stands. Raises ValueError for CGM per timestamp with ``bound = 0``
+        (``v_∞ = 0``).
+        """
+        if not reuse or self.budget_scope == "stream":
+            return self.sigma1
+        c_norm = min(self.bound / self.diameter, 0.5)
+        floor = variance_floor(c_norm)
+        if floor == 0:
+            raise ValueError(
+                "CGM with budget_scope 'timestamp' needs bound > 0: with bound 0 the chain "
+                "averages the reports and no single report can be held to the per-slot μ; "
+                "set a bound, use Alg1, or use budget_scope 'stream'"
+            )
+        base, d = self.sigma1 / math.sqrt(floor), self.task.d
+        sigma, steps = base, 0.0
+        while grid_steps(sigma, self.grid_bits, d) != steps:  # K shrinks only for huge σ̃₁
+            steps = grid_steps(sigma, self.grid_bits, d)
+            sigma = base * (1 + math.sqrt(d) / (steps * c_norm))
+        return sigma
+
+    @property
+    def report_charge(self) -> float:
+        """μ² a report is charged in its budget: ``1/σ̃₁²`` of Algorithm 1 (a whole stream of
+        ``l`` reports composes to μ²), so per timestamp the stated ``μ²`` of one slot."""
+        return 1 / self.sigma1**2
 
 
 @dataclass
@@ -335,10 +380,17 @@ class CgmMechanism(Mechanism[CgmConfig, CgmState]):
                  ("budget_scope", "forever"), ("task", None)),
     )  # fmt: skip
 
+    def __init__(self, config: CgmConfig) -> None:
+        super().__init__(config)
+        self.sigma1 = config.sigma1_for(self.reuse)
+        """``σ̃₁`` of this mechanism (normalised units): see :meth:`CgmConfig.sigma1_for`."""
+        grid_steps(self.sigma1, config.grid_bits, config.task.d)  # within the sampler's range
+
     @property
     def privacy_cost(self) -> Guarantee:
-        """μ-GDP for a user's whole stream (``stream``) or per slot (``timestamp``), spec §8.4;
-        μ = μ*(ε, δ)·√s, which is (ε, δ)-LDP at the configured δ (spec §2.2)."""
+        """μ-GDP for a user's whole stream (``stream``) or for each slot's report alone
+        (``timestamp``), spec §8.4; μ = μ*(ε, δ)·√s, which is (ε, δ)-LDP at the configured δ
+        (spec §2.2)."""
         cfg = self.config
         scope = StreamScope() if cfg.budget_scope == "stream" else PeriodScope(1)
         return Guarantee(GaussianDP(cfg.mu_budget), scope, "ldp")
@@ -354,7 +406,7 @@ class CgmMechanism(Mechanism[CgmConfig, CgmState]):
 
     def protocol(self, slot: int) -> CgmProtocol:
         cfg = self.config
-        return CgmProtocol(slot, cfg.task, cfg.bound, cfg.sigma1, cfg.grid_bits, cfg.lag,
+        return CgmProtocol(slot, cfg.task, cfg.bound, self.sigma1, cfg.grid_bits, cfg.lag,
                            self.reuse, cfg.gap_aware)  # fmt: skip
 
     def _advance(self, state: CgmState, slot: Slot) -> list[Release | LedgerEntry]:
@@ -386,26 +438,27 @@ class CgmMechanism(Mechanism[CgmConfig, CgmState]):
         if n:
             state.estimate = tuple(float(x) for x in reports[:, :-1].mean(axis=0))
             state.source_slot, strategy = slot.index, "publish"
-            sigma1_raw = cfg.sigma1 * cfg.diameter
+            sigma1_raw = self.sigma1 * cfg.diameter
             se = (sigma1_raw * math.sqrt(float(reports[:, -1].sum())) / n,) * len(state.estimate)
         low = tuple(m - Z95 * s for m, s in zip(state.estimate, se, strict=False))
         high = tuple(m + Z95 * s for m, s in zip(state.estimate, se, strict=False))
-        details = CgmRelease(n, se, low, high, cfg.sigma1 * cfg.diameter, refused)
+        details = CgmRelease(n, se, low, high, self.sigma1 * cfg.diameter, refused)
         return self.release(slot, strategy, state.estimate, state.source_slot, details)
 
     def _entry(
         self, state: CgmState, slot: Slot, reports: NDArray[np.float64], refused: int
     ) -> LedgerEntry:
         """One class (every user shares the budget): a reporting user paid ``μ_step²`` at this
-        slot; the most-charged user has ``t·μ_step²`` of ``μ²`` (spec §8.4)."""
+        slot; the most-charged user has ``t·μ_step²`` of ``μ²`` (spec §8.4). The lifetime μ
+        composes the surrogates, ``√t/σ̃₁`` (spec §4.5)."""
         cfg = self.config
-        step = 1 / cfg.sigma1**2
+        step = cfg.report_charge
         most = int(state.charged.max(initial=0))
         spent = most * step
         spend = ClassSpend(cfg.reports_per_budget, cfg.mu_budget**2, cfg.population,
                            step if reports.shape[0] else 0.0, spent)  # fmt: skip
         eps = GaussianDP(math.sqrt(spent)).epsilon(cfg.delta) if spent > 0 else 0.0
-        lifetime = math.sqrt(int(state.lifetime.max(initial=0)) * step)
+        lifetime = math.sqrt(int(state.lifetime.max(initial=0))) / self.sigma1
         details = CgmLedger(math.sqrt(spent), eps, cfg.delta, most, refused, lifetime)
         return self.ledger_entry(slot, (spend,), details)
 

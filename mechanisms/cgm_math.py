@@ -223,6 +223,19 @@ def schedule_step_after_gap(v_prev: float, c_norm: float, gap: int) -> tuple[flo
     return schedule_step(v_prev, min(gap * c_norm, 0.5))
 
 
+def variance_floor(c_norm: float) -> float:
+    """``v_∞ = 4C̃(1 − C̃)``, the infimum of ``v_i = Var(γ_i)/σ₁²`` over every chain of
+    Algorithm 3 with bound C̃ (spec §4.3; ``1`` when ``C̃ ≥ 1/2``, Algorithm 1).
+
+    ``v ↦ v/(b² + v)`` maps ``[1 − b², 1]`` into itself and a larger gap-aware ``C_g`` only
+    lowers ``b``, so no step of any chain (lag phases, gaps) reports with less noise than
+    ``v_∞·σ₁²``. ``C̃ = 0`` gives 0: a running average, whose reports' noise vanishes.
+    """
+    _check_c_norm(c_norm)
+    c = min(c_norm, 0.5)
+    return 4.0 * c * (1.0 - c)
+
+
 def cgm_schedule(c_norm: float, length: int) -> Schedule:
     """The schedule ``r_i, V_i, v_i`` for ``i = 1..length`` by the exact recursion (spec §4.3).
 

@@ -31,7 +31,7 @@ from privstream.events import (
 from privstream.mechanisms.tasks import EstimationTask
 from privstream.operators.metrics import EVENTS
 from privstream.operators.reasons import CODE, REASON, Output
-from privstream.operators.registration import Registration
+from privstream.operators.registration import Preferences, Registration
 from privstream.operators.stream_state import StreamState
 
 if TYPE_CHECKING:
@@ -65,6 +65,11 @@ class Ingest(Registration):
                 text, original = json.dumps({"stream": batch.stream}), None
             out.append(("dead_letter", DeadLetter(reason, batch.stream, text, detail, original)))
         return out
+
+    def _registered_share(self) -> float:
+        """The stream's share of a registration's budgets (``Preferences.share``; 1 without)."""
+        preferences = getattr(self.trust, "preferences", None)
+        return preferences.share if isinstance(preferences, Preferences) else 1.0
 
     def _user_index(
         self, state: StreamState, batch: EventBatch, ok: NDArray[np.bool_]
@@ -119,7 +124,7 @@ class Ingest(Registration):
         unknown = UNREGISTERED if kind == "named" else OUT_OF_DOMAIN
         code[(code == 0) & (idx < 0) & ~held] = CODE[unknown]
         if self.trust.tracks_requirements:
-            self._requirements(state, batch, idx, code)
+            self._requirements(state, batch, idx, code, self._registered_share())
         ok = np.flatnonzero((code == 0) & ~held)
         self._buffer(state, batch, idx, code, ok)
         accepted = int((code == 0).sum())

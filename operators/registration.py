@@ -25,7 +25,7 @@ from privstream.events import (
     EventBatch,
 )
 from privstream.mechanisms.tasks import EstimationTask
-from privstream.mechanisms.validation import MIN_EPSILON, check_requirement
+from privstream.mechanisms.validation import MIN_EPSILON, check_fraction, check_requirement
 from privstream.operators.reasons import CODE, Output
 from privstream.operators.stream_state import StreamState
 
@@ -37,16 +37,23 @@ class Preferences:
     registration table, spec §9.1: exactly these users are registered, in this order) or by
     dense index (``epsilons``/``windows`` arrays, NaN / 0 = the stream default; dense indices
     ``0..n−1`` are all registered). Who is registered is therefore public by construction;
-    data of anybody else are ``unregistered_user`` dead letters."""
+    data of anybody else are ``unregistered_user`` dead letters.
+
+    ``share``: the stream's share ``s`` of the population's budget (a flow file's streams). The
+    mechanisms run every user at ``s·ε_i``; users still state, and are checked against, their
+    own ``ε_i``."""
 
     by_user: dict[str, tuple[float, int]] = field(default_factory=dict)
     epsilons: NDArray[np.float64] | None = None
     windows: NDArray[np.int64] | None = None
+    share: float = 1.0
 
     def __post_init__(self) -> None:
         """Refuse requirements outside the limits at start (never naming a user)."""
+        check_fraction("share", self.share, closed=True)
         for k, (eps, win) in enumerate(self.by_user.values(), start=1):
             check_requirement(eps, win, f"registration entry {k}")
+            check_requirement(eps * self.share, win, f"registration entry {k} at its share")
         if self.epsilons is not None:
             for eps in np.unique(self.epsilons[~np.isnan(self.epsilons)]).tolist():
                 check_requirement(eps, 1, "a registered requirement")
@@ -79,13 +86,13 @@ class Registration:
             assert state.epsilons is not None and state.windows is not None
             for i, (user, (eps, win)) in enumerate(prefs.by_user.items()):
                 state.directory[user] = i
-                state.epsilons[i], state.windows[i] = eps, win
+                state.epsilons[i], state.windows[i] = eps * prefs.share, win
             state.id_kind = "named"
         elif prefs.epsilons is not None or prefs.windows is not None:
             self._requirement_arrays(state)
             assert state.epsilons is not None and state.windows is not None
             if prefs.epsilons is not None:
-                state.epsilons[:] = prefs.epsilons
+                state.epsilons[:] = prefs.epsilons * prefs.share
             if prefs.windows is not None:
                 state.windows[:] = prefs.windows
 
@@ -135,10 +142,17 @@ class Registration:
             state.windows = np.zeros(self.n, dtype=np.int64)
 
     def _requirements(
-        self, state: StreamState, batch: EventBatch, idx: NDArray[np.int64], code: NDArray[np.int8]
+        self,
+        state: StreamState,
+        batch: EventBatch,
+        idx: NDArray[np.int64],
+        code: NDArray[np.int8],
+        share: float = 1.0,
     ) -> None:
         """Refuse rows stating another requirement than the user's registered one (the
-        registration fixes it before the data arrive; a row stating none is fine)."""
+        registration fixes it before the data arrive; a row stating none is fine). A user
+        states their own ε_i; the stream holds ``share·ε_i`` (``Preferences.share``), so the
+        stated value is scaled alike before the exact comparison."""
         if batch.epsilons is None or batch.windows is None:
             return
         stating = (code == 0) & (~np.isnan(batch.epsilons) | (batch.windows > 0))
@@ -149,7 +163,7 @@ class Registration:
         rows = np.flatnonzero(stating)
         users = idx[rows]
         eps, win = batch.epsilons[rows], batch.windows[rows]
-        changed = (~np.isnan(eps) & (eps != state.epsilons[users])) | (
+        changed = (~np.isnan(eps) & (eps * share != state.epsilons[users])) | (
             (win > 0) & (win != state.windows[users])
         )
         code[rows[changed]] = CODE[REQUIREMENT_CHANGED]

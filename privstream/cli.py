@@ -18,6 +18,7 @@ from typing import Any
 
 from privstream.argtypes import positive_float as _positive_float
 from privstream.argtypes import positive_int as _positive_int
+from privstream.mechanisms.accountant import check_delta_bound
 from privstream.mechanisms.registry import FAMILIES, Family
 from privstream.run_config import add_config_flags, run_config
 from privstream.runner import run_dataflow, serve
@@ -138,6 +139,13 @@ def _family_flags(p: argparse.ArgumentParser, family: Family) -> None:
     """The family's own run flags: its options, the mean task, the client path of the LDP
     modes and the registration table of central DP — all from its registry entry."""
     _option_flags(p, family)
+    if any(o.name == "delta" for o in family.options):
+        p.add_argument(
+            "--allow-large-delta",
+            action="store_true",
+            help="accept --delta >= 1/--users (refused by default: one of the n users may be "
+            "expected to lose everything)",
+        )
     if family.numeric:
         p.add_argument(
             "--mean-range",
@@ -534,6 +542,9 @@ def _flow_options(args: argparse.Namespace, family: Family) -> dict[str, Any]:
     from privstream.connectors.registrations import load_preferences
 
     options: dict[str, Any] = {o.name: getattr(args, o.name) for o in family.options}
+    if "delta" in options:  # one stream over --users users: its δ is the population's
+        check_delta_bound(options["delta"], args.users, allow_large=args.allow_large_delta,
+                          override="--allow-large-delta")  # fmt: skip
     if family.trust == "ldp-simulated" and family.histograms:
         options["client_path"] = args.client_path
     if family.trust == "cdp" and args.preferences:

@@ -11,6 +11,12 @@ never shorter. For a central-DP stream the share scales every registered user's 
 budget renews more often than every ``window`` slots (CGM's ``budget_scope = "timestamp"``) is
 refused, and ``compare`` (an evaluation, full ε each) cannot be configured here.
 
+δ composes like ε: streams at ``(ε_s, δ_s)`` are together ``(Σ ε_s, Σ δ_s)``-DP. A stream with
+a δ (CGM) takes its own ``delta`` or, without one, ``share × population.delta``; their sum may
+not pass ``population.delta`` (without it, the population's δ is the sum), and the population's
+δ must lie below ``1/users`` unless ``population.allow_large_delta = true``
+(``accountant.compose_deltas``).
+
 ``load`` reads the file with ``tomllib`` and validates every field; a ``ConfigError`` reads
 ``FILE: KEY: problem``, where ``KEY`` is the key's path (``population.users``,
 ``streams["country"].share``; ``streams[k]`` is the k-th ``[[streams]]`` table, from 1, until
@@ -32,7 +38,7 @@ from typing import Any, Final
 
 from privstream.connectors.registrations import load_preferences
 from privstream.events import MAX_EVENT_BYTES
-from privstream.mechanisms.accountant import BudgetSplit
+from privstream.mechanisms.accountant import BudgetSplit, compose_deltas
 from privstream.mechanisms.guarantees import PeriodScope, WindowScope
 from privstream.mechanisms.ledger import budget_limit
 from privstream.mechanisms.registry import FAMILIES, Family
@@ -73,6 +79,11 @@ class PopulationSection:
     epsilon: float
     window: int
     registrations: Path | None = None
+    delta: float | None = None
+    """The population's δ: ``population.delta``, or the sum of the streams' δ without it
+    (None when no stream has a δ and none is given)."""
+    allow_large_delta: bool = False
+    """``population.allow_large_delta``: accept a δ ≥ 1/users."""
     preferences: Mapping[str, tuple[float, int]] = field(
         default_factory=dict, repr=False, compare=False
     )
@@ -266,6 +277,13 @@ class _Table:
             raise self.error(key, f"must be a finite number{bound}, got {_show(value)}")
         return float(value)
 
+    def flag(self, key: str) -> bool:
+        """An optional boolean (default false)."""
+        value = self.data.get(key, False)
+        if not isinstance(value, bool):
+            raise self.error(key, f"must be true or false, got {_show(value)}")
+        return value
+
     def numbers(self, key: str, what: str) -> tuple[float, ...]:
         """A non-empty array of finite numbers."""
         value = self.get(key, what)
@@ -294,6 +312,7 @@ def load(path: str | Path) -> FlowConfig:
     population = _population(population_table)
     run = _run(top.table("run", required=False))
     streams = _streams(top, population)
+    population = _deltas(population_table, population, streams)
     population = _registrations(population_table, population, streams)
     return FlowConfig(source, kafka, population, streams, run)
 
@@ -354,7 +373,7 @@ def _properties(t: _Table) -> dict[str, str]:
 
 def _population(t: _Table) -> PopulationSection:
     """``[population]``: n, and the budget ε per window that all streams share."""
-    t.only(("users", "epsilon", "window", "registrations"))
+    t.only(("users", "epsilon", "window", "registrations", "delta", "allow_large_delta"))
     users = t.integer("users", 1)
     epsilon = t.number("epsilon")
     try:
@@ -362,7 +381,11 @@ def _population(t: _Table) -> PopulationSection:
     except ValueError as exc:
         raise t.error("epsilon", str(exc)) from None
     window = t.integer("window", 1, MAX_WINDOW)
-    return PopulationSection(users, epsilon, window, t.file_path("registrations"))
+    delta = t.number("delta") if "delta" in t.data else None
+    if delta is not None and not 0 < delta < 1:
+        raise t.error("delta", f"must lie in (0, 1), got {_show(t.data['delta'])}")
+    return PopulationSection(users, epsilon, window, t.file_path("registrations"), delta,
+                             t.flag("allow_large_delta"))  # fmt: skip
 
 
 def _run(t: _Table) -> RunSection:
@@ -406,6 +429,20 @@ def _streams(top: _Table, population: PopulationSection) -> tuple[StreamSection,
     return tuple(streams)
 
 
+def _deltas(
+    t: _Table, population: PopulationSection, streams: tuple[StreamSection, ...]
+) -> PopulationSection:
+    """The population's δ: the streams' δ composed (``accountant.compose_deltas``)."""
+    deltas = {s.name: float(s.options["delta"]) for s in streams if "delta" in s.options}
+    try:
+        delta = compose_deltas(deltas, population.delta, population.users,
+                               allow_large=population.allow_large_delta,
+                               override="population.allow_large_delta = true")  # fmt: skip
+    except ValueError as exc:
+        raise t.error("delta", str(exc)) from None
+    return replace(population, delta=delta if deltas or population.delta else None)
+
+
 def _stream(t: _Table, name: str, population: PopulationSection) -> StreamSection:
     """One ``[[streams]]`` table; ε is its share of the population's budget."""
     family = FAMILIES.get(t.text("family", what=f"one of {', '.join(FAMILIES)}"), None)
@@ -443,7 +480,7 @@ def _stream(t: _Table, name: str, population: PopulationSection) -> StreamSectio
         window,
         split_text,
         t.integer("lateness", 0, default=1),
-        _options(t, family),
+        _options(t, family, share, population),
     )
     _check_guarantee(t, family, stream, split, population)
     return stream
@@ -527,12 +564,16 @@ def _task(t: _Table, family: Family) -> Task:
     return task
 
 
-def _options(t: _Table, family: Family) -> dict[str, Any]:
+def _options(
+    t: _Table, family: Family, share: float, population: PopulationSection
+) -> dict[str, Any]:
     """The family's options by name, checked by each ``Option.parse`` as the flags are, with
-    their defaults where absent; ``client_path`` where the family has it."""
+    their defaults where absent (``delta``: ``share × population.delta`` where that is given);
+    ``client_path`` where the family has it."""
     options: dict[str, Any] = {}
+    defaults = {"delta": share * population.delta} if population.delta is not None else {}
     for option in family.options:
-        value = t.data.get(option.name, option.default)
+        value = t.data.get(option.name, defaults.get(option.name, option.default))
         kinds = (int, float) if isinstance(option.default, float) else (type(option.default),)
         if isinstance(value, bool) or not isinstance(value, kinds):
             kind = {float: "a number", int: "an integer", str: "a string"}.get(
@@ -652,15 +693,23 @@ def describe(config: FlowConfig) -> list[str]:
         lines.append(
             f"stream {s.name}: {s.family} {', '.join(s.mechanisms)}{split}; "
             f"{_task_text(s.task)}; ε = {s.share:g} × {pop.epsilon:g} = "
-            f"{s.epsilon:g}{each}; w = {s.window}"
+            f"{s.epsilon:g}{each}{_delta_text(s)}; w = {s.window}"
         )
     total = math.fsum(s.share for s in config.streams)
+    deltas = [float(s.options["delta"]) for s in config.streams if "delta" in s.options]
+    delta = ""
+    if pop.delta is not None:
+        delta = f" and {math.fsum(deltas):g} of δ = {pop.delta:g} (1/n = {1 / pop.users:.3g})"
     lines.append(
         f"{len(config.streams)} stream(s), n = {pop.users}: shares sum to {total:g}, so "
         f"a user in every stream spends at most {total * pop.epsilon:g} of "
-        f"ε = {pop.epsilon:g} per {pop.window} slots"
+        f"ε = {pop.epsilon:g}{delta} per {pop.window} slots"
     )
     return lines
+
+
+def _delta_text(stream: StreamSection) -> str:
+    return f", δ = {float(stream.options['delta']):g}" if "delta" in stream.options else ""
 
 
 def _task_text(task: Task) -> str:

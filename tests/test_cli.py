@@ -229,3 +229,23 @@ def test_run_needs_a_family_or_a_flow_file_and_not_both(
     assert "needs both --process-id and --addresses" in capsys.readouterr().err
     assert main(["run", "--config", str(flow), "--process-id", "2", "--addresses", "a:1;b:2"]) == 2
     assert "is not an index of the 2 --addresses" in capsys.readouterr().err
+
+
+def test_run_refuses_a_delta_of_at_least_one_over_n(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 18 §4: any δ < 1 was accepted. One stream over ``--users`` n users: δ ≥ 1/n is
+    refused (exit 2, naming the override) before anything is written; ``--allow-large-delta``
+    accepts it and the ledger entries carry the δ; δ < 1/n runs as before."""
+    out, ledger = tmp_path / "r.jsonl", tmp_path / "l.jsonl"
+    argv = ["run", "cgm", "--users", "200", "--slots", "3", "--out", str(out),
+            "--ledger-out", str(ledger), "--no-progress", "--secret-file",
+            str(secret_file(tmp_path))]  # fmt: skip
+    assert main([*argv, "--delta", "0.005"]) == 2
+    err = capsys.readouterr().err
+    assert "δ = 0.005 is at least 1/n = 1/200" in err and "--allow-large-delta" in err
+    assert not out.exists() or out.read_text() == ""
+    assert main([*argv, "--delta", "0.005", "--allow-large-delta"]) == 0
+    assert {e["details"]["delta"] for e in read(ledger)} == {0.005}
+    assert main([*argv, "--delta", "1e-5"]) == 0
+    assert {e["details"]["delta"] for e in read(ledger)} == {1e-5}

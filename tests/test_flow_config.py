@@ -195,7 +195,7 @@ def _only(stream: dict[str, Any], **fields: Any) -> Callable[[dict[str, Any]], o
         # unknown keys, at every level
         (lambda d: d.update(stream=1), ["stream: unknown key; allowed: kafka, population, run, streams"]),
         (_set("kafka", bootstrap_servers="x"), ["kafka.bootstrap_servers: unknown key; allowed: bootstrap, dead_letter_topic, input_topic"]),
-        (_set("population", n=5), ["population.n: unknown key; allowed: epsilon, registrations, users, window"]),
+        (_set("population", n=5), ["population.n: unknown key; allowed: allow_large_delta, delta, epsilon, registrations, users, window"]),
         (_set("run", threads=2), ["run.threads: unknown key; allowed: processes, recovery_dir, secret_file, snapshot_interval, workers"]),
         (_stream(delta=0.1), ['streams["country"].delta: unknown key; allowed: ', "beta", "client_path", "budget_split"]),
         (_only(CGM_STREAM, range=None, ball={"center": [0], "radius": 1, "norm": 2}), ['streams["speed"].ball.norm: unknown key; allowed: center, radius']),
@@ -342,9 +342,9 @@ def test_config_check_prints_every_stream(
     out = capsys.readouterr().out.splitlines()
     assert out == [
         "stream country: ldp-ids LPA; d = 8; ε = 0.5 × 2 = 1; w = 20",
-        "stream speed: cgm CGM; range [0, 120]; ε = 0.25 × 2 = 0.5; w = 48",
+        "stream speed: cgm CGM; range [0, 120]; ε = 0.25 × 2 = 0.5, δ = 1e-05; w = 48",
         "2 stream(s), n = 1000: shares sum to 0.75, so a user in every stream spends at most "
-        "1.5 of ε = 2 per 20 slots",
+        "1.5 of ε = 2 and 1e-05 of δ = 1e-05 (1/n = 0.001) per 20 slots",
     ]
 
 
@@ -370,3 +370,83 @@ def test_config_check_refuses_a_bad_file_with_exit_2(
     assert captured.err == (
         f'privstream: error: {path}: streams["country"].share: share must lie in (0, 1], got 1.5\n'
     )
+
+
+# -- δ composes across the streams of a population (issue 18 §4) ---------------------------------
+
+
+def _cgm_streams(*deltas: float | None, share: float = 0.25) -> list[dict[str, Any]]:
+    """CGM streams ``s1, s2, …``, each with its own ``delta`` (None: none given)."""
+    out = []
+    for k, delta in enumerate(deltas, start=1):
+        stream = {**CGM_STREAM, "name": f"s{k}", "share": share}
+        if delta is not None:
+            stream["delta"] = delta
+        out.append(stream)
+    return out
+
+
+@pytest.mark.parametrize(("deltas", "total"), [((0.6, 0.6), 1.2), ((0.5, 0.5, 0.5, 0.5), 2.0)])
+def test_deltas_that_sum_past_one_are_refused(
+    tmp_path: Path, deltas: tuple[float, ...], total: float
+) -> None:
+    """The audit's flow files: every stream's δ < 1, but Σ δ = 1.2 or 2.0 loaded and ``config
+    check`` printed "at most 1 of ε". Streams compose, so their δ add up: refused by name."""
+    message = _error(tmp_path, lambda d: d.update(streams=_cgm_streams(*deltas)))
+    assert f"population.delta: the streams' δ sum to {total:g} >= 1" in message
+    allowed = _error(
+        tmp_path,
+        lambda d: d.update(
+            streams=_cgm_streams(*deltas), population={**BASE["population"], "delta": 1e-5}
+        ),
+    )
+    assert f"the streams' δ sum to {total:g} > population δ = 1e-05" in allowed
+    assert ", ".join(f"s{k} {d:g}" for k, d in enumerate(deltas, start=1)) in allowed
+
+
+def test_a_delta_at_least_one_over_n_is_refused_unless_allowed(tmp_path: Path) -> None:
+    """n = 1000: δ = 1e−3 (= 1/n) is refused, given or summed (two streams of 5e−4), and names
+    the override; ``allow_large_delta = true`` accepts it; δ < 1/n always passes."""
+    given = {**BASE["population"], "delta": 1e-3}
+    message = _error(tmp_path, lambda d: d.update(population=given, streams=_cgm_streams(None)))
+    assert "population.delta: δ = 0.001 is at least 1/n = 1/1000" in message
+    assert "set population.allow_large_delta = true" in message and "1e-05" in message
+    summed = _error(tmp_path, lambda d: d.update(streams=_cgm_streams(5e-4, 5e-4)))
+    assert "δ = 0.001 is at least 1/n" in summed
+    data = copy.deepcopy(BASE)
+    data.update(population={**given, "allow_large_delta": True}, streams=_cgm_streams(None))
+    assert load(_write(tmp_path, data)).population.delta == 1e-3
+    data.update(population={**BASE["population"], "delta": 9.99e-4}, streams=_cgm_streams(None))
+    assert load(_write(tmp_path, data)).population.delta == 9.99e-4
+    data["population"]["allow_large_delta"] = "yes"
+    with pytest.raises(ConfigError, match="allow_large_delta: must be true or false"):
+        load(_write(tmp_path, data))
+
+
+def test_population_delta_is_shared_by_share_or_given_per_stream(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With ``population.delta`` a stream without its own δ takes ``share × δ``; an explicit one
+    is kept; the sum is checked against the population's δ and ``config check`` prints them."""
+    data = copy.deepcopy(BASE)
+    data["population"]["delta"] = 1e-5
+    data["streams"] = [*_cgm_streams(None, 2e-6, share=0.5)]
+    config = load(_write(tmp_path, data))
+    assert [s.options["delta"] for s in config.streams] == [5e-6, 2e-6]
+    assert config.population.delta == 1e-5
+    assert main(["config", "check", str(_write(tmp_path, data))]) == 0
+    out = capsys.readouterr().out
+    assert "ε = 0.5 × 2 = 1, δ = 5e-06; w = 20" in out and "δ = 2e-06; w = 20" in out
+    assert "at most 2 of ε = 2 and 7e-06 of δ = 1e-05 (1/n = 0.001) per 20 slots" in out
+    del data["population"]["delta"]  # without it the population's δ is the streams' sum
+    assert load(_write(tmp_path, data)).population.delta == pytest.approx(1e-5 + 2e-6)
+    assert load(_write(tmp_path, BASE)).population.delta is None  # no stream has a δ
+
+
+def test_config_check_refuses_deltas_past_one_with_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = copy.deepcopy(BASE)
+    data["streams"] = _cgm_streams(0.6, 0.6)
+    assert main(["config", "check", str(_write(tmp_path, data))]) == 2
+    assert "δ sum to 1.2 >= 1" in capsys.readouterr().err

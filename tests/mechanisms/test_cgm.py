@@ -60,6 +60,7 @@ from privstream.mechanisms.cgm_math import (
 )
 from privstream.mechanisms.client import SimulatedClientPort
 from privstream.mechanisms.contract import LedgerEntry, Release, Slot
+from privstream.mechanisms.guarantees import GaussianDP
 from privstream.mechanisms.noise import discrete_gaussian_variance
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import MeanTask
@@ -369,23 +370,79 @@ def test_stream_budget_admits_exactly_l_reports() -> None:
 def test_timestamp_budget_renews_while_the_chain_goes_on() -> None:
     """Per-timestamp budget: every slot admits every user, the ledger's μ is μ* (ε = 1) at every
     slot, but the noise chain does not restart: the reports' v keeps falling (v_t), and the
-    release's stderr with it. The lifetime counter counts every report."""
+    release's stderr with it. CGM's σ̃₁ is ``ρ/(μ*·√v_∞)`` (each report alone μ*-GDP); the
+    lifetime counter counts every report and composes the surrogates, ``√t/σ̃₁``."""
     n, slots = 30, 12
     cfg = CgmConfig(population=n, budget_scope="timestamp")
-    assert cfg.sigma1 == pytest.approx(1 / MU_STAR, rel=1e-12)
+    mech = CGM(cfg)
+    rounding = 1 + 1 / (2**14 * 0.05)  # the grid's roundings a report carries
+    assert mech.sigma1 == pytest.approx(rounding / (MU_STAR * math.sqrt(0.19)), rel=1e-12)
     v = cgm_schedule(0.05, slots).v
-    for step in run(CGM(cfg), constant(n, 0.4), range(1, slots + 1)):
+    for step in run(mech, constant(n, 0.4), range(1, slots + 1)):
         t = step.slot
         assert step.details.reports == n and step.details.refused == 0
         assert step.ledger.mu_spent == pytest.approx(MU_STAR, rel=1e-12)
         assert step.ledger.epsilon_spent == pytest.approx(1.0, abs=1e-6)
+        assert step.ledger.lifetime_mu == pytest.approx(math.sqrt(t) / mech.sigma1, rel=1e-12)
         assert step.entry.classes[0].window == 1
         np.testing.assert_array_equal(step.clients.v[:, 0], v[t])
-        se = sigma1_raw(cfg) * math.sqrt(n * v[t]) / n
+        se = mech.sigma1 * cfg.diameter * math.sqrt(n * v[t]) / n
         assert step.details.stderr == (pytest.approx(se, rel=1e-12),)
         np.testing.assert_array_equal(step.state.lifetime, t)
         np.testing.assert_array_equal(step.state.charged, 1)
     assert v[slots] < v[2] < v[1]
+
+
+def report_mu(mech: CgmMechanism, chain: Sequence[tuple[float, float]]) -> list[float]:
+    """The μ of each report *alone*, from the noise as implemented: a report is the clipped
+    value (sensitivity ``D``, plus the grid rounding of each fresh term it carries, at most one
+    step ``g`` per term, weighted by the reuse ``∏ r``) with Gaussian noise of the exact
+    variance ``Var_DG(s_i(s_i+1))·g² + r_i²·Var(γ_{i−1})``, ``s_i = ⌈(V_i K + 2)σ̃₁⌉``."""
+    cfg = mech.config
+    K = grid_steps(mech.sigma1, cfg.grid_bits)
+    g = cfg.diameter / K
+    var, carried, out = 0.0, 0.0, []
+    for r, V in chain:
+        s = math.ceil((V * K + 2) * mech.sigma1)
+        var = _dg_variance(s) * g * g + r * r * var
+        carried = 2 * g + r * carried  # two neighbours' roundings differ by < 2 steps per term
+        out.append((cfg.diameter + carried) / math.sqrt(var))
+    return out
+
+
+@pytest.mark.parametrize(("bound", "before"), [(0.05, (0.615, 2.52)), (0.01, (1.347, 6.20))])
+def test_timestamp_scope_holds_every_report_to_the_stated_mu(
+    bound: float, before: tuple[float, float]
+) -> None:
+    """Audit issue 18 §4: per timestamp, the ledger states μ* per slot (0.268 at ε = 1,
+    δ = 1e−5), but with ``σ̃₁ = 1/μ*`` one CGM report alone was ``μ*/√v_i``-GDP: 0.615 at
+    C = 0.05 (ε ≈ 2.52) and 1.347 at C = 0.01 (ε ≈ 6.20; the audit measured 1.34 and 6.15 on a shorter chain). Calibrated to
+    ``v_∞`` (and the grid's rounding), every report of a long chain is at most μ*, and the
+    stable reports reach it within 0.5 %: the stated per-slot guarantee is the real one."""
+    cfg = CgmConfig(population=1, budget_scope="timestamp", bound=bound)
+    chain = schedule_chain(bound, 600)
+    paper = [1 / (cfg.sigma1 * math.sqrt(v)) for v in cgm_schedule(bound, 600).v[1:]]
+    assert max(paper) == pytest.approx(before[0], abs=0.001)  # the attack: σ̃₁ = 1/μ*
+    assert GaussianDP(max(paper)).epsilon(1e-5) == pytest.approx(before[1], abs=0.01)
+    mech = CGM(cfg)
+    mu = report_mu(mech, chain)
+    assert max(mu) <= MU_STAR
+    assert mu[-1] == pytest.approx(MU_STAR, rel=0.005)
+    assert mu[0] < mu[-1]  # the first report (v = 1) has the most noise
+    entries = [s.ledger.mu_spent for s in run(mech, constant(1, 0.4), range(1, 4))]
+    assert entries == [pytest.approx(MU_STAR, rel=1e-12)] * 3
+    alg1 = Alg1(cfg)  # independent noise: every report's variance is σ₁², μ* already
+    assert alg1.sigma1 == pytest.approx(1 / MU_STAR, rel=1e-12)
+    assert max(report_mu(alg1, [(0.0, 1.0)] * 3)) <= MU_STAR * (1 + 2 / 2**14)
+
+
+def test_timestamp_scope_without_a_bound_is_refused_for_cgm() -> None:
+    """With C = 0 the chain is a running average whose noise vanishes (v_i = 1/i): no σ̃₁ keeps
+    every report at μ*, so CGM per timestamp refuses it by name; Algorithm 1 takes it."""
+    cfg = CgmConfig(population=3, budget_scope="timestamp", bound=0.0)
+    with pytest.raises(ValueError, match="needs bound > 0"):
+        CGM(cfg)
+    assert Alg1(cfg).sigma1 == pytest.approx(1 / MU_STAR, rel=1e-12)
 
 
 # -- lag j (spec §4.7) -------------------------------------------------------------------------
