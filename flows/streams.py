@@ -105,6 +105,8 @@ def _stream_operator(
         registration = Preferences(
             by_user={u: (eps * spec.share, win) for u, (eps, win) in table.items()}
         )
+    elif spec.registered_only:  # a closed LDP population: the table's users, unscaled
+        registration = Preferences(by_user=dict(config.population.preferences))
     mine: Any = op.filter(f"stream_{spec.name}", keyed, functools.partial(_is, spec.name))
     step = f"{entry.name.replace('-', '_')}_{spec.name}"
     return family_mechanisms(
