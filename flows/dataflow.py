@@ -28,8 +28,10 @@ Parameters of ``build``:
         the ``(lower, upper)`` clipping range of a numeric mean, or ``(centre, radius)`` the L2
         ball of vector values (families that estimate means).
     stream: stream name (defaults to the dataset name).
-    preferences: the registration table of a central-DP family, user id → (ε_i, w_i):
-        exactly these users are counted (required for file and Kafka input).
+    preferences: the registration table, user id → (ε_i, w_i): of a central-DP family,
+        exactly these users are counted (required for file and Kafka input); of an LDP family,
+        a closed population: only these users enrol (optional; each entry's requirement must
+        hold under the stream's ε per window).
     progress: called with every release.
     kafka: read events from and write outputs to Kafka (open slots then stay open when the
         flow stops: the stream goes on).
@@ -130,11 +132,15 @@ def _registration(
     setting: tuple[int, float, int, int],
 ) -> Preferences | None:
     """The registration of a central-DP family: a synthetic population's assignment
-    (``Family.requirements``) or the given table; None for families that need none."""
+    (``Family.requirements``) or the given table; an LDP family's closed population (the given
+    table, optional)."""
     if entry.trust != "cdp":
-        if preferences:
-            raise ValueError(f"the {entry.name} family has no registration table")
-        return None
+        if preferences and source.synthetic is not None and kafka is None:
+            raise ValueError(
+                f"a synthetic {entry.name} stream addresses users by index: a registration "
+                "table names users of file or Kafka input"
+            )
+        return Preferences(by_user=dict(preferences)) if preferences else None
     if source.synthetic is not None and kafka is None and entry.requirements is not None:
         eps, win = entry.requirements(*setting)
         return Preferences(epsilons=eps, windows=win)

@@ -98,6 +98,8 @@ def _stream_operator(
         task=estimation_task(spec.task), **options,
     )  # fmt: skip
     registration = registration_for(spec, config) if entry.trust == "cdp" else None
+    if spec.registered_only:  # a closed LDP population: the table's users, unscaled
+        registration = Preferences(by_user=dict(config.population.preferences))
     mine: Any = op.filter(f"stream_{spec.name}", keyed, functools.partial(_is, spec.name))
     step = f"{entry.name.replace('-', '_')}_{spec.name}"
     return family_mechanisms(

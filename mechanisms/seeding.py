@@ -21,6 +21,7 @@ import hashlib
 import math
 import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,6 +32,7 @@ MIN_SECRET_BITS = 128
 _HEX = re.compile(r"[0-9a-fA-F]+")
 _BASE64 = re.compile(r"[A-Za-z0-9+/_=-]+")
 _FINGERPRINT_PERSON = b"privstream-fp"
+_ENROLMENT_PERSON = b"privstream-enrol"
 
 
 class SecretError(ValueError):
@@ -125,6 +127,40 @@ class NoiseKey:
         h = hashlib.blake2b(key=self.prf_key, digest_size=16, person=_FINGERPRINT_PERSON)
         h.update(b"fingerprint")
         return ("insecure:" if self.insecure else "") + h.hexdigest()
+
+
+@dataclass(frozen=True)
+class EnrolmentOrder:
+    """The order in which a slot's newcomers take the seats of an open LDP population.
+
+    **Guarantee.** Each user id is ranked by ``BLAKE2b`` keyed with a sub-key of the run's
+    secret (its own personalisation, so no rank equals any other derived value) over the
+    length-prefixed ``(stream, user)``: a PRF, so without the secret nobody can choose ids
+    that rank first — the sender of an id no longer decides who is enrolled before whom —
+    and under replay (same secret) the order is the same. It only orders the newcomers of
+    one slot: users first seen in an earlier slot were enrolled before (see
+    ``docs/decisions.md``, "Enrolment order is keyed")."""
+
+    key: bytes = field(repr=False)
+
+    @classmethod
+    def of(cls, secret: NoiseKey) -> EnrolmentOrder:
+        """The order under ``secret`` (a sub-key: the secret itself is never used directly)."""
+        h = hashlib.blake2b(key=secret.prf_key, digest_size=32, person=_ENROLMENT_PERSON)
+        h.update(b"enrolment order")
+        return cls(h.digest())
+
+    def rank(self, stream: str, user: str) -> bytes:
+        """The keyed rank of ``user`` in ``stream``: 16 bytes, compared as bytes."""
+        h = hashlib.blake2b(key=self.key, digest_size=16, person=_ENROLMENT_PERSON)
+        for part in (stream.encode(), str(user).encode("utf-8", "surrogatepass")):
+            h.update(len(part).to_bytes(8, "little"))
+            h.update(part)
+        return h.digest()
+
+    def sort(self, stream: str, users: Iterable[str]) -> list[str]:
+        """``users`` in keyed order (ties, which a 128-bit PRF all but never makes, by id)."""
+        return sorted(users, key=lambda user: (self.rank(stream, user), user))
 
 
 def _aes_key(key: bytes, *parts: bytes) -> int:

@@ -36,7 +36,7 @@ from privstream.events import EventBatch
 from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.registry import Family, FamilyConfig, family
 from privstream.mechanisms.seeding import NoiseKey
-from privstream.operators.registration import Preferences
+from privstream.operators.registration import Preferences, check_closed_population
 from privstream.operators.slotting import MechanismOut, SlottingConfig, slotted_mechanism
 
 
@@ -61,13 +61,18 @@ def family_mechanisms(
     ``privacy_cost`` (w-event ε-LDP for LDP-IDS, (w_i, ε_i)-EPDP for personalized) at the
     population budget ``config.epsilon``, composed over the mechanisms by the population
     accountant and enforced by their ledgers before release. ``registration`` is the
-    registration table of a central-DP (``cdp``) family.
+    registration table of a central-DP (``cdp``) family, or the closed population of an LDP
+    family: only its users enrol (sybils cannot take seats), each entry's requirement checked
+    against the stream's one guarantee (``check_closed_population``).
     """
     entry = _family(family)
     names = entry.names(mechanism)
     split = split or BudgetSplit.parse(None, len(names))
     # the population's budget in the guarantees' additive unit (ε, μ², ρ): a full share's
-    budget = entry.build(names[0], config).privacy_cost.budget
+    cost = entry.build(names[0], config).privacy_cost
+    budget = cost.budget
+    if registration is not None and entry.trust != "cdp":
+        check_closed_population(registration, config.epsilon, cost, config.population)
     return slotted_mechanism(
         "mechanism",
         up,

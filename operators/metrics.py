@@ -21,7 +21,12 @@ to be classified before it can be exported (the privacy audit enforces it).
   - ``privstream_population_window_budget_spent``: the composed spend of the most-charged user
     (or privacy class) over all mechanisms over the window ending at the last slot;
   - ``privstream_population_window_budget_remaining``: ε minus that spend;
-  - ``privstream_population_mechanisms``: how many mechanisms share the budget.
+  - ``privstream_population_mechanisms``: how many mechanisms share the budget;
+  - ``privstream_population_enrolled_ratio`` (``BOARD.update_enrolment``, streams of named
+    users): the enrolled users over the population n — how full it is. Under LDP the users who
+    ever reported, public like every report count (the server sees who sends); under central
+    DP the registration table's size, public by construction. At 1 further newcomers are
+    ``population_full`` dead letters.
 * **Run gauges** (``BOARD.set_run``, no labels, 0 unless set): ``privstream_insecure_seed`` is 1
   when the run's noise comes from a public reproducible seed — its outputs are never private;
   ``privstream_evaluation`` is 1 when the mechanisms run side by side with the full budget each
@@ -104,6 +109,7 @@ PUBLIC_METRICS: Final[frozenset[str]] = frozenset(
         "privstream_population_window_budget_spent",
         "privstream_population_window_budget_remaining",
         "privstream_population_mechanisms",
+        "privstream_population_enrolled_ratio",
         # how the run was configured
         "privstream_insecure_seed",
         "privstream_evaluation",
@@ -314,6 +320,18 @@ def _population_families(populations: dict[str, _Population]) -> Iterator[Metric
     yield from families.values()
 
 
+def _enrolment_family(enrolment: dict[str, float]) -> Iterator[Metric]:
+    family = GaugeMetricFamily(
+        PREFIX + "population_enrolled_ratio",
+        "Enrolled users over the population n (named users; at 1 newcomers are "
+        "population_full dead letters).",
+        labels=("stream",),
+    )
+    for stream, ratio in sorted(enrolment.items()):
+        family.add_metric([stream], ratio)
+    yield family
+
+
 def _run_families(insecure_seed: bool, evaluation: bool) -> Iterator[Metric]:
     yield GaugeMetricFamily(
         PREFIX + "insecure_seed",
@@ -339,6 +357,7 @@ class LedgerBoard(Collector):
         self._handed: dict[tuple[str, str], int] = {}
         self._populations: dict[str, _Population] = {}
         self._run = (False, False)  # (insecure_seed, evaluation)
+        self._enrolment: dict[str, float] = {}
 
     def update(
         self,
@@ -373,6 +392,12 @@ class LedgerBoard(Collector):
         with self._lock:
             self._populations[stream] = population
 
+    def update_enrolment(self, stream: str, enrolled: int, population: int) -> None:
+        """Show how full ``stream``'s population of named users is: ``enrolled`` of
+        ``population`` (a public count, see the module docstring)."""
+        with self._lock:
+            self._enrolment[stream] = enrolled / population if population > 0 else 0.0
+
     def set_run(self, insecure_seed: bool, evaluation: bool) -> None:
         """Flag a run whose noise comes from a public reproducible seed, or that evaluates the
         mechanisms side by side with the full budget each (``--compare``)."""
@@ -384,6 +409,7 @@ class LedgerBoard(Collector):
             self._accounts.clear()
             self._handed.clear()
             self._populations.clear()
+            self._enrolment.clear()
             self._run = (False, False)
 
     def released_through(self, pairs: Iterable[tuple[str, str]], slot: int) -> bool:
@@ -403,8 +429,10 @@ class LedgerBoard(Collector):
                 for key, account in self._accounts.items()
             }
             populations, run = dict(self._populations), self._run
+            enrolment = dict(self._enrolment)
         yield from _account_families(accounts)
         yield from _population_families(populations)
+        yield from _enrolment_family(enrolment)
         yield from _run_families(*run)
 
 

@@ -42,6 +42,9 @@ class Ports:
     mode: ClassVar[TrustMode]
     tracks_requirements: ClassVar[bool] = False
     fixed_population: ClassVar[bool] = False
+    members: frozenset[str] | None = None
+    """A closed population of an LDP stream (its registration table's users): only they
+    enrol; None: anybody, up to n users."""
 
     def port(
         self,
@@ -56,11 +59,13 @@ class Ports:
 @dataclass(frozen=True)
 class SimulatedClients(Ports):
     """``ldp-simulated``: privstream's client code answers on behalf of each asked user, with
-    the mechanism's client-side per-user state behind the port."""
+    the mechanism's client-side per-user state behind the port. ``members``: the users of a
+    registration table (a closed population), or None (open: anybody enrols, up to n)."""
 
     mode: ClassVar[TrustMode] = "ldp-simulated"
     task: EstimationTask
     path: ClientPath = "aggregate"
+    members: frozenset[str] | None = None
 
     def port(
         self,
@@ -113,7 +118,10 @@ def ports_for(
     registration: Preferences | None = None,
 ) -> Ports:
     """The ports of the trust mode every one of ``mechanisms`` supports (the first such mode
-    of the first mechanism's declaration); a registration only for ``cdp``."""
+    of the first mechanism's declaration). A registration is the population of a ``cdp``
+    stream, and the closed population (its users only) of an ``ldp-simulated`` one, whose
+    entries ``family_mechanisms`` checks against the stream's guarantee
+    (``registration.check_closed_population``)."""
     shared = [
         mode for mode in mechanisms[0].trust_modes if all(mode in m.trust_modes for m in mechanisms)
     ]
@@ -121,10 +129,13 @@ def ports_for(
         names = {m.name: m.trust_modes for m in mechanisms}
         raise ValueError(f"the mechanisms share no trust mode: {names}")
     mode = shared[0]
-    if mode != "cdp" and registration is not None:
-        raise ValueError(f"a registration table is for central DP (cdp); these run {mode}")
     if mode == "cdp":
         return TrustedCurator(task, registration)
     if mode == "ldp-simulated":
-        return SimulatedClients(task, path)
+        if registration is not None and not registration.by_user:
+            raise ValueError("an LDP stream's registration table must name its users (user ids)")
+        members = None if registration is None else frozenset(registration.by_user)
+        return SimulatedClients(task, path, members)
+    if registration is not None:
+        raise ValueError(f"a registration table is for cdp and ldp-simulated; these run {mode}")
     raise ValueError(f"trust mode {mode!r} has no server-side port in this version")

@@ -5,14 +5,18 @@ Central DP (spec personalized-w-event §1.1, A2): the registration table (``Pref
 the population and each user's requirement ``(ε_i, w_i)`` before any data, so who is counted
 never depends on who sent data; anybody else's events are ``unregistered_user`` dead letters
 and an event stating another requirement is ``requirement_changed``. LDP (``ldp-simulated``):
-a named user is enrolled when the slot of their first accepted report closes, in user-id order,
-so every user's dense index — and so which users a mechanism samples — is independent of how
-the input partitions interleave.
+a named user is enrolled when the slot of their first accepted report closes, in the keyed
+order of the run's secret (``EnrolmentOrder``), so every user's dense index — and so which users
+a mechanism samples — is independent of how the input partitions interleave, and no sender can
+choose ids that take the seats first. An LDP stream given a registration table is a closed
+population: only its users are enrolled, anybody else's events are ``unregistered_user``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
@@ -21,13 +25,21 @@ from privstream.events import (
     DUPLICATE,
     POPULATION_FULL,
     REQUIREMENT_CHANGED,
+    UNREGISTERED,
     DeadLetter,
     EventBatch,
 )
+from privstream.mechanisms.guarantees import Guarantee, PeriodScope
+from privstream.mechanisms.ledger import budget_limit
+from privstream.mechanisms.seeding import EnrolmentOrder
 from privstream.mechanisms.tasks import EstimationTask
 from privstream.mechanisms.validation import MIN_EPSILON, check_fraction, check_requirement
+from privstream.operators.metrics import BOARD
 from privstream.operators.reasons import CODE, Output
 from privstream.operators.stream_state import StreamState
+
+if TYPE_CHECKING:
+    from privstream.operators.ports import Ports
 
 
 @dataclass(frozen=True)
@@ -67,6 +79,8 @@ class Registration:
 
     n: int
     task: EstimationTask
+    trust: Ports
+    order: EnrolmentOrder
 
     def _blank(self) -> NDArray[np.float64]:
         """Every user's value unknown: NaN, one row of ``d`` per user for a vector task."""
@@ -100,12 +114,17 @@ class Registration:
         self, state: StreamState, batch: EventBatch, rows: NDArray[np.intp], code: NDArray[np.int8]
     ) -> None:
         """Keep the rows of users not enrolled yet until their slot closes (first report of a
-        user in a slot wins). Enrolling them then, in user-id order, makes every user's dense
+        user in a slot wins). Enrolling them then, in keyed order, makes every user's dense
         index — and so which users a mechanism samples — independent of how the input
-        partitions interleave."""
+        partitions interleave. In a closed population (a registration table) a user it does
+        not list is ``unregistered_user`` at once, and never takes a seat."""
         newcomers = state.newcomers
+        members = self.trust.members
         slots, users = batch.slots[rows].tolist(), batch.users[rows].tolist()
         for i, slot, user in zip(rows.tolist(), slots, users, strict=True):
+            if members is not None and user not in members:
+                code[i] = CODE[UNREGISTERED]
+                continue
             held = newcomers.get(slot)
             if held is None:
                 held = newcomers[slot] = {}
@@ -115,8 +134,9 @@ class Registration:
                 held[user] = (batch.values[i].copy(), *batch.row_line(i))
 
     def _admit_newcomers(self, state: StreamState, slot: int, out: list[Output]) -> None:
-        """Enrol the users first seen in ``slot``, in user-id order, and put their reports
-        in the slot; past the population ``n`` they are ``population_full`` dead letters."""
+        """Enrol the users first seen in ``slot``, in the keyed order of the run's secret
+        (``EnrolmentOrder``: not chosen by whoever names the ids), and put their reports in the
+        slot; past the population ``n`` they are ``population_full`` dead letters."""
         held = state.newcomers.pop(slot, None)
         if not held:
             return
@@ -124,7 +144,7 @@ class Registration:
         target = state.open_slots.get(slot)
         if target is None:
             target = state.open_slots[slot] = self._blank()
-        for user in sorted(held):
+        for user in self.order.sort(state.stream, held):
             value, text, original = held[user]
             j = directory.get(user, -1)
             if j < 0 and len(directory) >= self.n:
@@ -135,6 +155,14 @@ class Registration:
             if j < 0:
                 j = directory[user] = len(directory)
             target[j] = value  # held first: it wins over a later report of the same slot
+        self._show_enrolment(state)
+
+    def _show_enrolment(self, state: StreamState) -> None:
+        """Show how full the population of named users is (``BOARD.update_enrolment``): the
+        number of users who ever reported, public like every report count under LDP and the
+        registration table's size under central DP (docs/decisions.md)."""
+        if state.id_kind == "named" or state.directory:
+            BOARD.update_enrolment(state.stream, len(state.directory), self.n)
 
     def _requirement_arrays(self, state: StreamState) -> None:
         if state.epsilons is None or state.windows is None:
@@ -167,3 +195,32 @@ class Registration:
             (win > 0) & (win != state.windows[users])
         )
         code[rows[changed]] = CODE[REQUIREMENT_CHANGED]
+
+
+def check_closed_population(
+    prefs: Preferences, epsilon: float, cost: Guarantee, population: int
+) -> frozenset[str]:
+    """The users of an LDP stream's registration table (a closed population), refused at start
+    unless it names users (not dense indices), at most ``population`` of them, and each
+    entry's requirement ``(ε_i, w_i)`` holds under the stream's one guarantee for everybody:
+    ``ε`` per window of ``cost``'s scope, so ``ε · ⌈w_i / w⌉ ≤ ε_i`` (a guarantee over the
+    stream's whole life: ``ε ≤ ε_i``). Errors name the entry by its number, never the user."""
+    if not prefs.by_user or prefs.epsilons is not None or prefs.windows is not None:
+        raise ValueError("an LDP stream's registration table must name its users (user ids)")
+    if len(prefs.by_user) > population:
+        raise ValueError(
+            f"the registration table holds {len(prefs.by_user)} users but the stream's "
+            f"population is n={population}"
+        )
+    scope = cost.scope
+    renews = cost.window or (scope.length if isinstance(scope, PeriodScope) else None)
+    for k, (eps, win) in enumerate(prefs.by_user.values(), start=1):
+        spent = epsilon * (1 if renews is None else math.ceil(win / renews))
+        if spent > budget_limit(eps):
+            raise ValueError(
+                f"registration entry {k} asks (ε_i, w_i) = ({eps:g}, {win}), but this LDP "
+                f"stream gives every user ε = {epsilon:g} per "
+                f"{'stream' if renews is None else f'{renews} slots'}, {spent:g} over "
+                f"{win} slots: raise the entry's ε_i or lower the stream's ε"
+            )
+    return frozenset(prefs.by_user)

@@ -42,7 +42,7 @@ from privstream.mechanisms.accountant import (
 from privstream.mechanisms.client import ClientPath
 from privstream.mechanisms.contract import Halt, LedgerEntry, Mechanism, Release, Slot
 from privstream.mechanisms.errors import IncompatibleState, PrivacyBudgetExceeded
-from privstream.mechanisms.seeding import NoiseKey, SlotRandomness
+from privstream.mechanisms.seeding import EnrolmentOrder, NoiseKey, SlotRandomness
 from privstream.mechanisms.tasks import EstimationTask
 from privstream.operators.ingest import Ingest
 from privstream.operators.metrics import BOARD, MARKERS_IGNORED, STEP_SECONDS
@@ -145,6 +145,7 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
         self.n = plan.population
         self.cfg = plan.config
         self.binding = plan.binding()
+        self.order = EnrolmentOrder.of(plan.key)
         if resume is not None:
             if (
                 resume.version != STREAM_STATE_VERSION
@@ -268,7 +269,9 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
         return self.state
 
     def _show_account(self, state: StreamState, name: str) -> None:
-        """Show the ledger of ``name`` on the metrics endpoint."""
+        """Show the ledger of ``name`` (and how full the population is) on the metrics
+        endpoint."""
+        self._show_enrolment(state)
         BOARD.update(
             state.stream,
             name,

@@ -162,6 +162,15 @@ def _family_flags(p: argparse.ArgumentParser, family: Family) -> None:
             help="registration table: CSV (user,epsilon,window) or JSON lines; exactly these "
             "users are counted (required for file and Kafka input)",
         )
+    elif family.trust == "ldp-simulated":
+        p.add_argument(
+            "--registrations",
+            dest="preferences",
+            help="registration table (CSV user,epsilon,window or JSON lines): a closed "
+            "population, only these users enrol and anybody else's events are "
+            "unregistered_user dead letters; each entry's (epsilon, window) must hold under the "
+            "stream's epsilon per window (default: open, the first n users to report enrol)",
+        )
 
 
 def _run_flags(p: argparse.ArgumentParser, family: Family) -> None:
@@ -547,7 +556,7 @@ def _flow_options(args: argparse.Namespace, family: Family) -> dict[str, Any]:
                           override="--allow-large-delta")  # fmt: skip
     if family.trust == "ldp-simulated" and family.histograms:
         options["client_path"] = args.client_path
-    if family.trust == "cdp" and args.preferences:
+    if getattr(args, "preferences", None):
         options["preferences"] = load_preferences(args.preferences)
     return options
 

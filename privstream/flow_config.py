@@ -9,7 +9,10 @@ be longer than the population's (any population window then lies inside one of t
 never shorter. For a central-DP stream the share scales every registered user's own ε_i, so
 ``load`` admits only registrations with ``ε_i ≤ ε`` and ``w_i ≥ window``; a mechanism whose
 budget renews more often than every ``window`` slots (CGM's ``budget_scope = "timestamp"``) is
-refused, and ``compare`` (an evaluation, full ε each) cannot be configured here.
+refused, and ``compare`` (an evaluation, full ε each) cannot be configured here. An LDP stream
+with ``registered_only = true`` is a closed population: only the table's users enrol (sybils
+cannot take its seats), and each entry's requirement must hold under the stream's own ε per
+window (``operators.registration.check_closed_population``).
 
 δ composes like ε: streams at ``(ε_s, δ_s)`` are together ``(Σ ε_s, Σ δ_s)``-DP. A stream with
 a δ (CGM) takes its own ``delta`` or, without one, ``share × population.delta``; their sum may
@@ -44,6 +47,7 @@ from privstream.mechanisms.ledger import budget_limit
 from privstream.mechanisms.registry import FAMILIES, Family
 from privstream.mechanisms.tasks import BallTask, EstimationTask, FrequencyTask, MeanTask
 from privstream.mechanisms.validation import MAX_WINDOW, check_fraction, check_requirement
+from privstream.operators.registration import Preferences, check_closed_population
 
 Task = int | tuple[float, float] | tuple[tuple[float, ...], float]
 """``d`` categories, the ``(lower, upper)`` range of numeric values, or the ``(centre, radius)``
@@ -73,7 +77,8 @@ class KafkaSection:
 class PopulationSection:
     """``[population]``: the registered population ``users`` (n) and its budget ``epsilon`` per
     ``window`` slots, shared by all streams; ``registrations``: the registration table
-    (``user,epsilon,window`` CSV) of central-DP streams, relative to the config file."""
+    (``user,epsilon,window`` CSV) of central-DP streams and of ``registered_only`` LDP
+    streams, relative to the config file."""
 
     users: int
     epsilon: float
@@ -121,6 +126,9 @@ class StreamSection:
     budget_split: str | None = None
     lateness: int = 1
     options: Mapping[str, Any] = field(default_factory=dict)
+    registered_only: bool = False
+    """An LDP stream's closed population: only ``population.registrations``' users enrol
+    (a central-DP stream always counts exactly them)."""
 
 
 @dataclass(frozen=True)
@@ -154,6 +162,7 @@ _STREAM_KEYS: Final = (
     "window",
     "budget_split",
     "lateness",
+    "registered_only",
 )
 
 
@@ -481,9 +490,22 @@ def _stream(t: _Table, name: str, population: PopulationSection) -> StreamSectio
         split_text,
         t.integer("lateness", 0, default=1),
         _options(t, family, share, population),
+        _registered_only(t, family),
     )
     _check_guarantee(t, family, stream, split, population)
     return stream
+
+
+def _registered_only(t: _Table, family: Family) -> bool:
+    """``registered_only``: a boolean, for LDP families (central DP is always registered)."""
+    value = t.data.get("registered_only", False)
+    if not isinstance(value, bool):
+        raise t.error("registered_only", f"must be true or false, got {_show(value)}")
+    if value and family.trust == "cdp":
+        raise t.error(
+            "registered_only", f"the {family.name} family always counts only registered users"
+        )
+    return value
 
 
 def _mechanisms(t: _Table, family: Family) -> list[str]:
@@ -599,15 +621,8 @@ def _check_guarantee(
     """Build the stream's mechanisms as the run does (``Family.make_config``: the family's own
     limits of ε, w, n, the task and the options; each mechanism its share of the stream's ε)
     and refuse one whose budget renews within a population window."""
-    options = {k: v for k, v in stream.options.items() if k != "client_path"}
     try:
-        config = family.make_config(
-            epsilon=stream.epsilon,
-            window=stream.window,
-            population=population.users,
-            task=estimation_task(stream.task),
-            **options,
-        )
+        config = _family_config(family, stream, population)
         mechanisms = family.build_shared(stream.mechanisms, config, split.shares)
     except ValueError as exc:
         raise t.error(
@@ -629,29 +644,43 @@ def _check_guarantee(
             )
 
 
+def _family_config(family: Family, stream: StreamSection, population: PopulationSection) -> Any:
+    """The family config a stream runs with (``Family.make_config``); ``ValueError`` if refused."""
+    options = {k: v for k, v in stream.options.items() if k != "client_path"}
+    return family.make_config(
+        epsilon=stream.epsilon,
+        window=stream.window,
+        population=population.users,
+        task=estimation_task(stream.task),
+        **options,
+    )
+
+
 def _registrations(
     t: _Table, population: PopulationSection, streams: tuple[StreamSection, ...]
 ) -> PopulationSection:
-    """Central-DP streams count exactly the registered users: their table is required, read and
-    checked here. A stream's share scales every ε_i, so the population's guarantee needs
-    ``ε_i ≤ ε`` and ``w_i ≥ window`` of every entry, and at most n users."""
-    central = [s.name for s in streams if FAMILIES[s.family].trust == "cdp"]
+    """Central-DP streams and ``registered_only`` LDP streams count exactly the registered
+    users: their table is required, read and checked here. A central-DP stream's share scales
+    every ε_i, so the population's guarantee needs ``ε_i ≤ ε`` and ``w_i ≥ window`` of every
+    entry; a closed LDP stream gives everybody its own ε per window, which must satisfy every
+    entry (``check_closed_population``); at most n users."""
+    cdp = [s.name for s in streams if FAMILIES[s.family].trust == "cdp"]
+    central = [s.name for s in streams if FAMILIES[s.family].trust == "cdp" or s.registered_only]
     path = population.registrations
     if not central:
         if path is not None:
             raise t.error(
                 "registrations",
-                "no stream counts registered users (only the "
-                "central-DP families do: "
+                "no stream counts registered users (the central-DP families do: "
                 + ", ".join(f.name for f in FAMILIES.values() if f.trust == "cdp")
-                + ")",
+                + "; an LDP stream with registered_only = true)",
             )
         return population
     if path is None:
         raise t.error(
             "registrations",
-            f"missing; required by the central-DP stream(s) "
-            f"{', '.join(central)}: the table (CSV user,epsilon,window or JSON lines) "
+            f"missing; required by the {'central-DP' if cdp == central else 'registered'} "
+            f"stream(s) {', '.join(central)}: the table (CSV user,epsilon,window or JSON lines) "
             "of the users they count, fixed before the data",
         )
     try:
@@ -669,7 +698,7 @@ def _registrations(
             check_requirement(epsilon, window, f"entry {k}")
         except ValueError as exc:
             raise t.error("registrations", str(exc)) from None
-        if epsilon > population.epsilon or window < population.window:
+        if cdp and (epsilon > population.epsilon or window < population.window):
             raise t.error(
                 "registrations",
                 f"entry {k} asks (ε_i, w_i) = ({epsilon:g}, {window}); "
@@ -677,7 +706,28 @@ def _registrations(
                 f"{population.epsilon:g} and w_i >= population.window = "
                 f"{population.window}",
             )
+    _check_closed(t, population, streams, table)
     return replace(population, preferences=table)
+
+
+def _check_closed(
+    t: _Table,
+    population: PopulationSection,
+    streams: tuple[StreamSection, ...],
+    table: dict[str, tuple[float, int]],
+) -> None:
+    """Every ``registered_only`` stream's guarantee satisfies every entry of the table."""
+    for s in streams:
+        if not s.registered_only:
+            continue
+        family = FAMILIES[s.family]
+        cost = family.build(s.mechanisms[0], _family_config(family, s, population)).privacy_cost
+        try:
+            check_closed_population(Preferences(by_user=table), s.epsilon, cost, population.users)
+        except ValueError as exc:
+            raise t.error(
+                "registrations", f"for the registered_only stream {s.name}: {exc}"
+            ) from None
 
 
 def describe(config: FlowConfig) -> list[str]:
@@ -690,6 +740,7 @@ def describe(config: FlowConfig) -> list[str]:
         each = (
             f" (registered users: {s.share:g} × ε_i)" if FAMILIES[s.family].trust == "cdp" else ""
         )
+        each += " (registered users only)" if s.registered_only else ""
         lines.append(
             f"stream {s.name}: {s.family} {', '.join(s.mechanisms)}{split}; "
             f"{_task_text(s.task)}; ε = {s.share:g} × {pop.epsilon:g} = "

@@ -92,6 +92,32 @@ def test_run_on_a_users_own_file(tmp_path: Path, suffix: str) -> None:
     assert dead.read_text() == ""
 
 
+def test_an_ldp_run_with_a_registration_table_counts_only_its_users(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 18 §4 (sybils): ``--registrations`` closes an LDP population; ids sorting first
+    that are not in the table are ``unregistered_user``, never ``population_full``; an entry
+    the stream's ε per window cannot honour is refused by number."""
+    records = [
+        (f"{p}{u}", t, 1) for t in range(1, 6) for p in ("0sybil", "user") for u in range(50)
+    ]
+    src = tmp_path / "events.csv"
+    src.write_text("user,slot,value\n" + "".join(f"{u},{t},{v}\n" for u, t, v in records))
+    table = tmp_path / "registrations.csv"
+    table.write_text("user,epsilon,window\n" + "".join(f"user{u},1.0,5\n" for u in range(50)))
+    out, dead = tmp_path / "r.jsonl", tmp_path / "dead.jsonl"
+    argv = ["run", "ldp-ids", "--mechanism", "LBU", "--dataset", f"file:{src}", "--users", "50",
+            "--window", "5", "--out", str(out), "--dead-letter-out", str(dead), "--no-progress",
+            "--secret-file", str(secret_file(tmp_path)), "--registrations", str(table)]  # fmt: skip
+    assert main(argv) == 0
+    letters = read(dead)
+    assert len(letters) == 250 and {d["reason"] for d in letters} == {"unregistered_user"}
+    assert all(d["payload"].startswith("0sybil") for d in letters)
+    table.write_text("user,epsilon,window\nuser1,1.0,10\n")
+    assert main(argv) == 2
+    assert "registration entry 1 asks (ε_i, w_i) = (1, 10)" in capsys.readouterr().err
+
+
 def test_bad_arguments_are_rejected_clearly(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

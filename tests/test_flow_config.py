@@ -264,7 +264,7 @@ def _only(stream: dict[str, Any], **fields: Any) -> Callable[[dict[str, Any]], o
         # central DP: the registration table
         (lambda d: d["streams"].append(VISITS), ["population.registrations: missing; required by the central-DP stream(s) visits"]),
         (lambda d: (d["streams"].append(VISITS), d["population"].update(registrations="none.csv")), ["population.registrations: preferences file", "none.csv does not exist"]),
-        (_set("population", registrations="registrations.csv"), ["population.registrations: no stream counts registered users (only the central-DP families do: personalized)"]),
+        (_set("population", registrations="registrations.csv"), ["population.registrations: no stream counts registered users (the central-DP families do: personalized; an LDP stream with registered_only = true)"]),
     ],
 )  # fmt: skip
 def test_every_rule_names_the_file_the_key_and_what_is_allowed(
@@ -314,6 +314,39 @@ def test_a_valid_registration_is_kept_out_of_reprs(tmp_path: Path) -> None:
         "user-secret-1": (2.0, 20), "user-secret-2": (0.5, 40),
     }  # fmt: skip
     assert "user-secret" not in repr(config)
+
+
+def test_a_registered_only_ldp_stream_is_a_closed_population(tmp_path: Path) -> None:
+    """Issue 18 §4 (sybils): an LDP stream may count only the table's users; every entry's
+    requirement must hold under the stream's own ε per window (share × ε = 1 per 20 slots
+    here: ε_i ≥ 1 for w_i ≤ 20, ε_i ≥ 2 for w_i ≤ 40), named by number, never by user."""
+    _registrations(tmp_path, "u1,1.0,20", "u2,2.0,40")
+    data = copy.deepcopy(BASE)
+    data["streams"][0]["registered_only"] = True
+    data["population"]["registrations"] = "registrations.csv"
+    config = load(_write(tmp_path, data))
+    assert config.streams[0].registered_only
+    assert set(config.population.preferences) == {"u1", "u2"}
+    _registrations(tmp_path, "u1,1.0,20", "u2,1.5,40")
+    message = _error(tmp_path, lambda d: (
+        d["streams"][0].update(registered_only=True),
+        d["population"].update(registrations="registrations.csv"),
+    ))  # fmt: skip
+    assert (
+        "population.registrations: for the registered_only stream country: registration "
+        "entry 2 asks (ε_i, w_i) = (1.5, 40)" in message
+    ), message
+    assert not re.search(r"\bu\d+\b", message), message
+    assert "registered_only: must be true or false" in _error(
+        tmp_path, _stream(registered_only="yes")
+    )
+    assert "registrations: missing; required by the registered stream(s) country" in _error(
+        tmp_path, _stream(registered_only=True)
+    )
+    visits = dict(VISITS, registered_only=True)
+    assert "always counts only registered users" in _error(
+        tmp_path, lambda d: d["streams"].append(visits)
+    )
 
 
 def test_a_property_value_is_never_shown(tmp_path: Path) -> None:

@@ -160,7 +160,7 @@ def test_resume_with_another_partition_count_is_refused(tmp_path: Path) -> None:
 
 
 def test_named_users_register_independently_of_the_interleaving() -> None:
-    """Named users get their dense index when their first slot closes, in id order, so the
+    """Named users get their dense index when their first slot closes, in a keyed order, so the
     users a mechanism samples by index do not depend on the interleaving either."""
 
     def named(items: list[EventBatch]) -> list[EventBatch]:

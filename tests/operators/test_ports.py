@@ -38,7 +38,7 @@ def test_the_declared_trust_mode_picks_the_port() -> None:
 def test_mechanisms_without_a_shared_mode_or_a_misplaced_registration_are_refused() -> None:
     with pytest.raises(ValueError, match="share no trust mode"):
         ports_for([ldp(), cdp()], TASK)
-    with pytest.raises(ValueError, match="registration table is for central DP"):
+    with pytest.raises(ValueError, match="registration table must name its users"):
         ports_for([ldp()], TASK, registration=Preferences())
 
 
