@@ -54,19 +54,6 @@ import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
-from privstream.audit_claims import (
-    APPROXIMATE,
-    NULLIFIED,
-    PUBLISH,
-    ClaimCounts,
-    Expectation,
-    FlowPlan,
-    check_expected,
-    check_flags,
-    check_flow,
-    check_sources,
-    check_stated,
-)
 from privstream.audit_checks import (
     F64,
     I64,
@@ -85,6 +72,19 @@ from privstream.audit_checks import (
     check_slots,
     check_windows,
     close,
+)
+from privstream.audit_claims import (
+    APPROXIMATE,
+    NULLIFIED,
+    PUBLISH,
+    ClaimCounts,
+    Expectation,
+    FlowPlan,
+    check_expected,
+    check_flags,
+    check_flow,
+    check_sources,
+    check_stated,
 )
 
 CHECKS = (
@@ -1054,10 +1054,13 @@ def _claim_checks(claims: ClaimCounts, expect: Expectation) -> dict[str, dict[st
         "expected_budget": _check(claims.budget, claims.budget_detail),
     }  # fmt: skip
     if expect.flow is not None:
-        checks["flow_file"] = _check(claims.flow, (
-            f"{claims.flow} streams not in {expect.flow.path} or entries whose population ε "
-            "is not the file's share × ε"
-        ))
+        checks["flow_file"] = _check(
+            claims.flow,
+            (
+                f"{claims.flow} streams not in {expect.flow.path} or entries whose population ε "
+                "is not the file's share × ε"
+            ),
+        )
     return checks
 
 
@@ -1221,9 +1224,7 @@ def main(args: argparse.Namespace) -> int:
             metrics.record(None, time.time())
             metrics.linger(args.linger)
         raise
-    report = audit(
-        collector, population=population, expect_slots=args.expect_slots, expect=expect
-    )
+    report = audit(collector, population=population, expect_slots=args.expect_slots, expect=expect)
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:

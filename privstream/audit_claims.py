@@ -30,8 +30,8 @@ Nothing here imports what it audits: the μ-GDP and zCDP conversions are written
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.special import log_ndtr, ndtr
@@ -119,7 +119,9 @@ def _lookup(keys: I64, at: I64) -> tuple[I64, Bools]:
 # -- flags ---------------------------------------------------------------------------------------
 
 
-def check_flags(pub: Published, expect: Expectation, findings: Findings, counts: ClaimCounts) -> None:
+def check_flags(
+    pub: Published, expect: Expectation, findings: Findings, counts: ClaimCounts
+) -> None:
     """Outputs marked ``insecure_seed`` or ``evaluation`` fail unless expected."""
     rel, led = pub.releases, pub.ledger
     for flag, allowed, kind, why in (
@@ -210,7 +212,7 @@ def check_stated(pub: Published, findings: Findings, counts: ClaimCounts) -> Non
         (rel["insecure"] != led.insecure[row]) | (rel["evaluation"] != led.evaluation[row])
     )
     text = pub.guarantees
-    for mask, kind, detail in (
+    checks: tuple[tuple[Bools, str, Callable[[int], str]], ...] = (
         (other, "guarantee_mismatch", lambda i: (
             f"the release states {text[int(rel['gid'][i])][3]} but its ledger entry "
             f"{text[int(led.gid[row[i]])][3]}"
@@ -220,7 +222,8 @@ def check_stated(pub: Published, findings: Findings, counts: ClaimCounts) -> Non
             f"evaluation={bool(rel['evaluation'][i])}; its ledger entry "
             f"{bool(led.insecure[row[i]])}, {bool(led.evaluation[row[i]])}"
         )),
-    ):  # fmt: skip
+    )  # fmt: skip
+    for mask, kind, detail in checks:
         counts.stated += int(mask.sum())
         for i in np.flatnonzero(mask)[: max(findings.room(), 0)].tolist():
             findings.add(kind, pub.name(int(rel["pair"][i]), int(rel["slot"][i])), detail(i))

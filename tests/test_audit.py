@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 import secrets
 import subprocess
 import sys
@@ -190,7 +191,9 @@ def test_a_deleted_release_is_a_missing_slot(tmp_path: Path, ldp: Run) -> None:
     assert status == 1 and report["counts"]["missing_slots"] == 1
     assert report["counts"]["releases"] == 7 * SLOTS - 1
     assert report["problems"][0] == {
-        "kind": "missing_slot", "id": "sin/LPA/17", "detail": "release missing"
+        "kind": "missing_slot",
+        "id": "sin/LPA/17",
+        "detail": "release missing",
     }
 
 
@@ -891,9 +894,7 @@ def test_an_evaluation_fails_unless_allowed(tmp_path: Path, evaluation: Run) -> 
     )
 
 
-def test_evaluation_releases_relabelled_as_production_fail(
-    tmp_path: Path, evaluation: Run
-) -> None:
+def test_evaluation_releases_relabelled_as_production_fail(tmp_path: Path, evaluation: Run) -> None:
     """The releases say ``evaluation: false`` while their ledger says true: the flag and the
     ledger's evaluation split (3 full budgets over one population ε) both give it away."""
     run = evaluation
@@ -917,9 +918,7 @@ def two_streams(directory: Path, epsilon: float) -> Run:
         for name in ("a", "b")
         if not (directory / name).mkdir(parents=True)
     ]  # fmt: skip
-    return Run(
-        [x for r in runs for x in r.releases], [x for r in runs for x in r.ledger]
-    )
+    return Run([x for r in runs for x in r.releases], [x for r in runs for x in r.ledger])
 
 
 def flow_file(path: Path, shares: dict[str, float]) -> Path:
@@ -1044,8 +1043,27 @@ def test_a_gaussian_guarantee_needs_an_expected_delta(tmp_path: Path, cgm: Run) 
     status, report = audit(tmp_path, cgm.releases, cgm.ledger, expect=(*base, "2"))
     assert status == 1 and failed(report) == {"expected_budget"}
     assert "--max-delta" in json.dumps(report["problems"])
-    status, _ = audit(tmp_path, cgm.releases, cgm.ledger, expect=(*base, "2", "--max-delta", "1e-5"))
+    status, _ = audit(
+        tmp_path, cgm.releases, cgm.ledger, expect=(*base, "2", "--max-delta", "1e-5")
+    )
     assert status == 0
     status, report = audit(tmp_path, cgm.releases, cgm.ledger,
                            expect=(*base, "1.9", "--max-delta", "1e-5"))  # fmt: skip
     assert status == 1 and failed(report) == {"expected_budget"}
+
+
+def test_the_readme_and_deploy_docs_list_every_check() -> None:
+    """The README's table of checks and deploy/README's ``check`` label values are
+    ``privstream.audit.CHECKS``."""
+    root = Path(__file__).resolve().parent.parent
+    section = (root / "README.md").read_text().split("\n## Auditing a run\n", 1)[1]
+    table = [
+        line.split("`")[1]
+        for line in section.split("\n## ", 1)[0].splitlines()
+        if line.startswith("| `") and not line.startswith("| `privstream_")
+    ]
+    assert sorted(table) == sorted(CHECKS) and len(table) == len(CHECKS)
+    deploy = (root / "deploy" / "README.md").read_text()
+    row = next(x for x in deploy.splitlines() if x.startswith("| `privstream_audit_check_passed"))
+    names = [n for n in re.findall(r"`([a-z_]+)`", row) if n != "inputs"]
+    assert sorted(names) == sorted(CHECKS)
