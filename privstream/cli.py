@@ -429,8 +429,10 @@ def _demo_audit(commands: Any) -> None:
     audit = commands.add_parser(
         "audit",
         help="check what a flow published (files or topics): every slot present, no conflicting "
-        "duplicate, every window within budget, recomputed from the per-slot spends; exit 0 when "
-        "all hold, 1 when one fails, 2 on an input error",
+        "duplicate, every window within budget, recomputed from the per-slot spends; what the "
+        "outputs claim (guarantees, repeats, insecure or evaluation outputs) and the expected "
+        "budget (--max-epsilon or --config); exit 0 when all hold, 1 when one fails, 2 on an "
+        "input error",
     )
     audit.add_argument("--releases", metavar="FILE", help="releases (JSON lines, run --out)")
     audit.add_argument("--ledger", metavar="FILE", help="ledger entries (run --ledger-out)")
