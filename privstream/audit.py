@@ -73,7 +73,28 @@ from privstream.audit_checks import (
     check_windows,
     close,
 )
+from privstream.audit_claims import (
+    APPROXIMATE,
+    NULLIFIED,
+    PUBLISH,
+    ClaimCounts,
+    Expectation,
+    FlowPlan,
+    check_expected,
+    check_flags,
+    check_flow,
+    check_sources,
+    check_stated,
+)
 
+CHECKS = (
+    "well_formed", "complete_slots", "unique_payloads", "window_budget", "declared_spend",
+    "population_accountant", "no_user_ids", "secure_noise", "not_evaluation",
+    "repeated_publications", "stated_guarantee", "expected_budget", "flow_file",
+    "something_read",
+)  # fmt: skip
+"""Every check of the report, in its order (``flow_file`` only with ``--config``): the names of
+``privstream_audit_check_passed{check}`` and of the README's and deploy/README's lists."""
 PROGRESS_SECONDS = 2.0
 _UNSET: Any = msgspec.UNSET
 
@@ -87,17 +108,34 @@ SCHEMA = 2
 record): one envelope for every family, the guarantee as data, per-family ``details``."""
 
 
-class _Guarantee(msgspec.Struct, gc=False):
-    """A mechanism's declared guarantee: its measure's parameters and its scope's window."""
+class _Guarantee(msgspec.Struct, frozen=True, gc=False):
+    """A mechanism's declared guarantee: its measure's parameters and its scope's window
+    (hashable: equal guarantees are one, compared field by field)."""
 
     measure: str
     scope: str
     model: str
     epsilon: float | None = None
+    delta: float | None = None
     mu: float | None = None
     rho: float | None = None
     window: int | None = None
     length: int | None = None
+
+    def text(self) -> str:
+        """The guarantee in words, e.g. ``pure ε=1 over window w=10 (ldp)``."""
+        params = [
+            f"{name}={value:g}"
+            for name, value in (("ε", self.epsilon), ("δ", self.delta), ("μ", self.mu),
+                                ("ρ", self.rho))
+            if value is not None
+        ]  # fmt: skip
+        scope = self.scope
+        if self.window is not None:
+            scope += f" w={self.window}"
+        if self.length is not None:
+            scope += f" length={self.length}"
+        return f"{self.measure} {' '.join(params)} over {scope} ({self.model})"
 
 
 class _Screened(msgspec.Struct, gc=False):
@@ -146,6 +184,7 @@ class _Entry(msgspec.Struct, gc=False):
     population_epsilon: float | None = None
     population_window_spent: float | None = None
     evaluation: bool = False
+    insecure_seed: bool = False
     user: Any = _UNSET
     user_id: Any = _UNSET
     users: Any = _UNSET
@@ -165,9 +204,14 @@ class _Release(msgspec.Struct, gc=False):
     stream: str
     mechanism: str
     slot: int
+    strategy: str
+    estimate: list[float]
+    source_slot: int | None
     guarantee: _Guarantee
     details: _Screened
     schema: int | None = None
+    insecure_seed: bool = False
+    evaluation: bool = False
     user: Any = _UNSET
     user_id: Any = _UNSET
     users: Any = _UNSET
@@ -181,6 +225,13 @@ _RELEASE = msgspec.json.Decoder(_Release)
 _ENTRY = msgspec.json.Decoder(_Entry)
 _HALT = msgspec.json.Decoder(_Halt)
 _VERSIONED = msgspec.json.Decoder(_Versioned)
+_STRATEGIES = {"publish": PUBLISH, "approximate": APPROXIMATE, "nullified": NULLIFIED}
+
+
+def _estimate_hash(estimate: list[float]) -> int:
+    """A keyed hash (SipHash, keyed per process) of an estimate's float64 bit patterns: equal
+    exactly when the values are equal bit for bit, however the JSON spelled them."""
+    return hash(np.asarray(estimate, dtype=np.float64).tobytes())
 
 
 def _budget(guarantee: _Guarantee) -> float:
@@ -272,6 +323,12 @@ class Collector:
         self._rows = 0
         self._halts: dict[tuple[str, str | None], int] = {}
         self._unknown_kinds: set[str] = set()
+        self._guarantee_ids: dict[_Guarantee, int] = {}
+
+    def _gids(self, guarantees: Sequence[_Guarantee]) -> I64:
+        """The id of every guarantee (equal guarantees share one)."""
+        ids = self._guarantee_ids
+        return np.array([ids.setdefault(g, len(ids)) for g in guarantees], dtype=np.int64)
 
     @property
     def records(self) -> int:
@@ -421,10 +478,12 @@ class Collector:
         named = np.array(list(map(operator.eq, fields["release_id"], ids)), dtype=np.bool_)
         good = named & (slot >= 0) & (slot < MAX_SLOT) & (epsilon > 0) & (epsilon < math.inf)
         good &= np.array([s == SCHEMA for s in fields["schema"]], dtype=np.bool_)
+        good &= np.array([s in _STRATEGIES for s in fields["strategy"]], dtype=np.bool_)
         for i in np.flatnonzero(~good).tolist():
             self._malformed("release", where[i], _schema_problem(records[i].schema) or (
                 f"release_id {records[i].release_id!r} is not stream/mechanism/slot with "
-                "0 <= slot < 2**40, or the guarantee's budget is not positive and finite"
+                "0 <= slot < 2**40, the guarantee's budget is not positive and finite, or "
+                f"the strategy {records[i].strategy!r} is not one of {', '.join(_STRATEGIES)}"
             ))  # fmt: skip
         if not good.all():
             records, lines = _select(records, good), _select(lines, good)
@@ -432,7 +491,24 @@ class Collector:
         pair = self._pairs_of(fields["stream"], fields["mechanism"])
         self._user_fields(fields, records, pair, "release")
         first = self._first_copies("release", pair, slot, lines)
-        self._releases.append({"pair": pair[first], "slot": slot[first], "epsilon": epsilon[first]})
+        columns = {"pair": pair, "slot": slot, "epsilon": epsilon, **self._claims(fields)}
+        self._releases.append({name: column[first] for name, column in columns.items()})
+
+    def _claims(self, fields: dict[str, tuple[Any, ...]]) -> dict[str, NDArray[Any]]:
+        """What a batch of releases claims: strategy, source slot (−1: none), a keyed hash of
+        the estimate's values, whether the estimate is all zeros, the guarantee's id and the
+        flags."""
+        strategy = np.array([_STRATEGIES[s] for s in fields["strategy"]], dtype=np.int64)
+        estimates = fields["estimate"]
+        return {
+            "strategy": strategy,
+            "source": _counts(fields["source_slot"]),
+            "estimate": np.array(list(map(_estimate_hash, estimates)), dtype=np.int64),
+            "zero": np.array([not any(e) for e in estimates], dtype=np.bool_),
+            "gid": self._gids(fields["guarantee"]),
+            "insecure": np.array(fields["insecure_seed"], dtype=np.bool_),
+            "evaluation": np.array(fields["evaluation"], dtype=np.bool_),
+        }
 
     def _take_ledger(self) -> None:
         lines, numbers = self._pending_lines("ledger")
@@ -443,6 +519,8 @@ class Collector:
         fields = _fields(_Entry, records)
         classes, class_ok = _class_columns(fields["classes"])
         columns, known = _entry_columns(fields, classes)
+        columns["gid"] = self._gids(fields["guarantee"])
+        columns["insecure"] = np.array(fields["insecure_seed"], dtype=np.bool_)
         good = _valid_entries(columns, known, classes, class_ok)
         for i in np.flatnonzero(~good).tolist():
             r = records[i]
@@ -537,12 +615,20 @@ class Collector:
             ledger=LedgerTable(**ledger),
             classes=ClassTable(**_concatenate(self._classes, _CLASS_DTYPES)),
             halts=halts,
+            releases=releases,
+            guarantees=[
+                (g.measure, _budget(g), g.delta or 0.0, g.text()) for g in self._guarantee_ids
+            ],
         )
 
 
 _COUNT_LIMIT = 1 << 40
 """Windows and user counts must stay below this (their int64 window sums cannot overflow)."""
-_RELEASE_DTYPES: dict[str, Any] = {"pair": np.int64, "slot": np.int64, "epsilon": np.float64}
+_RELEASE_DTYPES: dict[str, Any] = {
+    "pair": np.int64, "slot": np.int64, "epsilon": np.float64, "strategy": np.int64,
+    "source": np.int64, "estimate": np.int64, "zero": np.bool_, "gid": np.int64,
+    "insecure": np.bool_, "evaluation": np.bool_,
+}  # fmt: skip
 _ENTRY_KIND = b'"kind":"ledger"'
 _ENTRY_DTYPES: dict[str, Any] = {
     "pair": np.int64, "slot": np.int64, "population_division": np.bool_,
@@ -550,6 +636,7 @@ _ENTRY_DTYPES: dict[str, Any] = {
     "epsilon": np.float64, "window": np.int64, "m1": np.float64, "m2": np.float64,
     "users1": np.int64, "users2": np.int64, "window_users": np.int64,
     "pop_epsilon": np.float64, "pop_spent": np.float64, "evaluation": np.bool_,
+    "insecure": np.bool_, "gid": np.int64,
 }  # fmt: skip
 _CLASS_DTYPES: dict[str, Any] = {
     "row": np.int64, "window": np.int64, "epsilon": np.float64, "charged": np.float64,
@@ -943,14 +1030,69 @@ def _checks(
     }  # fmt: skip
 
 
+def _claim_checks(claims: ClaimCounts, expect: Expectation) -> dict[str, dict[str, Any]]:
+    """The verdicts of the checks on what the outputs claim (``privstream.audit_claims``)."""
+    checks = {
+        "secure_noise": _check(claims.insecure, (
+            "insecure-seed outputs allowed (--allow-insecure-seed): a test run, not private"
+            if expect.allow_insecure_seed else
+            f"{claims.insecure} releases and ledger entries marked insecure_seed"
+        )),
+        "not_evaluation": _check(claims.evaluation, (
+            "evaluation outputs allowed (--allow-evaluation): together over the budget"
+            if expect.allow_evaluation else
+            f"{claims.evaluation} releases and ledger entries marked evaluation"
+        )),
+        "repeated_publications": _check(claims.repeats, (
+            f"{claims.repeats} approximate/nullified releases that do not repeat their source "
+            "publication exactly, or publications not at their slot or not charged"
+        )),
+        "stated_guarantee": _check(claims.stated, (
+            f"{claims.stated} releases stating another guarantee or flags than their ledger "
+            "entry, or (stream, slot)s whose mechanisms' budgets sum over the population's ε"
+        )),
+        "expected_budget": _check(claims.budget, claims.budget_detail),
+    }  # fmt: skip
+    if expect.flow is not None:
+        checks["flow_file"] = _check(
+            claims.flow,
+            (
+                f"{claims.flow} streams not in {expect.flow.path} or entries whose population ε "
+                "is not the file's share × ε"
+            ),
+        )
+    return checks
+
+
+def _judge_claims(
+    pub: Published, accountant: AccountantCounts, expect: Expectation, findings: Findings
+) -> ClaimCounts:
+    """Run the claim checks (``privstream.audit_claims``)."""
+    claims = ClaimCounts()
+    check_flags(pub, expect, findings, claims)
+    check_sources(pub, findings, claims)
+    check_stated(pub, findings, claims)
+    if expect.flow is not None:
+        check_flow(pub, expect.flow, findings, claims)
+    check_expected(pub, accountant.streams, expect, findings, claims)
+    return claims
+
+
 def audit(
-    collector: Collector, *, population: int | None = None, expect_slots: int | None = None
+    collector: Collector,
+    *,
+    population: int | None = None,
+    expect_slots: int | None = None,
+    expect: Expectation | None = None,
 ) -> dict[str, Any]:
     """Run every check over what ``collector`` read; the report ``privstream audit`` prints.
 
     ``ok`` holds exactly when every check holds. ``problems`` are the first 50 found (in the
-    order of the checks), ``notes`` say what could not be checked and why.
+    order of the checks), ``notes`` say what could not be checked and why. ``expect``: what the
+    operator expects (budget, allowed insecure or evaluation outputs, the flow file); without
+    an expected budget ``expected_budget`` fails.
     """
+    expect = expect or Expectation()
     pub = collector.finish()
     findings = Findings(notes=list(collector.notes))
 
@@ -964,13 +1106,17 @@ def audit(
     windows = check_windows(pub, population, findings)
     accountant = check_accountant(pub, findings)
     replay("no_user_ids")
+    claims = _judge_claims(pub, accountant, expect, findings)
     if population is None and bool(pub.ledger.population_division.any()):
         findings.notes.append(
             "population-division windows not checked against n: give --population N"
         )
     distinct = collector.distinct
     read = distinct["release"] + distinct["ledger"]
-    checks = _checks(collector, pub, slots, windows, accountant, population)
+    checks = {
+        **_checks(collector, pub, slots, windows, accountant, population),
+        **_claim_checks(claims, expect),
+    }
     # An empty output is no evidence of a healthy run (a wrong topic, a run that never wrote).
     checks["something_read"] = {
         "ok": read > 0,
@@ -991,6 +1137,11 @@ def audit(
         "windows_over_users": windows.over_users,
         "population_over_budget": accountant.over_budget,
         "declared_mismatches": checks["declared_spend"]["count"],
+        "insecure_outputs": claims.insecure,
+        "evaluation_outputs": claims.evaluation,
+        "unfaithful_repeats": claims.repeats,
+        "stated_mismatches": claims.stated,
+        "over_expected_budget": claims.budget,
     }
     return {
         "ok": all(c["ok"] for c in checks.values()),
@@ -1022,6 +1173,38 @@ def collect(args: argparse.Namespace) -> Collector:
     return read_topics(settings, args.release_topic, args.ledger_topic, args.idle_seconds, progress)
 
 
+def _flow_plan(path: str) -> tuple[FlowPlan, int]:
+    """The flow file's population budget, streams' shares and n (``flow_config.load``,
+    imported here only: the audit's checks share no code with the flows)."""
+    from privstream.flow_config import load
+
+    flow = load(path)
+    population = flow.population
+    delta = getattr(population, "delta", None)  # a flow file may state the population's δ
+    plan = FlowPlan(
+        epsilon=population.epsilon,
+        window=population.window,
+        shares={s.name: s.share for s in flow.streams},
+        delta=None if delta is None else float(delta),
+        path=str(path),
+    )
+    return plan, population.users
+
+
+def expectation(args: argparse.Namespace) -> tuple[Expectation, int | None]:
+    """What ``privstream audit``'s flags expect of the outputs, and n (``--population``, else
+    the flow file's)."""
+    flow, users = (None, None) if args.config is None else _flow_plan(args.config)
+    expect = Expectation(
+        max_epsilon=args.max_epsilon,
+        max_delta=args.max_delta,
+        allow_insecure_seed=args.allow_insecure_seed,
+        allow_evaluation=args.allow_evaluation,
+        flow=flow,
+    )
+    return expect, args.population if args.population is not None else users
+
+
 def main(args: argparse.Namespace) -> int:
     """``privstream audit``: print the report (and write it to ``--json``); 0 when every check
     holds, 1 when one fails (input errors raise: the CLI turns them into 2). With
@@ -1034,13 +1217,14 @@ def main(args: argparse.Namespace) -> int:
         None if args.metrics_port is None else AuditMetrics(args.metrics_port, args.metrics_addr)
     )
     try:
+        expect, population = expectation(args)
         collector = collect(args)
     except Exception:
         if metrics is not None:
             metrics.record(None, time.time())
             metrics.linger(args.linger)
         raise
-    report = audit(collector, population=args.population, expect_slots=args.expect_slots)
+    report = audit(collector, population=population, expect_slots=args.expect_slots, expect=expect)
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:

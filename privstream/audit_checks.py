@@ -63,6 +63,10 @@ class LedgerTable:
     pop_epsilon: F64
     pop_spent: F64
     evaluation: Bools
+    insecure: Bools
+    gid: I64
+    """The entry's guarantee, as an index into ``Published.guarantees`` (equal ids: equal
+    measure, parameters, scope and model)."""
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,12 @@ class Published:
 
     ``pairs[i]`` is the ``(stream, mechanism)`` of pair index ``i``; ``release_epsilon[i]`` is
     the budget of the guarantee that pair's first release states (NaN without a release);
-    ``halts`` maps a pair to the earliest slot a halt record names for it.
+    ``halts`` maps a pair to the earliest slot a halt record names for it. ``releases`` holds
+    the first copy of every release as columns: ``strategy`` (0 publish, 1 approximate,
+    2 nullified), ``source`` (its ``source_slot``, −1 for none), ``estimate`` (a keyed hash of
+    the estimate's float64 bits), ``zero`` (the estimate is all zeros: a mechanism's initial
+    value), ``gid`` (its guarantee), ``insecure`` and ``evaluation`` (its flags).
+    ``guarantees[gid]`` is each distinct guarantee as ``(measure, budget, delta, text)``.
     """
 
     pairs: list[tuple[str, str]]
@@ -94,6 +103,8 @@ class Published:
     ledger: LedgerTable
     classes: ClassTable
     halts: dict[int, int]
+    releases: dict[str, NDArray[Any]] = field(default_factory=dict)
+    guarantees: list[tuple[str, float, float, str]] = field(default_factory=list)
 
     def name(self, pair: int, slot: int) -> str:
         """The release id ``stream/mechanism/slot``."""
@@ -424,10 +435,14 @@ def _one_class(entries: int, cls: ClassTable) -> tuple[F64, F64]:
 
 @dataclass
 class AccountantCounts:
-    """What ``check_accountant`` counted: windows over the population's ε, declared mismatches."""
+    """What ``check_accountant`` counted: windows over the population's ε, declared mismatches;
+    and per composed stream ``(name, slots, spend, rows)``: at each of its slots the recomputed
+    window spend of its class key closest to the budget in the ledgers' unit (ε, μ², ρ) — what
+    the stream's mechanisms together charged one user — and its ledger rows."""
 
     over_budget: int = 0
     mismatches: int = 0
+    streams: list[tuple[str, I64, F64, I64]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -604,6 +619,7 @@ def _judge(
     onehot = np.zeros((first.size, key.size))
     onehot[key, np.arange(key.size)] = 1.0
     totals = onehot @ spends
+    counts.streams.append((plan.name, plan.slots, totals.max(axis=0), plan.rows))
     windows, budgets = plan.key_window[first], plan.key_epsilon[first]
     at = np.searchsorted(plan.slots, led.slot[plan.rows])
     evaluation = np.zeros(plan.slots.size, dtype=np.bool_)

@@ -446,8 +446,10 @@ def _demo_audit(commands: Any) -> None:
     audit = commands.add_parser(
         "audit",
         help="check what a flow published (files or topics): every slot present, no conflicting "
-        "duplicate, every window within budget, recomputed from the per-slot spends; exit 0 when "
-        "all hold, 1 when one fails, 2 on an input error",
+        "duplicate, every window within budget, recomputed from the per-slot spends; what the "
+        "outputs claim (guarantees, repeats, insecure or evaluation outputs) and the expected "
+        "budget (--max-epsilon or --config); exit 0 when all hold, 1 when one fails, 2 on an "
+        "input error",
     )
     audit.add_argument("--releases", metavar="FILE", help="releases (JSON lines, run --out)")
     audit.add_argument("--ledger", metavar="FILE", help="ledger entries (run --ledger-out)")
@@ -469,6 +471,29 @@ def _demo_audit(commands: Any) -> None:
         metavar="T",
         help="every (stream, mechanism) runs to slot T unless halted (default: its last slot)",
     )
+    audit.add_argument(
+        "--max-epsilon", type=_positive_float, metavar="E",
+        help="the expected budget: every guarantee, and all streams composed per window, within "
+        "ε = E (default: the --config file's population ε; without either the audit fails)",
+    )  # fmt: skip
+    audit.add_argument(
+        "--max-delta", type=_positive_float, metavar="D",
+        help="the expected δ of the population, for (ε, δ) and Gaussian guarantees (CGM): their "
+        "ε is taken at δ = D (default: the --config file's δ, when it states one)",
+    )  # fmt: skip
+    audit.add_argument(
+        "--config", metavar="FLOW",
+        help="the flow file (TOML) of the outputs' population: every stream must be in it, "
+        "with its share of the population's ε, and all compose within it",
+    )  # fmt: skip
+    audit.add_argument(
+        "--allow-insecure-seed", action="store_true",
+        help="expect outputs of an --insecure-seed run (public noise: a test, not private)",
+    )  # fmt: skip
+    audit.add_argument(
+        "--allow-evaluation", action="store_true",
+        help="expect the outputs of an evaluation (--compare: the full ε each, together more)",
+    )  # fmt: skip
     audit.add_argument("--json", metavar="FILE", help="also write the report to this file")
     audit.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     audit.add_argument(

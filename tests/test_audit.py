@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
+import secrets
 import subprocess
 import sys
 import time
@@ -20,6 +22,7 @@ from bytewax.testing import run_main
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from privstream.audit import CHECKS
 from privstream.audit_checks import window_sums
 from privstream.cli import main
 from privstream.flows import dataflow, ldp_ids, personalized
@@ -31,7 +34,8 @@ P_USERS, P_SLOTS = 500, 150
 ZERO = {
     "halted": 0, "missing_slots": 0, "duplicates": 0, "conflicting_duplicates": 0,
     "windows_over_budget": 0, "windows_over_users": 0, "population_over_budget": 0,
-    "declared_mismatches": 0,
+    "declared_mismatches": 0, "insecure_outputs": 0, "evaluation_outputs": 0,
+    "unfaithful_repeats": 0, "stated_mismatches": 0, "over_expected_budget": 0,
 }  # fmt: skip
 
 
@@ -47,16 +51,16 @@ class Run:
 
 
 def run_flow(build: Callable[..., Any], directory: Path, **kwargs: Any) -> Run:
+    """A flow's outputs; its noise from the public seed 1 unless ``secret`` is given."""
     out, ledger = directory / "releases.jsonl", directory / "ledger.jsonl"
-    run_main(build(out=str(out), ledger_out=str(ledger), insecure_seed=1, **kwargs))
+    key = {"insecure_seed": 1} if "secret" not in kwargs else {}
+    run_main(build(out=str(out), ledger_out=str(ledger), **key, **kwargs))
     return Run(out.read_text().splitlines(), ledger.read_text().splitlines())
 
 
 def ldp_flow(directory: Path, mechanisms: str = LDP, **kwargs: Any) -> Run:
-    return run_flow(
-        ldp_ids.build, directory, dataset="sin", mechanisms=mechanisms, users=USERS,
-        slots=SLOTS, epsilon=EPSILON, window=WINDOW, **kwargs,
-    )  # fmt: skip
+    setting = {"users": USERS, "slots": SLOTS, "epsilon": EPSILON, "window": WINDOW, **kwargs}
+    return run_flow(ldp_ids.build, directory, dataset="sin", mechanisms=mechanisms, **setting)
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +83,17 @@ def dumps(records: list[dict[str, Any]]) -> list[str]:
     return [json.dumps(r, separators=(",", ":")) for r in records]
 
 
+EXPECTED = ("--allow-insecure-seed", "--max-epsilon", str(EPSILON), "--max-delta", "1e-5")
+"""What these tests' honest runs are audited against: their noise comes from public seeds
+(``run_flow``: expected, so allowed) and their population's budget is ε = 1 (δ = 10⁻⁵ for CGM)."""
+
+
 def audit(
-    tmp_path: Path, releases: list[str], ledger: list[str], *flags: str
+    tmp_path: Path,
+    releases: list[str],
+    ledger: list[str],
+    *flags: str,
+    expect: tuple[str, ...] = EXPECTED,
 ) -> tuple[int, dict[str, Any]]:
     """Run ``privstream audit`` on these lines; its exit status and JSON report."""
     paths = tmp_path / "r.jsonl", tmp_path / "l.jsonl"
@@ -89,7 +102,7 @@ def audit(
     report = tmp_path / "report.json"
     status = main(
         ["audit", "--releases", str(paths[0]), "--ledger", str(paths[1]), "--json", str(report),
-         "--no-progress", *flags]
+         "--no-progress", *expect, *flags]
     )  # fmt: skip
     return status, json.loads(report.read_text())
 
@@ -128,7 +141,8 @@ def test_the_ldp_ids_flow_passes(tmp_path: Path, ldp: Run) -> None:
     }  # fmt: skip
     assert set(report["checks"]) == {
         "well_formed", "complete_slots", "unique_payloads", "window_budget", "declared_spend",
-        "population_accountant", "no_user_ids", "something_read",
+        "population_accountant", "no_user_ids", "something_read", "secure_noise",
+        "not_evaluation", "repeated_publications", "stated_guarantee", "expected_budget",
     }  # fmt: skip
 
 
@@ -162,14 +176,25 @@ def test_expect_slots_counts_a_lost_tail(tmp_path: Path, ldp: Run) -> None:
 
 
 def test_a_deleted_release_is_a_missing_slot(tmp_path: Path, ldp: Run) -> None:
+    """(Issue 18 §3: the repeats of a deleted publication cannot be checked, so they fail
+    ``repeated_publications`` too.)"""
     releases = [line for line in ldp.releases if '"release_id":"sin/LPA/17"' not in line]
+    deleted = json.loads(next(x for x in ldp.releases if '"release_id":"sin/LPA/17"' in x))
+    repeats = sum(
+        r["source_slot"] == 17 and r["strategy"] != "publish"
+        for r in ldp.records("releases") if r["mechanism"] == "LPA"
+    )  # fmt: skip
     status, report = audit(tmp_path, releases, ldp.ledger)
-    assert status == 1 and failed(report) == {"complete_slots"}
-    assert report["counts"]["missing_slots"] == 1
+    assert failed(report) == {"complete_slots"} | (
+        {"repeated_publications"} if deleted["strategy"] == "publish" and repeats else set()
+    )
+    assert status == 1 and report["counts"]["missing_slots"] == 1
     assert report["counts"]["releases"] == 7 * SLOTS - 1
-    assert report["problems"] == [
-        {"kind": "missing_slot", "id": "sin/LPA/17", "detail": "release missing"}
-    ]
+    assert report["problems"][0] == {
+        "kind": "missing_slot",
+        "id": "sin/LPA/17",
+        "detail": "release missing",
+    }
 
 
 def test_a_halt_record_makes_the_later_slots_not_expected(
@@ -337,7 +362,9 @@ def test_a_mechanism_charging_beyond_its_declared_share_is_caught(tmp_path: Path
 
     ledger = edit(ldp.ledger, lambda r: r["mechanism"] == "LBU", full)
     status, report = audit(tmp_path, ldp.releases, ledger)
-    assert status == 1 and failed(report) == {"population_accountant", "declared_spend"}
+    assert status == 1
+    # issue 18 §3: the stream also spends more than the expected ε = 1
+    assert failed(report) == {"population_accountant", "declared_spend", "expected_budget"}
     assert report["counts"]["windows_over_budget"] == 0
     assert report["counts"]["population_over_budget"] > 0
 
@@ -448,6 +475,10 @@ def test_a_raw_user_list_in_a_privacy_class_is_caught(tmp_path: Path, pers: Run)
 C_USERS, C_SLOTS, C_WINDOW = 300, 20, 8
 
 
+CGM_EXPECTED = ("--allow-insecure-seed", "--max-epsilon", "2", "--max-delta", "1e-5")
+"""The CGM runs' population budget: (ε, δ) = (2, 10⁻⁵), which their μ-GDP guarantees meet."""
+
+
 def cgm_flow(directory: Path, **kwargs: Any) -> Run:
     return run_flow(
         functools.partial(dataflow.build, "cgm"), directory, dataset="taxi",
@@ -494,7 +525,7 @@ def test_the_cgm_flow_passes(tmp_path: Path, cgm: Run, scope: str) -> None:
         assert last["guarantee"]["scope"] == "stream" and last["details"]["refused"] > 0
     else:
         assert (last["guarantee"]["scope"], last["guarantee"]["length"]) == ("period", 1)
-    status, report = audit(tmp_path, run.releases, run.ledger)
+    status, report = audit(tmp_path, run.releases, run.ledger, expect=CGM_EXPECTED)
     assert status == 0 and report["ok"] and report["problems"] == [] and report["notes"] == []
     assert report["counts"] == {
         "releases": 2 * C_SLOTS, "ledger_entries": 2 * C_SLOTS, "streams": 1, "mechanisms": 2,
@@ -506,7 +537,7 @@ def test_a_user_spend_over_its_budget_is_caught(tmp_path: Path, cgm: Run) -> Non
     """Past the class's ε at slot 3; the next entry's honest spend then falls below it."""
     epsilon = cgm.records("ledger")[0]["classes"][0]["epsilon"]
     ledger = respend(cgm.ledger, "CGM", 3, lambda _: 1.01 * epsilon)
-    status, report = audit(tmp_path, cgm.releases, ledger)
+    status, report = audit(tmp_path, cgm.releases, ledger, expect=CGM_EXPECTED)
     assert status == 1 and failed(report) == {"window_budget"}
     assert report["counts"]["windows_over_budget"] == 1
     assert report["checks"]["window_budget"]["count"] == 2
@@ -519,7 +550,7 @@ def test_a_user_spend_falling_within_the_stream_is_caught(tmp_path: Path, cgm: R
     """A stream-scope account never renews: the most-charged user's spend cannot fall (and the
     next, honest, entry then spends more than one slot's charge above it)."""
     ledger = respend(cgm.ledger, "Alg1", 5, lambda spent: spent / 2)
-    status, report = audit(tmp_path, cgm.releases, ledger)
+    status, report = audit(tmp_path, cgm.releases, ledger, expect=CGM_EXPECTED)
     assert status == 1 and failed(report) == {"window_budget"}
     assert report["counts"]["windows_over_budget"] == 0
     assert report["checks"]["window_budget"]["count"] == 2
@@ -533,7 +564,7 @@ def test_a_user_spend_falling_within_the_stream_is_caught(tmp_path: Path, cgm: R
 def test_a_user_spend_beyond_the_charges_is_caught(tmp_path: Path, cgm: Run) -> None:
     """At slot 2 no user can have paid more than the spend at slot 1 plus the charge of 2."""
     ledger = respend(cgm.ledger, "CGM", 2, lambda spent: spent * 1.5)
-    status, report = audit(tmp_path, cgm.releases, ledger)
+    status, report = audit(tmp_path, cgm.releases, ledger, expect=CGM_EXPECTED)
     assert status == 1 and failed(report) == {"window_budget"}
     assert [(p["kind"], p["id"]) for p in report["problems"]] == [
         ("user_spend_inconsistent", "taxi/CGM/2")
@@ -547,7 +578,7 @@ def test_a_lying_mu_spent_is_caught(tmp_path: Path, cgm: Run) -> None:
         at("CGM", 7),
         lambda r: r["details"].update(mu_spent=r["details"]["mu_spent"] * 1.1),
     )
-    status, report = audit(tmp_path, cgm.releases, ledger)
+    status, report = audit(tmp_path, cgm.releases, ledger, expect=CGM_EXPECTED)
     assert status == 1 and failed(report) == {"declared_spend"}
     assert report["counts"]["declared_mismatches"] == 1
     assert [(p["kind"], p["id"]) for p in report["problems"]] == [
@@ -561,7 +592,7 @@ def test_a_user_division_entry_without_its_scope_is_malformed(tmp_path: Path, cg
         cgm.ledger, at("CGM", 4), lambda r: r["guarantee"].update(scope="window", window=8)
     )
     two = edit(windowed, at("Alg1", 4), lambda r: r["classes"].append(r["classes"][0]))
-    status, report = audit(tmp_path, cgm.releases, two)
+    status, report = audit(tmp_path, cgm.releases, two, expect=CGM_EXPECTED)
     assert status == 1 and failed(report) == {"well_formed", "complete_slots"}
     assert report["checks"]["well_formed"]["count"] == 2
     assert sorted(p["detail"] for p in report["problems"] if p["kind"] == "malformed") == [
@@ -573,14 +604,26 @@ def test_a_user_division_entry_without_its_scope_is_malformed(tmp_path: Path, cg
 # -- evaluations, older runs, bad input ---------------------------------------------------------
 
 
-def test_an_evaluation_may_exceed_the_population_budget(tmp_path: Path) -> None:
-    run = ldp_flow(tmp_path, "LBU,LSP,LBA", compare=True)
-    status, report = audit(tmp_path, run.releases, run.ledger)
+@pytest.fixture(scope="module")
+def evaluation(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """``--compare``: LBU, LSP and LBA side by side with the full ε each (3ε per window)."""
+    return ldp_flow(tmp_path_factory.mktemp("compare"), "LBU,LSP,LBA", compare=True)
+
+
+def test_an_expected_evaluation_may_exceed_the_population_budget(
+    tmp_path: Path, evaluation: Run
+) -> None:
+    """Only with ``--allow-evaluation`` (issue 18 §3: before, an evaluation passed unasked)."""
+    run = evaluation
+    status, report = audit(tmp_path, run.releases, run.ledger, "--allow-evaluation")
     assert status == 0 and report["counts"]["population_over_budget"] == 0
     unmarked = edit(run.ledger, lambda r: True, lambda r: r.update(evaluation=False))
-    status, report = audit(tmp_path, run.releases, unmarked)
-    assert status == 1 and failed(report) == {"population_accountant"}
+    releases = edit(run.releases, lambda r: True, lambda r: r.update(evaluation=False))
+    status, report = audit(tmp_path, releases, unmarked, "--allow-evaluation")
+    assert status == 1
+    assert failed(report) == {"population_accountant", "stated_guarantee", "expected_budget"}
     assert report["counts"]["population_over_budget"] == SLOTS  # 3 mechanisms × ε each
+    assert report["counts"]["stated_mismatches"] == SLOTS  # 3ε stated against ε, every slot
 
 
 def test_entries_from_before_the_accountant_skip_it_with_a_note(tmp_path: Path, ldp: Run) -> None:
@@ -668,12 +711,12 @@ def test_window_sums_equal_a_naive_sum(
     np.testing.assert_allclose(got, naive, rtol=1e-12, atol=1e-12)
 
 
-def test_the_readme_file_audit_runs_as_written(tmp_path: Path, ldp: Run) -> None:
+def test_the_readme_file_audit_runs_as_written(tmp_path: Path, secure: Run) -> None:
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     section = readme.split("\n## Auditing a run\n", 1)[1].split("\n## ", 1)[0]
     line = next(x for x in section.splitlines() if x.startswith("privstream audit --releases"))
-    (tmp_path / "releases.jsonl").write_text("\n".join(ldp.releases) + "\n")
-    (tmp_path / "ledger.jsonl").write_text("\n".join(ldp.ledger) + "\n")
+    (tmp_path / "releases.jsonl").write_text("\n".join(secure.releases) + "\n")
+    (tmp_path / "ledger.jsonl").write_text("\n".join(secure.ledger) + "\n")
     done = subprocess.run(
         [sys.executable, "-m", "privstream.cli", *line.split()[1:]],
         cwd=tmp_path, capture_output=True, text=True, timeout=60,
@@ -715,7 +758,7 @@ def _serve_audit(tmp_path: Path, releases: list[str], ledger: list[str], *flags:
     process = subprocess.Popen(
         [sys.executable, "-m", "privstream.cli", "audit", "--releases", str(paths[0]),
          "--ledger", str(paths[1]), "--no-progress", "--metrics-port", str(port), "--linger",
-         "60", *flags],
+         "60", *EXPECTED, *flags],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     text = scrape_until(port, lambda t: "privstream_audit_passed " in t, _alive(process))
@@ -752,9 +795,8 @@ def test_a_passing_audit_serves_its_verdict_until_sigterm(tmp_path: Path, ldp: R
     checks = {k: v for k, v in samples.items() if k.startswith("privstream_audit_check_passed")}
     assert checks == {
         f'privstream_audit_check_passed{{check="{name}"}}': 1.0
-        for name in ("inputs", "well_formed", "complete_slots", "unique_payloads",
-                     "window_budget", "declared_spend", "population_accountant", "no_user_ids",
-                     "something_read")
+        for name in ("inputs", *CHECKS)
+        if name != "flow_file"  # only with --config
     }  # fmt: skip
     assert samples["privstream_audit_releases"] == samples["privstream_audit_ledger_entries"]
     assert samples["privstream_audit_releases"] == 7 * SLOTS
@@ -804,3 +846,224 @@ def test_a_taken_metrics_port_is_an_input_error(
         port = taken.getsockname()[1]
         status = main(["audit", "--releases", "r", "--ledger", "l", "--metrics-port", str(port)])
     assert status == 2 and "cannot serve the audit's metrics" in capsys.readouterr().err
+
+
+# -- issue 18 §3: what the outputs claim ----------------------------------------------------------
+# Each attack passed the audit of main (e76ba93, exit 0 with --population); each now fails.
+
+BUDGET = ("--max-epsilon", str(EPSILON))
+"""An expected budget and nothing allowed: how a production audit runs."""
+
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """All seven LDP-IDS mechanisms sharing ε equally, keyed by a random secret."""
+    return ldp_flow(
+        tmp_path_factory.mktemp("secure"), budget_split="equal", secret=secrets.token_hex(32)
+    )
+
+
+def test_a_keyed_run_passes_with_an_expected_budget_only(tmp_path: Path, secure: Run) -> None:
+    status, report = audit(tmp_path, secure.releases, secure.ledger, "--population", str(USERS),
+                           expect=BUDGET)  # fmt: skip
+    assert status == 0 and report["problems"] == [], report["problems"]
+    assert "at most ε=" in report["checks"]["expected_budget"]["detail"]
+
+
+def test_an_insecure_seed_run_fails_unless_allowed(tmp_path: Path, ldp: Run) -> None:
+    status, report = audit(tmp_path, ldp.releases, ldp.ledger, "--population", str(USERS),
+                           expect=BUDGET)  # fmt: skip
+    assert status == 1 and failed(report) == {"secure_noise"}
+    assert report["counts"]["insecure_outputs"] == 2 * 7 * SLOTS  # every release and entry
+    assert {p["kind"] for p in report["problems"]} == {"insecure_seed_output"}
+    status, _ = audit(tmp_path, ldp.releases, ldp.ledger, "--allow-insecure-seed", *BUDGET,
+                      expect=())  # fmt: skip
+    assert status == 0
+
+
+def test_an_evaluation_fails_unless_allowed(tmp_path: Path, evaluation: Run) -> None:
+    """``--compare`` on real data: 3 mechanisms at the full ε each, 3ε per window."""
+    run = evaluation
+    flags = ("--allow-insecure-seed", *BUDGET)
+    status, report = audit(tmp_path, run.releases, run.ledger, *flags, expect=())
+    assert status == 1 and failed(report) == {"not_evaluation", "expected_budget"}
+    assert report["counts"]["evaluation_outputs"] == 2 * 3 * SLOTS
+    # the composed spend reaches 3ε once each mechanism's window is full
+    assert "3" in report["checks"]["expected_budget"]["detail"] or any(
+        p["kind"] == "over_expected_budget" for p in report["problems"]
+    )
+
+
+def test_evaluation_releases_relabelled_as_production_fail(tmp_path: Path, evaluation: Run) -> None:
+    """The releases say ``evaluation: false`` while their ledger says true: the flag and the
+    ledger's evaluation split (3 full budgets over one population ε) both give it away."""
+    run = evaluation
+    relabelled = edit(run.releases, lambda r: True, lambda r: r.update(evaluation=False))
+    for allow in ((), ("--allow-evaluation",)):
+        status, report = audit(tmp_path, relabelled, run.ledger, *allow)
+        assert status == 1 and "stated_guarantee" in failed(report)
+        kinds = [p["kind"] for p in report["problems"]]
+        assert kinds.count("flag_mismatch") == min(3 * SLOTS, 50 - kinds.count("evaluation_output"))
+        assert report["counts"]["stated_mismatches"] == 3 * SLOTS
+    ledger = edit(run.ledger, lambda r: True, lambda r: r.update(evaluation=False))
+    status, report = audit(tmp_path, relabelled, ledger, "--allow-evaluation")
+    assert status == 1 and {"stated_guarantee", "population_accountant"} <= failed(report)
+    assert "split_over_population" in {p["kind"] for p in report["problems"]}
+
+
+def two_streams(directory: Path, epsilon: float) -> Run:
+    """Streams ``a`` and ``b`` of one population (n = USERS), each run at ``epsilon``."""
+    runs = [
+        ldp_flow(directory / name, "LBU", stream=name, epsilon=epsilon)
+        for name in ("a", "b")
+        if not (directory / name).mkdir(parents=True)
+    ]  # fmt: skip
+    return Run([x for r in runs for x in r.releases], [x for r in runs for x in r.ledger])
+
+
+def flow_file(path: Path, shares: dict[str, float]) -> Path:
+    """A flow file of one population (ε = EPSILON per WINDOW slots) and these streams."""
+    streams = "".join(
+        f'\n[[streams]]\nname = "{name}"\nfamily = "ldp-ids"\nmechanisms = ["LBU"]\n'
+        f"domain = 2\nshare = {share}\n"
+        for name, share in shares.items()
+    )
+    path.write_text(
+        '[kafka]\nbootstrap = "127.0.0.1:9092"\ninput_topic = "events"\n'
+        'output_topic = "releases"\nledger_topic = "ledger"\n\n'
+        f"[population]\nusers = {USERS}\nepsilon = {EPSILON}\nwindow = {WINDOW}\n{streams}"
+    )
+    return path
+
+
+def test_two_streams_at_epsilon_each_over_one_population_fail(tmp_path: Path) -> None:
+    run = two_streams(tmp_path, EPSILON)
+    status, report = audit(tmp_path, run.releases, run.ledger, "--population", str(USERS))
+    assert status == 1 and failed(report) == {"expected_budget"}
+    # LBU charges ε/w a slot in each stream: together 2ε/w a slot, past ε from slot w/2 + 1 on
+    assert report["counts"]["over_expected_budget"] == SLOTS - WINDOW // 2
+    config = flow_file(tmp_path / "flow.toml", {"a": 0.5, "b": 0.5})
+    status, report = audit(tmp_path, run.releases, run.ledger, "--config", str(config),
+                           expect=("--allow-insecure-seed",))  # fmt: skip
+    assert status == 1 and failed(report) == {"expected_budget", "flow_file"}
+    assert report["checks"]["flow_file"]["count"] == 2 * SLOTS  # ε declared, the file's ε/2
+    only_a = flow_file(tmp_path / "a.toml", {"a": 1.0})
+    status, report = audit(tmp_path, run.releases, run.ledger, "--config", str(only_a),
+                           expect=("--allow-insecure-seed",))  # fmt: skip
+    assert status == 1 and "flow_file" in failed(report)
+    assert {"kind": "stream_not_in_flow_file", "id": "b"} in [
+        {k: p[k] for k in ("kind", "id")} for p in report["problems"]
+    ]
+
+
+def test_two_streams_within_their_shares_pass(tmp_path: Path) -> None:
+    run = two_streams(tmp_path, EPSILON / 2)
+    config = flow_file(tmp_path / "flow.toml", {"a": 0.5, "b": 0.5})
+    status, report = audit(tmp_path, run.releases, run.ledger, "--config", str(config),
+                           expect=("--allow-insecure-seed",))  # fmt: skip
+    assert status == 0, report["problems"]
+    assert "at most ε=1 of the expected ε=1" in report["checks"]["expected_budget"]["detail"]
+
+
+def test_repeats_carrying_other_values_fail(tmp_path: Path, ldp: Run) -> None:
+    """LBA's approximate/nullified releases carry other values than their source publication
+    (say, the true frequencies): a repeat is post-processing only if it repeats exactly."""
+    records = ldp.records("releases")
+    repeats = [r for r in records if r["mechanism"] == "LBA" and r["strategy"] != "publish"]
+    sourced = [r for r in repeats if r["source_slot"] is not None]
+    assert len(sourced) >= 10
+
+    def leak(r: dict[str, Any]) -> None:
+        r["estimate"] = [0.5 + 1e-3 * r["slot"], 0.5 - 1e-3 * r["slot"]]
+
+    leaky = edit(ldp.releases, lambda r: r in repeats, leak)
+    status, report = audit(tmp_path, leaky, ldp.ledger)
+    assert status == 1 and failed(report) == {"repeated_publications"}
+    assert report["counts"]["unfaithful_repeats"] == len(repeats)
+    kinds = {p["kind"] for p in report["problems"]}
+    assert kinds == {"repeat_differs"} | ({"repeat_without_source"} if len(repeats) > len(
+        sourced) else set())  # fmt: skip
+    # one ulp off is caught too, and so is a repeat pointing at another repeat or the future
+    first = sourced[0]
+    ulp = edit(ldp.releases, lambda r: r["release_id"] == first["release_id"],
+               lambda r: r.update(estimate=[math.nextafter(r["estimate"][0], 1),
+                                            *r["estimate"][1:]]))  # fmt: skip
+    assert audit(tmp_path, ulp, ldp.ledger)[1]["counts"]["unfaithful_repeats"] == 1
+    future = edit(ldp.releases, lambda r: r["release_id"] == first["release_id"],
+                  lambda r: r.update(source_slot=SLOTS))  # fmt: skip
+    assert audit(tmp_path, future, ldp.ledger)[1]["counts"]["unfaithful_repeats"] == 1
+
+
+def test_a_publication_without_a_charge_fails(tmp_path: Path, ldp: Run) -> None:
+    """A release marked ``publish`` whose ledger entry charged nothing at its slot."""
+
+    def free(r: dict[str, Any]) -> None:
+        r["classes"][0]["charged"] = 0.0
+
+    slot = next(r["slot"] for r in ldp.records("releases")
+                if r["mechanism"] == "LBU" and r["strategy"] == "publish")  # fmt: skip
+    status, report = audit(tmp_path, ldp.releases, edit(ldp.ledger, at("LBU", slot), free))
+    assert status == 1 and "repeated_publications" in failed(report)
+    assert report["counts"]["unfaithful_repeats"] == 1
+
+
+def test_releases_stating_a_smaller_epsilon_than_their_ledger_fail(
+    tmp_path: Path, ldp: Run
+) -> None:
+    """Releases state ε = 0.01 while the ledger and the noise are at the mechanisms' ε/7."""
+    small = edit(ldp.releases, lambda r: True, lambda r: r["guarantee"].update(epsilon=0.01))
+    status, report = audit(tmp_path, small, ldp.ledger, "--population", str(USERS))
+    assert status == 1 and failed(report) == {"stated_guarantee"}
+    assert report["counts"]["stated_mismatches"] == 7 * SLOTS
+    problem = report["problems"][0]
+    assert problem["kind"] == "guarantee_mismatch"
+    assert "ε=0.01" in problem["detail"] and "ε=0.142857" in problem["detail"]
+
+
+def test_an_honest_run_over_the_expected_budget_fails(tmp_path: Path) -> None:
+    """An honest run at ε = 500 is consistent in itself: only an expectation can refuse it."""
+    run = ldp_flow(tmp_path, "LBU,LPA", epsilon=500.0, budget_split="equal")
+    status, report = audit(tmp_path, run.releases, run.ledger, "--population", str(USERS))
+    assert status == 1 and failed(report) == {"expected_budget"}
+    kinds = {p["kind"] for p in report["problems"]}
+    assert kinds == {"guarantee_over_expected", "over_expected_budget"}
+    status, report = audit(tmp_path, run.releases, run.ledger, expect=("--allow-insecure-seed",))
+    assert status == 1 and failed(report) == {"expected_budget"}
+    assert "not checked" in report["checks"]["expected_budget"]["detail"]
+    assert report["problems"][0]["kind"] == "budget_not_checked"
+    status, _ = audit(tmp_path, run.releases, run.ledger, "--allow-insecure-seed",
+                      "--max-epsilon", "500", expect=())  # fmt: skip
+    assert status == 0
+
+
+def test_a_gaussian_guarantee_needs_an_expected_delta(tmp_path: Path, cgm: Run) -> None:
+    """CGM states μ: its ε exists only at a δ, so an expected ε alone cannot check it; at
+    δ = 10⁻⁵ the two mechanisms' μ compose to ε = 2, within 2 and not within 1.9."""
+    base = ("--allow-insecure-seed", "--max-epsilon")
+    status, report = audit(tmp_path, cgm.releases, cgm.ledger, expect=(*base, "2"))
+    assert status == 1 and failed(report) == {"expected_budget"}
+    assert "--max-delta" in json.dumps(report["problems"])
+    status, _ = audit(
+        tmp_path, cgm.releases, cgm.ledger, expect=(*base, "2", "--max-delta", "1e-5")
+    )
+    assert status == 0
+    status, report = audit(tmp_path, cgm.releases, cgm.ledger,
+                           expect=(*base, "1.9", "--max-delta", "1e-5"))  # fmt: skip
+    assert status == 1 and failed(report) == {"expected_budget"}
+
+
+def test_the_readme_and_deploy_docs_list_every_check() -> None:
+    """The README's table of checks and deploy/README's ``check`` label values are
+    ``privstream.audit.CHECKS``."""
+    root = Path(__file__).resolve().parent.parent
+    section = (root / "README.md").read_text().split("\n## Auditing a run\n", 1)[1]
+    table = [
+        line.split("`")[1]
+        for line in section.split("\n## ", 1)[0].splitlines()
+        if line.startswith("| `") and not line.startswith("| `privstream_")
+    ]
+    assert sorted(table) == sorted(CHECKS) and len(table) == len(CHECKS)
+    deploy = (root / "deploy" / "README.md").read_text()
+    row = next(x for x in deploy.splitlines() if x.startswith("| `privstream_audit_check_passed"))
+    names = [n for n in re.findall(r"`([a-z_]+)`", row) if n != "inputs"]
+    assert sorted(names) == sorted(CHECKS)

@@ -231,6 +231,7 @@ def test_the_audit_cronjob_serves_its_report_on_the_audit_port() -> None:
     assert flags["--release-topic"] == flow.kafka.output_topic
     assert flags["--ledger-topic"] == flow.kafka.ledger_topic
     assert flags["--population"] == str(flow.population.users)
+    assert float(flags["--max-epsilon"]) == flow.population.epsilon
 
 
 def relabel(labels: dict[str, str], configs: list[dict[str, Any]]) -> dict[str, str] | None:

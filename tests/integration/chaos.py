@@ -290,7 +290,7 @@ def audit(bootstrap: str, topics: Topics, plan: Plan, out: Path) -> dict[str, An
     done = subprocess.run(
         [*PRIVSTREAM, "audit", "--bootstrap", bootstrap, "--release-topic", topics.releases,
          "--ledger-topic", topics.ledger, "--population", str(plan.users),
-         "--expect-slots", str(plan.slots), "--json", str(out)],
+         "--expect-slots", str(plan.slots), "--max-epsilon", "1", "--json", str(out)],
         capture_output=True, text=True, timeout=300, env=cli_env(),
     )  # fmt: skip
     if done.returncode not in (0, 1):

@@ -46,7 +46,7 @@ def audit(kafka: KafkaSettings, topics: Topics, report: Path) -> tuple[int, dict
     done = subprocess.run(
         [*PRIVSTREAM, "audit", "--bootstrap", kafka.bootstrap, "--release-topic", topics.releases,
          "--ledger-topic", topics.ledger, "--idle-seconds", "1", "--population", str(USERS),
-         "--json", str(report)],
+         "--max-epsilon", "1", "--json", str(report)],
         capture_output=True, text=True, timeout=60, env=cli_env(),
     )  # fmt: skip
     assert done.returncode in (0, 1), done.stderr[-3000:]
@@ -70,7 +70,9 @@ def test_audit_of_kafka_topics_passes_then_catches_a_conflicting_duplicate(
         "releases": 2 * SLOTS, "ledger_entries": 2 * SLOTS, "streams": 1, "mechanisms": 2,
         "slots_expected": 2 * SLOTS, "missing_slots": 0, "halted": 0, "duplicates": 0,
         "conflicting_duplicates": 0, "windows_over_budget": 0, "windows_over_users": 0,
-        "population_over_budget": 0, "declared_mismatches": 0,
+        "population_over_budget": 0, "declared_mismatches": 0, "insecure_outputs": 0,
+        "evaluation_outputs": 0, "unfaithful_repeats": 0, "stated_mismatches": 0,
+        "over_expected_budget": 0,
     }  # fmt: skip
 
     release = read_json(kafka, topics.releases, 1)[0]

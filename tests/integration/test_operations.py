@@ -112,7 +112,7 @@ def _start_audit(kafka: KafkaSettings, topics: Topics, stack: ExitStack, workdir
         process = subprocess.Popen(
             [*PRIVSTREAM, "audit", "--bootstrap", kafka.bootstrap, "--release-topic",
              topics.releases, "--ledger-topic", topics.ledger, "--population", str(USERS),
-             "--no-progress", "--metrics-port", str(port), "--linger", "600"],
+             "--max-epsilon", "1", "--no-progress", "--metrics-port", str(port), "--linger", "600"],
             stdout=subprocess.DEVNULL, stderr=err, env=cli_env(),
         )  # fmt: skip
     stack.callback(lambda: (process.kill(), process.wait()))
