@@ -31,10 +31,10 @@ def resolve_noise_key(
 ) -> NoiseKey:
     """The run's noise key: ``secret`` (a key or its text), else ``secret_file``'s content,
     else ``$PRIVSTREAM_SECRET``, else the explicit ``insecure_seed``; refuses to go on
-    without one of them (``SecretError``) and refuses a secret and a seed together."""
-    given = [x is not None for x in (secret, secret_file)]
-    if any(given) and insecure_seed is not None:
-        raise SecretError("give either a secret or an insecure seed, not both")
+    without one of them (``SecretError``) and refuses a secret (of any source, the environment
+    included) and a seed together: a seed never silently replaces a secret the operator set."""
+    if insecure_seed is not None:
+        _refuse_secret_and_seed(secret, secret_file)
     if isinstance(secret, NoiseKey):
         return secret
     if secret is not None:
@@ -56,3 +56,21 @@ def resolve_noise_key(
     if env:
         return NoiseKey.from_text(env, origin=f"${ENV_SECRET}")
     raise SecretError(f"refusing to start without a secret noise key: {HOW_TO}")
+
+
+def _refuse_secret_and_seed(secret: object, secret_file: object) -> None:
+    """An insecure seed asked for while a secret is given: refused, naming the secret's source
+    (a public seed would replace it and publish noise anyone can subtract)."""
+    if secret is not None:
+        source, undo = "a secret", "leave the secret out"
+    elif secret_file is not None:
+        source, undo = f"the secret file {secret_file}", "leave the secret file out"
+    elif os.environ.get(ENV_SECRET):
+        source, undo = f"${ENV_SECRET}", f"unset ${ENV_SECRET}"
+    else:
+        return
+    raise SecretError(
+        f"give either a secret or an insecure seed, not both: {source} is given together with "
+        "--insecure-seed, whose public noise would replace it and make every release NOT "
+        f"private; drop --insecure-seed for a private run, or {undo} for a reproducible one"
+    )

@@ -8,65 +8,31 @@ slot's, any release, or any earlier output of the same generator (unlike PCG64, 
 recoverable from its output). A replayed slot derives the same key and draws exactly the same
 noise, whatever happened before the crash; nothing of the generator lives in the snapshot.
 
-**The secret** (``NoiseKey``) comes from a file or the environment, must carry at least 128 bits
-of entropy (``NoiseKey.from_text`` refuses shorter or visibly patterned secrets) and is never
-logged, exported or written to a snapshot: only its keyed ``fingerprint`` is, to bind a
-recovery store to it. A reproducible run is an explicit choice, ``NoiseKey.insecure(seed)``: its
+**The secret** (``NoiseKey``) comes from a file or the environment, must be a random key of at
+least 128 bits in hex or base64 (``NoiseKey.from_text`` refuses anything else, ``key_strength``)
+and is never logged, exported or written to a snapshot: only its keyed ``fingerprint`` is, to
+bind a recovery store to it. A reproducible run is an explicit choice, ``NoiseKey.insecure(seed)``: its
 noise is public, and every release and metric of such a run says so.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
-import re
-from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 from randomgen import AESCounter
 
+from privstream.mechanisms.key_strength import MAKE_ONE, key_weakness
+
 STREAM_LEVEL = -(2**62)  # the "slot" of randomness that belongs to a stream, not to one slot
-MIN_SECRET_BITS = 128
-_HEX = re.compile(r"[0-9a-fA-F]+")
-_BASE64 = re.compile(r"[A-Za-z0-9+/_=-]+")
 _FINGERPRINT_PERSON = b"privstream-fp"
 _ENROLMENT_PERSON = b"privstream-enrol"
 
 
 class SecretError(ValueError):
     """The secret given for the noise key is missing, too short or visibly not random."""
-
-
-def secret_bits(text: str) -> float:
-    """An upper bound on the entropy ``text`` can hold: its length times the bits per
-    character of the narrowest alphabet it is written in (hex 4, one-case letters log2(26),
-    base64 6, printable ASCII log2(95), anything else 8). Words of a language hold far less
-    than their letters could: generate secrets with ``secrets``, never type them."""
-    if _HEX.fullmatch(text):
-        per_char = 4.0
-    elif text.isascii() and (text.islower() or text.isupper()) and text.isalpha():
-        per_char = math.log2(26)
-    elif _BASE64.fullmatch(text):
-        per_char = 6.0
-    else:
-        per_char = math.log2(95) if text.isascii() else 8.0
-    return per_char * len(text)
-
-
-def _patterned(text: str) -> str | None:
-    """Why ``text`` is visibly not random (None when no pattern is seen)."""
-    counts = Counter(text)
-    if len(counts) < min(8, len(text) // 2):
-        return f"only {len(counts)} distinct characters"
-    for period in range(1, len(text) // 2 + 1):
-        if text == (text[:period] * (len(text) // period + 1))[: len(text)]:
-            return f"it repeats a {period}-character pattern"
-    top = counts.most_common(1)[0][1]
-    if top > max(4, len(text) // 3):
-        return f"one character makes up {top} of its {len(text)} characters"
-    return None
 
 
 @dataclass(frozen=True)
@@ -82,22 +48,17 @@ class NoiseKey:
 
     @classmethod
     def from_text(cls, text: str, *, origin: str = "the secret") -> NoiseKey:
-        """A secret key from its text form (a file's content or an environment variable);
-        refuses fewer than 128 bits or a visible pattern, naming ``origin`` but never the
-        secret."""
+        """A secret key from its text form (a file's content or an environment variable):
+        hex of at least 32 digits or base64/base64url of at least 16 bytes, with no visible
+        structure (``key_strength.key_weakness``: placeholders, words, known digests and
+        constants, walks, repeats, skewed characters). A refusal names ``origin`` and the rule
+        that failed, never the secret, and says how to make a key."""
         value = text.strip()
         if not value:
-            raise SecretError(f"{origin} is empty")
-        bits = secret_bits(value)
-        if bits < MIN_SECRET_BITS:
-            raise SecretError(
-                f"{origin} holds at most {bits:.0f} bits of entropy; at least {MIN_SECRET_BITS} "
-                "are required (make one with: python -c 'import secrets; "
-                "print(secrets.token_hex(32))')"
-            )
-        pattern = _patterned(value)
-        if pattern is not None:
-            raise SecretError(f"{origin} is not random ({pattern}); generate one with secrets")
+            raise SecretError(f"{origin} is empty; {MAKE_ONE}")
+        why = key_weakness(value)
+        if why is not None:
+            raise SecretError(f"{origin} {why}; {MAKE_ONE}")
         return cls(value.encode())
 
     @classmethod

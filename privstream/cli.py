@@ -253,8 +253,8 @@ def _service_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--secret-file",
-        help="file holding the secret noise key, >= 128 bits (default $PRIVSTREAM_SECRET; "
-        "required unless --insecure-seed)",
+        help="file holding the secret noise key: random hex (>= 32 digits) or base64 (>= 16 "
+        "bytes) (default $PRIVSTREAM_SECRET; required unless --insecure-seed, and refused with it)",
     )
     p.add_argument(
         "--metrics-port",

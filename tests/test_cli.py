@@ -139,7 +139,7 @@ def test_bad_arguments_are_rejected_clearly(
     weak.write_text("password123\n")
     assert main(["run", "ldp-ids", "--out", out, "--no-progress", "--secret-file", str(weak)]) == 2
     err = capsys.readouterr().err
-    assert "bits of entropy" in err and "password123" not in err
+    assert "is a placeholder" in err and "password123" not in err
     assert (
         main(["run", "ldp-ids", "--out", out, "--no-progress", *key, "--insecure-seed", "1"]) == 2
     )
@@ -153,6 +153,43 @@ def test_bad_arguments_are_rejected_clearly(
     assert main([*several, "--budget-split", "equal", "--compare"]) == 2
     assert "drop --budget-split" in capsys.readouterr().err
     assert not Path(out).exists() or Path(out).read_text() == ""
+
+
+def test_an_insecure_seed_never_silently_replaces_the_environments_secret(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 18 §4: with ``$PRIVSTREAM_SECRET`` set, ``--insecure-seed`` used to win silently
+    (exit 0, every release public noise); it is refused like ``--secret-file`` with a seed."""
+    key = secrets.token_hex(32)
+    monkeypatch.setenv("PRIVSTREAM_SECRET", key)
+    out = tmp_path / "r.jsonl"
+    argv = ["run", "ldp-ids", "--users", "200", "--slots", "3", "--out", str(out), "--no-progress"]
+    assert main([*argv, "--insecure-seed", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "not both: $PRIVSTREAM_SECRET is given together with --insecure-seed" in err
+    assert "unset $PRIVSTREAM_SECRET" in err and key not in err
+    assert not out.exists()
+    assert main(argv) == 0  # the secret alone: a private run
+    assert not any(r["insecure_seed"] for r in read(out))
+
+
+@pytest.mark.parametrize(
+    "weak",
+    ["REPLACE_ME_WITH_A_REAL_SECRET_KEY", "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+     "qwertyuiopasdfghjklzxcvbnm1234567890QWERTY", "3141592653589793238462643383279502884197"],
+)  # fmt: skip
+def test_a_weak_secret_file_is_refused_with_how_to_make_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], weak: str
+) -> None:
+    path = tmp_path / "weak.key"
+    path.write_text(weak + "\n")
+    out = tmp_path / "r.jsonl"
+    argv = ["run", "ldp-ids", "--slots", "3", "--out", str(out), "--no-progress"]
+    assert main([*argv, "--secret-file", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"secret file {path} " in err and weak not in err
+    assert "python -c 'import secrets; print(secrets.token_hex(32))'" in err
+    assert not out.exists()
 
 
 def test_compare_marks_every_output_as_an_evaluation(tmp_path: Path) -> None:

@@ -127,7 +127,8 @@ def test_an_insecure_seed_is_marked_everywhere(tmp_path: Any) -> None:
         ("0123456789abcdef0123456789abcde", "bits of entropy"),  # 124 bits of hex
         ("a" * 64, "not random"),
         ("abcd" * 16, "not random"),
-        ("correcthorsebatterystaple", "bits of entropy"),
+        ("correcthorsebatterystaple", "not valid base64"),  # 25 characters: no encoding
+        ("correcthorsebatterystaple1", "words make up"),
     ],
 )
 def test_weak_secrets_are_refused(text: str, why: str) -> None:

@@ -63,7 +63,7 @@ OLD_NAMES = frozenset(
 CLASS_LABEL = re.compile(r"w[1-9][0-9]*_e[0-9.e+-]+")
 # A produced user id ("u0" .. "u{n-1}") as a token of its own.
 USER_ID = re.compile(r"(?<!\w)u\d+(?!\w)")
-SECRET = "PsSecret-7f3a9c1e-do-not-leak"
+SECRET = "RaRI3ATqVl9AinbJ3RJ88GkURnYsncB7QKAXKcvvY_c"  # a fixed random key: base64url, 32 bytes
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from .prometheus import FlowProcess, PrometheusServer, read_keyed
 
 USERS, SLOTS, EPSILON, WINDOW = 5000, 60, 1.0, 20
 SHARE = EPSILON / 3  # each mechanism's ε under --budget-split equal
-DATA_SEED, NOISE_SECRET = 7, "prometheus-test-secret"
+DATA_SEED, NOISE_SECRET = 7, "590cf64da29fd26398fc4f386277c1379c5a91481a959de3d86159b217a6b507"
 MECHANISMS = ("LBU", "LPA", "LBA")
 STREAM = "sin"
 COUNTERS = {
