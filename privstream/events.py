@@ -42,11 +42,12 @@ USER_ID_KIND: Final = "user_id_kind_mismatch"
 REQUIREMENT_CHANGED: Final = "requirement_changed"
 STREAM_HALTED: Final = "stream_halted"
 UNREGISTERED: Final = "unregistered_user"
+UNAUTHENTICATED_MARKER: Final = "unauthenticated_marker"
 REASONS: Final = (
     MALFORMED,
     MALFORMED_CSV, MISSING_FIELD, INVALID_TYPE, NEGATIVE_SLOT, OVERSIZED, UNKNOWN_STREAM, OUT_OF_DOMAIN,
     DUPLICATE, LATE, FAR_FUTURE, POPULATION_FULL, USER_ID_KIND, REQUIREMENT_CHANGED, STREAM_HALTED,
-    UNREGISTERED,
+    UNREGISTERED, UNAUTHENTICATED_MARKER,
 )  # fmt: skip
 
 
@@ -69,6 +70,8 @@ class EventBatch:
     mechanisms; NaN / 0 where a row states none), or None when no row states one.
     ``partition`` is the input partition the rows came from (a Kafka partition; 0 for files and
     in-process sources): the slotting tracks each partition's progress (``operators.watermark``).
+    ``marker_tag`` is the marker's authentication tag (hex; None when it carries none): with the
+    ``markers`` clock only a marker whose tag the clock key verifies closes slots.
     """
 
     stream: str
@@ -80,6 +83,7 @@ class EventBatch:
     epsilons: NDArray[np.float64] | None = None
     windows: NDArray[np.int64] | None = None
     partition: int = 0
+    marker_tag: str | None = None
 
     def __len__(self) -> int:
         return int(self.slots.shape[0])
@@ -89,8 +93,9 @@ class EventBatch:
         rows: slice | NDArray[np.int64],
         raw: Sequence[str | bytes] | None,
         complete_through: int | None = None,
+        marker_tag: str | None = None,
     ) -> EventBatch:
-        """The batch of ``rows`` (all columns), with its lines and marker."""
+        """The batch of ``rows`` (all columns), with its lines and marker (and its tag)."""
         return EventBatch(
             self.stream,
             self.slots[rows],
@@ -101,6 +106,7 @@ class EventBatch:
             None if self.epsilons is None else self.epsilons[rows],
             None if self.windows is None else self.windows[rows],
             self.partition,
+            marker_tag,
         )
 
     def row_original(self, i: int) -> bytes | None:
