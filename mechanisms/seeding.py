@@ -18,7 +18,6 @@ noise is public, and every release and metric of such a run says so.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import math
 import re
 from collections import Counter
@@ -33,7 +32,6 @@ _HEX = re.compile(r"[0-9a-fA-F]+")
 _BASE64 = re.compile(r"[A-Za-z0-9+/_=-]+")
 _FINGERPRINT_PERSON = b"privstream-fp"
 _CLOCK_PERSON = b"privstream-clk"
-_MARKER_PERSON = b"privstream-mrk"
 CLOCK_KEY_BYTES = 32
 
 
@@ -131,7 +129,7 @@ class NoiseKey:
         return ("insecure:" if self.insecure else "") + h.hexdigest()
 
     def clock_key(self) -> bytes:
-        """The key that authenticates end-of-slot markers (``marker_tag``): BLAKE2b keyed with
+        """The key that authenticates end-of-slot markers (``events.marker_tag``): BLAKE2b keyed with
         the secret under its own personalisation, a PRF output. Handing it to whoever writes
         the slot clock lets them close slots, and reveals nothing of the noise secret."""
         h = hashlib.blake2b(key=self.prf_key, digest_size=CLOCK_KEY_BYTES, person=_CLOCK_PERSON)
@@ -152,24 +150,6 @@ def clock_key_from_text(text: str, *, origin: str = "the clock key") -> bytes:
             "with: privstream clock key --secret-file FILE)"
         )
     return key
-
-
-def marker_tag(clock_key: bytes, stream: str, end_of_slot: int) -> str:
-    """The authentication tag of the end-of-slot marker ``(stream, end_of_slot)``: hex of
-    BLAKE2b (16 bytes) keyed with the clock key over the length-prefixed pair. Without the
-    clock key a valid tag for a marker not yet written cannot be made (BLAKE2b is a PRF)."""
-    h = hashlib.blake2b(key=clock_key, digest_size=16, person=_MARKER_PERSON)
-    for part in (stream.encode(), int(end_of_slot).to_bytes(16, "little", signed=True)):
-        h.update(len(part).to_bytes(8, "little"))
-        h.update(part)
-    return h.hexdigest()
-
-
-def marker_authentic(clock_key: bytes, stream: str, end_of_slot: int, tag: str | None) -> bool:
-    """Whether ``tag`` authenticates the marker (compared in constant time)."""
-    if not isinstance(tag, str):
-        return False
-    return hmac.compare_digest(tag.lower(), marker_tag(clock_key, stream, end_of_slot))
 
 
 def _aes_key(key: bytes, *parts: bytes) -> int:

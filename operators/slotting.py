@@ -43,6 +43,7 @@ from privstream.events import (
     UNAUTHENTICATED_MARKER,
     DeadLetter,
     EventBatch,
+    marker_authentic,
 )
 from privstream.mechanisms.accountant import (
     BudgetSplit,
@@ -53,7 +54,7 @@ from privstream.mechanisms.accountant import (
 from privstream.mechanisms.client import ClientPath
 from privstream.mechanisms.contract import Halt, LedgerEntry, Mechanism, Release, Slot
 from privstream.mechanisms.errors import IncompatibleState, PrivacyBudgetExceeded
-from privstream.mechanisms.seeding import NoiseKey, SlotRandomness, marker_authentic
+from privstream.mechanisms.seeding import NoiseKey, SlotRandomness
 from privstream.mechanisms.tasks import EstimationTask
 from privstream.operators.ingest import Ingest
 from privstream.operators.metrics import BOARD, MARKERS_IGNORED, STEP_SECONDS

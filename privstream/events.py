@@ -15,6 +15,8 @@ input topic) and are never part of the public output.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,6 +51,27 @@ REASONS: Final = (
     DUPLICATE, LATE, FAR_FUTURE, POPULATION_FULL, USER_ID_KIND, REQUIREMENT_CHANGED, STREAM_HALTED,
     UNREGISTERED, UNAUTHENTICATED_MARKER,
 )  # fmt: skip
+
+
+_MARKER_PERSON = b"privstream-mrk"
+
+
+def marker_tag(clock_key: bytes, stream: str, end_of_slot: int) -> str:
+    """The authentication tag of the end-of-slot marker ``(stream, end_of_slot)``: hex of
+    BLAKE2b (16 bytes) keyed with the clock key over the length-prefixed pair. Without the
+    clock key a valid tag for a marker not yet written cannot be made (BLAKE2b is a PRF)."""
+    h = hashlib.blake2b(key=clock_key, digest_size=16, person=_MARKER_PERSON)
+    for part in (stream.encode(), int(end_of_slot).to_bytes(16, "little", signed=True)):
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    return h.hexdigest()
+
+
+def marker_authentic(clock_key: bytes, stream: str, end_of_slot: int, tag: str | None) -> bool:
+    """Whether ``tag`` authenticates the marker (compared in constant time)."""
+    if not isinstance(tag, str):
+        return False
+    return hmac.compare_digest(tag.lower(), marker_tag(clock_key, stream, end_of_slot))
 
 
 def line_text(line: str | bytes) -> str:

@@ -17,11 +17,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from privstream.events import FAR_FUTURE, UNAUTHENTICATED_MARKER, EventBatch
+from privstream.events import (
+    FAR_FUTURE,
+    UNAUTHENTICATED_MARKER,
+    EventBatch,
+    marker_authentic,
+    marker_tag,
+)
 from privstream.flow_config import check_input_clock
 from privstream.mechanisms.personalized import PersonalizedConfig
 from privstream.mechanisms.registry import PERSONALIZED
-from privstream.mechanisms.seeding import NoiseKey, marker_authentic, marker_tag
+from privstream.mechanisms.seeding import NoiseKey
 from privstream.mechanisms.tasks import FrequencyTask
 from privstream.operators.family import family_mechanisms
 from privstream.operators.metrics import BOARD
