@@ -36,9 +36,10 @@ class _Row(msgspec.Struct, gc=False):
     end_of_slot: int | None = None
     epsilon: float | None = None
     window: int | None = None
+    tag: str | None = None  # a marker's authentication tag
 
 
-_Marks = list[tuple[str, int | None]]  # each marker's stream and slot, in line order
+_Marks = list[tuple[str, int | None, str | None]]  # each marker's stream, slot and tag, in order
 
 
 @functools.lru_cache(maxsize=64)
@@ -87,7 +88,7 @@ def _split_markers(
         while True:
             i = kept.index(False, i + 1)
             marks.append(i)
-    marked = [(recs[i].stream, recs[i].end_of_slot) for i in marks]
+    marked = [(recs[i].stream, recs[i].end_of_slot, recs[i].tag) for i in marks]
     events = list(itertools.compress(recs, kept))
     return marks, marked, events, list(itertools.compress(users, kept))
 
@@ -98,12 +99,12 @@ def _stream_names(
     """The batch's streams, or None when one is empty or not allowed, a marker's slot is
     missing or negative, or markers come in a batch of several streams. (The decoder let only
     ``allowed`` streams through: with one allowed stream, it is every line's.)"""
-    if any(through is None or through < 0 for _, through in marked):
+    if any(through is None or through < 0 for _, through, _ in marked):
         return None
     if allowed is not None and len(allowed) == 1:
         names = set(allowed)
     else:
-        names = {r.stream for r in events} | {stream for stream, _ in marked}
+        names = {r.stream for r in events} | {stream for stream, _, _ in marked}
     if "" in names or (allowed is not None and not names <= allowed):
         return None
     if marked and len(names) > 1:
@@ -174,9 +175,10 @@ def _cut_at_markers(
     batch of their own."""
     batches: list[EventBatch | DeadLetter] = []
     row, prev = 0, -1  # first event row and line after the previous marker
-    for k, (i, (_, through)) in enumerate(zip(marks, marked, strict=True)):
+    for k, (i, (_, through, tag)) in enumerate(zip(marks, marked, strict=True)):
         seg = slice(row, i - k)  # the events between the previous marker and this one
-        batches.append(replace(whole.select(seg, tuple(lines[prev + 1 : i]), through), stream=name))
+        cut = whole.select(seg, tuple(lines[prev + 1 : i]), through, tag)
+        batches.append(replace(cut, stream=name))
         row, prev = i - k, i
     if row < len(whole):
         batches.append(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -112,8 +112,8 @@ class Builder:
         cols.epsilons.append(requirement[0])
         cols.windows.append(requirement[1])
 
-    def mark(self, stream: str, through: int) -> None:
-        self.batches.append(self._cut(stream, through))
+    def mark(self, stream: str, through: int, tag: str | None = None) -> None:
+        self.batches.append(replace(self._cut(stream, through), marker_tag=tag))
 
     def _cut(self, stream: str, through: int | None = None) -> EventBatch:
         cols = self.rows.pop(stream, None) or _Columns()
@@ -267,7 +267,8 @@ def check_record(
         if isinstance(through, bool) or not isinstance(through, int) or through < 0:
             out.reject(INVALID_TYPE, line, "end_of_slot must be an integer >= 0", stream, raw)
         else:
-            out.mark(stream, through)
+            tag = rec.get("tag")
+            out.mark(stream, through, tag if isinstance(tag, str) else None)
         return
     event = _event(rec, clock)
     if isinstance(event, _Bad):

@@ -38,6 +38,7 @@ from privstream.connectors.kafka import (
 from privstream.connectors.kafka_sink import kafka_output
 from privstream.connectors.sources import SyntheticSource, detect_format, file_source
 from privstream.events import MAX_EVENT_BYTES, DeadLetter, EventBatch
+from privstream.flow_config import check_input_clock
 from privstream.mechanisms.contract import Halt, Release
 from privstream.mechanisms.tasks import BallTask, EstimationTask, FrequencyTask, MeanTask
 from privstream.operators.metrics import BOARD, count_dead_letter
@@ -112,6 +113,11 @@ class KafkaIO:
         stop_file: a cluster's ``until_slot`` stop: the process that sees every stream
             through ``until_slot`` creates this file, and every process stops once it exists
             (each stream's progress lives on one worker; the processes share a host).
+        clock: what closes slots (``SlottingConfig.clock``): ``markers`` (default) — only
+            end-of-slot markers authenticated with the clock key; ``data`` — the events' own
+            slots and any marker, which lets whoever writes to the input topic force slots, so
+            it needs ``trust_input_clock``.
+        trust_input_clock: the operator vouches for every writer of the input topic (``data``).
     """
 
     settings: KafkaSettings
@@ -125,6 +131,11 @@ class KafkaIO:
     partitions: int = 1
     stall_warning_seconds: float = 30.0
     stop_file: str | None = None
+    clock: str = "markers"
+    trust_input_clock: bool = False
+
+    def __post_init__(self) -> None:
+        check_input_clock(self.clock, self.trust_input_clock)
 
     def topics(self) -> list[str]:
         names = [self.input_topic, self.output_topic, self.dead_letter_topic, self.ledger_topic]
@@ -352,12 +363,15 @@ def assemble(
 
 
 def slotting_for(kafka: KafkaIO | None, lateness: int, client_path: str) -> SlottingConfig:
-    """Slotting of a ready flow: bounded inputs release their open slots at the end; a Kafka
-    stream keeps them open for the next run, and its slots close only once every partition of
-    the input topic has passed them (files and synthetic sources are one partition)."""
+    """Slotting of a ready flow: bounded inputs release their open slots at the end and close
+    slots on their own slots (the ``data`` clock); a Kafka stream keeps them open for the next
+    run, closes them on its clock (``KafkaIO.clock``: authenticated markers by default), and
+    only once every partition of the input topic has passed them (files and synthetic sources
+    are one partition)."""
     return SlottingConfig(
         lateness=lateness,
         client_path=client_path,  # type: ignore[arg-type]
         close_on_eof=kafka is None,
         partitions=1 if kafka is None else kafka.partitions,
+        clock="data" if kafka is None else kafka.clock,  # type: ignore[arg-type]
     )

@@ -13,9 +13,10 @@ import logging
 import os
 from pathlib import Path
 
-from privstream.mechanisms.seeding import NoiseKey, SecretError
+from privstream.mechanisms.seeding import NoiseKey, SecretError, clock_key_from_text
 
 ENV_SECRET = "PRIVSTREAM_SECRET"
+ENV_CLOCK_KEY = "PRIVSTREAM_CLOCK_KEY"
 HOW_TO = (
     "give one with --secret-file FILE or $PRIVSTREAM_SECRET (make it with: python -c "
     "'import secrets; print(secrets.token_hex(32))' > FILE; chmod 600 FILE), or ask for a "
@@ -74,3 +75,28 @@ def _refuse_secret_and_seed(secret: object, secret_file: object) -> None:
         "--insecure-seed, whose public noise would replace it and make every release NOT "
         f"private; drop --insecure-seed for a private run, or {undo} for a reproducible one"
     )
+
+
+def resolve_clock_key(
+    clock_key_file: str | Path | None = None,
+    secret_file: str | Path | None = None,
+    insecure_seed: int | None = None,
+) -> bytes | None:
+    """The key that tags end-of-slot markers (``NoiseKey.clock_key``): ``clock_key_file``,
+    else ``$PRIVSTREAM_CLOCK_KEY`` (hex, as ``privstream clock-key`` prints it), else derived
+    from the noise secret (``secret_file``, ``$PRIVSTREAM_SECRET`` or ``insecure_seed``); None
+    when none is given. Give clock writers the clock key, never the secret: it closes slots
+    and reveals nothing of the noise."""
+    if clock_key_file is not None:
+        path = Path(clock_key_file)
+        if not path.is_file():
+            raise SecretError(f"clock key file {path} does not exist")
+        return clock_key_from_text(
+            path.read_text("utf-8", "replace"), origin=f"clock key file {path}"
+        )
+    env = os.environ.get(ENV_CLOCK_KEY)
+    if env and secret_file is None and insecure_seed is None:
+        return clock_key_from_text(env, origin=f"${ENV_CLOCK_KEY}")
+    if secret_file is None and insecure_seed is None and not os.environ.get(ENV_SECRET):
+        return None
+    return resolve_noise_key(insecure_seed=insecure_seed, secret_file=secret_file).clock_key()

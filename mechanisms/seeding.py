@@ -29,6 +29,8 @@ from privstream.mechanisms.key_strength import MAKE_ONE, key_weakness
 STREAM_LEVEL = -(2**62)  # the "slot" of randomness that belongs to a stream, not to one slot
 _FINGERPRINT_PERSON = b"privstream-fp"
 _ENROLMENT_PERSON = b"privstream-enrol"
+_CLOCK_PERSON = b"privstream-clk"
+CLOCK_KEY_BYTES = 32
 
 
 class SecretError(ValueError):
@@ -88,6 +90,29 @@ class NoiseKey:
         h = hashlib.blake2b(key=self.prf_key, digest_size=16, person=_FINGERPRINT_PERSON)
         h.update(b"fingerprint")
         return ("insecure:" if self.insecure else "") + h.hexdigest()
+
+    def clock_key(self) -> bytes:
+        """The key that authenticates end-of-slot markers (``events.marker_tag``): BLAKE2b keyed with
+        the secret under its own personalisation, a PRF output. Handing it to whoever writes
+        the slot clock lets them close slots, and reveals nothing of the noise secret."""
+        h = hashlib.blake2b(key=self.prf_key, digest_size=CLOCK_KEY_BYTES, person=_CLOCK_PERSON)
+        h.update(b"slot clock")
+        return h.digest()
+
+
+def clock_key_from_text(text: str, *, origin: str = "the clock key") -> bytes:
+    """A clock key from its hex text form (``privstream clock key`` prints it)."""
+    value = text.strip()
+    try:
+        key = bytes.fromhex(value)
+    except ValueError:
+        key = b""
+    if len(key) != CLOCK_KEY_BYTES:
+        raise SecretError(
+            f"{origin} must be {2 * CLOCK_KEY_BYTES} hex digits (print it from the secret "
+            "with: privstream clock key --secret-file FILE)"
+        )
+    return key
 
 
 @dataclass(frozen=True)

@@ -111,7 +111,7 @@ class Ingest(Registration):
             code[(code == 0) & (slots <= passed)] = CODE[LATE]
         pending = code == 0
         if pending.any():
-            reference = state.max_seen if state.max_seen is not None else int(slots[pending].min())
+            reference = self._reference(state, slots[pending])
             code[pending & (slots > reference + self.cfg.max_slot_gap)] = CODE[FAR_FUTURE]
         late = self._late_rows(state, batch, code == 0)  # in its own partition's order
         if late is not None:
@@ -145,13 +145,35 @@ class Ingest(Registration):
 
     def _passed_slot(self, state: StreamState) -> int | None:
         """The last slot an event may no longer enter: the last released one, and with one
-        partition also the watermark (newest slot − lateness − 1) — so events far behind the
-        stream cannot move its start back before its first release."""
+        partition also the watermark (newest slot − lateness − 1; with the ``markers`` clock
+        its last authenticated marker) — so events far behind the stream cannot move its
+        start back before its first release."""
         passed = state.last_closed
-        if self.cfg.partitions == 1 and state.max_seen is not None:
-            watermark = state.max_seen - self.cfg.lateness - 1
-            passed = watermark if passed is None else max(passed, watermark)
+        if self.cfg.partitions == 1:
+            if self.cfg.clock == "markers":
+                assert state.watermarks is not None
+                watermark = state.watermarks.marks[0]
+            else:
+                seen = state.max_seen
+                watermark = None if seen is None else seen - self.cfg.lateness - 1
+            if watermark is not None:
+                passed = watermark if passed is None else max(passed, watermark)
         return passed
+
+    def _reference(self, state: StreamState, pending: NDArray[np.int64]) -> int:
+        """The slot ``max_slot_gap`` counts from: with the ``data`` clock the newest slot
+        seen; with the ``markers`` clock the clock (its last closed slot or newest marker) —
+        before the first marker the oldest slot buffered — so what events alone may buffer
+        is bounded, and they never move the reference themselves."""
+        if self.cfg.clock == "data":
+            return state.max_seen if state.max_seen is not None else int(pending.min())
+        marks = [m for m in state.watermarks.marks if m is not None] if state.watermarks else []
+        if state.last_closed is not None:
+            marks.append(state.last_closed)
+        if marks:
+            return max(marks)
+        buffered = state.open_slots.keys() | state.newcomers.keys()
+        return min(buffered) if buffered else int(pending.min())
 
     def _buffer(
         self,
@@ -208,7 +230,8 @@ class Ingest(Registration):
             OUT_OF_DOMAIN: f"value or user outside the domain (d={self.task.d}, n={self.n}; "
             f"{'a list of d numbers' if self.task.kind == 'vector' else 'one number'} per event)",
             LATE: late,
-            FAR_FUTURE: f"slot more than {self.cfg.max_slot_gap} slots ahead of the stream",
+            FAR_FUTURE: f"slot more than {self.cfg.max_slot_gap} slots ahead of the stream"
+            + (" clock" if self.cfg.clock == "markers" else ""),
             DUPLICATE: "user already reported in this slot (first report wins)",
             POPULATION_FULL: f"the stream's population of {self.n} users is full",
             REQUIREMENT_CHANGED: "the user registered with another privacy requirement "
@@ -235,6 +258,8 @@ class Ingest(Registration):
             rows = np.where(usable, slots, -1)[:-1]
             seen = np.maximum.accumulate(np.concatenate(([-1 if prior is None else prior], rows)))
             passed = seen - self.cfg.lateness - 1  # the data watermark before each row
+            if self.cfg.clock == "markers":  # only markers pass slots
+                passed = np.full_like(seen, -1)
             mark = marks.marks[batch.partition]
             if mark is not None:
                 passed = np.maximum(passed, mark)

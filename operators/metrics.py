@@ -31,6 +31,10 @@ to be classified before it can be exported (the privacy audit enforces it).
   when the run's noise comes from a public reproducible seed — its outputs are never private;
   ``privstream_evaluation`` is 1 when the mechanisms run side by side with the full budget each
   as an evaluation (``--compare``), not a release.
+* **Slot clock gauges** (``BOARD.update_clock``, label ``{stream}``): ``privstream_slot_clock``
+  is the stream's last closed slot (public: every release names its slot);
+  ``privstream_slot_clock_jump_slots`` the most slots one advance of the clock closed in this
+  process — above 1 someone forced the clock (the ``PrivstreamSlotClockJump`` alert).
 * **Kafka gauge** (``connectors.kafka_health.KAFKA_CONNECTED``, label ``{client}`` = ``source``/``sink``, set by
   ``connectors.kafka_health``): ``privstream_kafka_connected`` is 1 while the flow's clients of
   that kind reach the broker — operational state that depends on the network, not the data.
@@ -115,6 +119,9 @@ PUBLIC_METRICS: Final[frozenset[str]] = frozenset(
         "privstream_evaluation",
         # operational, independent of the data: whether the Kafka clients reach the broker
         "privstream_kafka_connected",
+        # the slot clock, per stream (releases show the last closed slot anyway)
+        "privstream_slot_clock",
+        "privstream_slot_clock_jump_slots",
     }
 )
 
@@ -332,6 +339,21 @@ def _enrolment_family(enrolment: dict[str, float]) -> Iterator[Metric]:
     yield family
 
 
+def _clock_families(clocks: dict[str, tuple[int, int]]) -> Iterator[Metric]:
+    last = GaugeMetricFamily(
+        PREFIX + "slot_clock", "The stream's last closed slot.", labels=("stream",)
+    )
+    jump = GaugeMetricFamily(
+        PREFIX + "slot_clock_jump_slots",
+        "The most slots a single advance of the stream's clock closed (in this process).",
+        labels=("stream",),
+    )
+    for stream, (slot, largest) in sorted(clocks.items()):
+        last.add_metric([stream], float(slot))
+        jump.add_metric([stream], float(largest))
+    yield from (last, jump)
+
+
 def _run_families(insecure_seed: bool, evaluation: bool) -> Iterator[Metric]:
     yield GaugeMetricFamily(
         PREFIX + "insecure_seed",
@@ -356,6 +378,7 @@ class LedgerBoard(Collector):
         self._accounts: dict[tuple[str, str], _Account] = {}
         self._handed: dict[tuple[str, str], int] = {}
         self._populations: dict[str, _Population] = {}
+        self._clocks: dict[str, tuple[int, int]] = {}  # (last closed slot, largest advance)
         self._run = (False, False)  # (insecure_seed, evaluation)
         self._enrolment: dict[str, float] = {}
 
@@ -398,6 +421,13 @@ class LedgerBoard(Collector):
         with self._lock:
             self._enrolment[stream] = enrolled / population if population > 0 else 0.0
 
+    def update_clock(self, stream: str, last_closed: int | None, advance: int) -> None:
+        """``stream``'s clock closed ``advance`` slots at once, through ``last_closed``."""
+        with self._lock:
+            largest = self._clocks.get(stream, (-1, 0))[1]
+            slot = -1 if last_closed is None else int(last_closed)
+            self._clocks[stream] = (slot, max(largest, int(advance)))
+
     def set_run(self, insecure_seed: bool, evaluation: bool) -> None:
         """Flag a run whose noise comes from a public reproducible seed, or that evaluates the
         mechanisms side by side with the full budget each (``--compare``)."""
@@ -410,6 +440,7 @@ class LedgerBoard(Collector):
             self._handed.clear()
             self._populations.clear()
             self._enrolment.clear()
+            self._clocks.clear()
             self._run = (False, False)
 
     def released_through(self, pairs: Iterable[tuple[str, str]], slot: int) -> bool:
@@ -430,9 +461,11 @@ class LedgerBoard(Collector):
             }
             populations, run = dict(self._populations), self._run
             enrolment = dict(self._enrolment)
+            clocks = dict(self._clocks)
         yield from _account_families(accounts)
         yield from _population_families(populations)
         yield from _enrolment_family(enrolment)
+        yield from _clock_families(clocks)
         yield from _run_families(*run)
 
 
@@ -459,7 +492,8 @@ LATE_EVENTS = Counter(
 MARKERS_IGNORED = Counter(
     INTERNAL_PREFIX + "markers_ignored",
     "End-of-slot markers that closed nothing, by reason: already_released (the slot was "
-    "released), far_future (beyond the gap limit; also a dead letter), before_any_event.",
+    "released), far_future (beyond the gap limit or max_clock_jump; also a dead letter), "
+    "before_any_event, unauthenticated (no valid clock-key tag; also a dead letter).",
     ["stream", "reason"],
     registry=INTERNAL,
 )

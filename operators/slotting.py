@@ -1,13 +1,18 @@
 """Deterministic slots over keyed event batches, and the operator that steps a mechanism.
 
-Design §5: a slot closes when the stream's watermark (max event slot minus the allowed
-lateness) passes it, when a batch marks it complete, or at end of input — never on wall-clock
-time — so a replay after a crash closes the same slots with the same contents. Every slot from
-the stream's first one on is stepped, including empty ones (the ledger must age). One report
-per user per slot (first wins); everything unusable goes to the dead-letter stream with a reason.
+Design §5: a slot closes on the stream's clock — never on wall-clock time — so a replay after a
+crash closes the same slots with the same contents. Two clocks (``SlottingConfig.clock``):
+``data`` (bounded trusted inputs) closes when the watermark (max event slot minus the allowed
+lateness) passes a slot, when a batch marks it complete, or at end of input; ``markers`` (Kafka
+runs, where anyone writing to the input topic is an adversary) closes only on end-of-slot
+markers authenticated with the clock key, at most ``max_clock_jump`` slots per marker. Every
+slot from the stream's first one on is stepped, including empty ones (the ledger must age). One
+report per user per slot (first wins); everything unusable goes to the dead-letter stream with a
+reason.
 
-Users keep their last value between slots (``carry_forward``, spec §6.2) unless the policy is
-``absent``, in which case only users that reported at a slot are eligible at it.
+Users keep their last value between slots (``carry_forward``, spec §6.2) for at most
+``carry_slots`` slots after the report (default ``w − 1``), unless the policy is ``absent``, in
+which case only users that reported at a slot are eligible at it.
 
 The mechanisms' declared trust mode (design §4, ``operators.ports``) decides what they see of
 the users at a slot; ingest (``operators.ingest``), registration (``operators.registration``) and
@@ -32,7 +37,14 @@ from bytewax.dataflow import Stream, operator
 from bytewax.operators import KeyedStream, StatefulBatchLogic
 from numpy.typing import NDArray
 
-from privstream.events import FAR_FUTURE, STREAM_HALTED, DeadLetter, EventBatch
+from privstream.events import (
+    FAR_FUTURE,
+    STREAM_HALTED,
+    UNAUTHENTICATED_MARKER,
+    DeadLetter,
+    EventBatch,
+    marker_authentic,
+)
 from privstream.mechanisms.accountant import (
     BudgetSplit,
     PopulationAccountant,
@@ -61,6 +73,11 @@ from privstream.operators.watermark import PartitionWatermarks
 log = logging.getLogger(__name__)
 
 MissingPolicy = Literal["carry_forward", "absent"]
+ClockMode = Literal["data", "markers"]
+DATA_SLOT_GAP = 10_000
+MARKERS_SLOT_GAP = 64
+"""Slots an event may run ahead of the authenticated clock: an honest producer writes a slot's
+events shortly before its marker, and every open slot buffers ``n × d`` floats."""
 
 
 @dataclass(frozen=True)
@@ -69,30 +86,61 @@ class SlottingConfig:
 
     Attributes:
         lateness: slots a slot stays open after a later slot is seen (``≥ 0``; default 1).
-        max_slot_gap: the largest jump ahead of the newest slot an event may make; further
-            events are ``far_future_slot`` dead letters (guards against a corrupt slot forcing
-            millions of empty steps). Default 10,000.
+        max_slot_gap: the largest jump ahead of the newest slot (``data`` clock) or of the last
+            closed slot (``markers`` clock) an event may make; further events are
+            ``far_future_slot`` dead letters (guards against a corrupt slot forcing millions of
+            empty steps, and bounds the buffered open slots). 0 (default) takes the clock's
+            default: 10,000 for ``data``, ``MARKERS_SLOT_GAP`` (64) for ``markers``.
         missing: ``carry_forward`` (default) or ``absent`` (spec §6.2).
         client_path: ``aggregate`` (fast path, default) or ``per-user`` (design §4).
-        close_on_eof: release the still-open slots when a bounded input ends (default True).
+        close_on_eof: release the still-open slots when a bounded input ends (default True;
+            never with the ``markers`` clock, which only markers advance).
         partitions: input partitions feeding the streams (``≥ 1``; default 1). With several, a
             slot closes only once every partition has passed it (``operators.watermark``).
+        clock: what closes slots. ``data`` (default; bounded trusted inputs: files, synthetic,
+            in-process): the events' own slots (newest − lateness) and any end-of-slot marker.
+            ``markers`` (Kafka runs): only end-of-slot markers authenticated with the clock key
+            (``NoiseKey.clock_key``); events never advance the clock, an unauthenticated marker
+            is an ``unauthenticated_marker`` dead letter.
+        max_clock_jump: with the ``markers`` clock, the most slots one marker may advance a
+            partition's clock (``≥ 1``; default 1: ``privstream clock`` and ``produce`` write
+            one marker per slot); a marker jumping further is a ``far_future_slot`` dead letter
+            and closes nothing.
+        carry_slots: with ``carry_forward``, how many slots after the slot it was reported in a
+            value is still read (``≥ 0``); after that the user is absent until they report
+            again. None (default): ``w − 1`` of the user's window (the smallest window of the
+            stream's mechanisms, or the user's own ``w_i``), so one report feeds at most ``w``
+            consecutive slots — at most ε over its lifetime.
     """
 
     lateness: int = 1
-    max_slot_gap: int = 10_000
+    max_slot_gap: int = 0
     missing: MissingPolicy = "carry_forward"
     client_path: ClientPath = "aggregate"
     close_on_eof: bool = True
     partitions: int = 1
+    clock: ClockMode = "data"
+    max_clock_jump: int = 1
+    carry_slots: int | None = None
 
     def __post_init__(self) -> None:
+        if self.clock not in ("data", "markers"):
+            raise ValueError(f"clock must be 'data' or 'markers', got {self.clock!r}")
+        if self.max_slot_gap == 0:
+            default = DATA_SLOT_GAP if self.clock == "data" else MARKERS_SLOT_GAP
+            object.__setattr__(self, "max_slot_gap", default)
         if not isinstance(self.lateness, int) or self.lateness < 0:
             raise ValueError(f"lateness must be an integer >= 0, got {self.lateness!r}")
         if not isinstance(self.partitions, int) or self.partitions < 1:
             raise ValueError(f"partitions must be an integer >= 1, got {self.partitions!r}")
         if not isinstance(self.max_slot_gap, int) or self.max_slot_gap < 1:
             raise ValueError(f"max_slot_gap must be an integer >= 1, got {self.max_slot_gap!r}")
+        if not isinstance(self.max_clock_jump, int) or self.max_clock_jump < 1:
+            raise ValueError(f"max_clock_jump must be an integer >= 1, got {self.max_clock_jump!r}")
+        if self.carry_slots is not None and (
+            not isinstance(self.carry_slots, int) or self.carry_slots < 0
+        ):
+            raise ValueError(f"carry_slots must be an integer >= 0, got {self.carry_slots!r}")
         if self.missing not in ("carry_forward", "absent"):
             raise ValueError(f"missing must be 'carry_forward' or 'absent', got {self.missing!r}")
         if self.client_path not in ("aggregate", "per-user"):
@@ -117,6 +165,15 @@ class SlottedPlan:
     epsilon: float
     """The population's budget per window (before the split)."""
 
+    @property
+    def carry(self) -> int:
+        """Slots a value is carried after its report: ``carry_slots``, or ``w − 1`` of the
+        smallest window of the mechanisms (a personalized user's own ``w_i`` lowers it)."""
+        if self.config.carry_slots is not None:
+            return self.config.carry_slots
+        windows = [m.privacy_cost.window or 1 for m in self.mechanisms.values()]
+        return min(windows) - 1
+
     def binding(self) -> dict[str, str]:
         """The noise key's fingerprint and every parameter a replay depends on."""
         cfg = self.config
@@ -126,7 +183,8 @@ class SlottedPlan:
             "task": repr(self.task),
             "slotting": f"lateness={cfg.lateness} missing={cfg.missing} "
             f"client_path={cfg.client_path} max_slot_gap={cfg.max_slot_gap} "
-            f"partitions={cfg.partitions}",
+            f"clock={cfg.clock} max_clock_jump={cfg.max_clock_jump} "
+            f"carry_slots={self.carry} partitions={cfg.partitions}",
             "budget split": repr(self.split),
             "population epsilon": repr(self.epsilon),
         }
@@ -146,6 +204,7 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
         self.cfg = plan.config
         self.binding = plan.binding()
         self.order = EnrolmentOrder.of(plan.key)
+        self.clock_key = plan.key.clock_key()
         if resume is not None:
             if (
                 resume.version != STREAM_STATE_VERSION
@@ -191,11 +250,12 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
     ) -> None:
         """Ingest one batch and release every slot it lets close."""
         out.extend(("dead_letter", d) for d in self._ingest(state, batch))
-        marker = self._marker(state, batch, out)
+        marker = self._marker(state, batch, marks, out)
         if marker is not None:
             marks.mark(batch.partition, marker)
-        if self.cfg.partitions > 1:  # a slot closes once every partition has passed it
-            target = marks.closable(self.cfg.lateness)
+        markers = self.cfg.clock == "markers"
+        if self.cfg.partitions > 1 or markers:  # a slot closes once every partition passed it
+            target = marks.closable(self.cfg.lateness, data=not markers)
             if target is not None:
                 self._close_through(state, target, out)
             return
@@ -204,26 +264,66 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
         if marker is not None:
             self._close_through(state, marker, out)
 
-    def _marker(self, state: StreamState, batch: EventBatch, out: list[Output]) -> int | None:
+    def _marker(
+        self, state: StreamState, batch: EventBatch, marks: PartitionWatermarks, out: list[Output]
+    ) -> int | None:
         """The batch's end-of-slot marker if it may close slots: markers obey the events' gap
         limit (a far-future one is a ``far_future_slot`` dead letter: it would step millions of
-        empty slots), and one for an already released slot or before any event is counted."""
+        empty slots), and one for an already released slot or before any event is counted.
+        With the ``markers`` clock, ``_clock_marker`` decides instead."""
         t = batch.complete_through
         if t is None:
             return None
+        if self.cfg.clock == "markers":
+            return self._clock_marker(state, batch, t, marks.marks[batch.partition], out)
         if state.max_seen is None:
             MARKERS_IGNORED.labels(state.stream, "before_any_event").inc()
             return None
         if t > state.max_seen + self.cfg.max_slot_gap:
             MARKERS_IGNORED.labels(state.stream, "far_future").inc()
-            text = json.dumps({"stream": state.stream, "end_of_slot": t}, separators=(",", ":"))
             detail = (
                 f"end-of-slot marker more than {self.cfg.max_slot_gap} slots ahead of the stream"
             )
-            out.append(("dead_letter", DeadLetter(FAR_FUTURE, state.stream, text, detail)))
+            out.append(("dead_letter", _marker_letter(FAR_FUTURE, state.stream, t, detail)))
             return None
         if state.last_closed is not None and t <= state.last_closed:
             MARKERS_IGNORED.labels(state.stream, "already_released").inc()
+        return t
+
+    def _clock_marker(
+        self,
+        state: StreamState,
+        batch: EventBatch,
+        t: int,
+        previous: int | None,
+        out: list[Output],
+    ) -> int | None:
+        """A marker of the ``markers`` clock, if it may advance its partition's clock.
+
+        Guarantee: only a marker whose tag the clock key verifies counts (else an
+        ``unauthenticated_marker`` dead letter), and it advances the partition's clock by at
+        most ``max_clock_jump`` slots (else a ``far_future_slot`` dead letter); either closes
+        nothing. So the slots closed are bounded by the authenticated markers written, whatever
+        anyone else writes to the input topic."""
+        stream = state.stream
+        if not marker_authentic(self.clock_key, stream, t, batch.marker_tag):
+            MARKERS_IGNORED.labels(stream, "unauthenticated").inc()
+            detail = "end-of-slot marker without a valid tag of the clock key: it closes nothing"
+            out.append(("dead_letter", _marker_letter(UNAUTHENTICATED_MARKER, stream, t, detail)))
+            return None
+        if previous is None:
+            previous = state.last_closed
+        if previous is not None and t <= previous:
+            MARKERS_IGNORED.labels(stream, "already_released").inc()
+            return None
+        if previous is not None and t - previous > self.cfg.max_clock_jump:
+            MARKERS_IGNORED.labels(stream, "far_future").inc()
+            detail = (
+                f"end-of-slot marker advances the clock by {t - previous} slots (from {previous}),"
+                f" more than max_clock_jump={self.cfg.max_clock_jump}: it closes nothing"
+            )
+            out.append(("dead_letter", _marker_letter(FAR_FUTURE, stream, t, detail)))
+            return None
         return t
 
     def _watermarks(self, state: StreamState, partition: int) -> PartitionWatermarks:
@@ -240,6 +340,7 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
         state = self.state
         if (
             self.cfg.close_on_eof
+            and self.cfg.clock == "data"  # the markers clock: only markers close slots
             and state is not None
             and not state.all_halted()
             and state.max_seen is not None
@@ -284,17 +385,26 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
     # -- closing slots -------------------------------------------------------------------------
 
     def _close_through(self, state: StreamState, target: int, out: list[Output]) -> None:
-        """Release every slot up to ``target`` that is not released yet, in order."""
+        """Release every slot up to ``target`` that is not released yet, in order.
+
+        With the ``markers`` clock the first release starts at most ``max_clock_jump`` slots
+        before ``target``: reports buffered for older slots (which only an event sender chose)
+        are dropped, so events cannot stretch the first advance either."""
         if state.last_closed is None:
             if not state.open_slots and not state.newcomers:
                 return
             start = min(state.open_slots.keys() | state.newcomers.keys())
+            if self.cfg.clock == "markers":
+                start = max(start, target - self.cfg.max_clock_jump + 1)
+                _drop_before(state, start)
         else:
             start = state.last_closed + 1
         for slot in range(start, target + 1):
             if state.all_halted():
-                return
+                break
             self._step(state, slot, out)
+        if target >= start:
+            BOARD.update_clock(state.stream, state.last_closed, target - start + 1)
 
     def _step(self, state: StreamState, slot: int, out: list[Output]) -> None:
         """Step every live mechanism through ``slot``, compose their spend, then release.
@@ -354,15 +464,32 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
         return result, getattr(port, "client_state_after", None)
 
     def _slot_values(self, state: StreamState, slot: int) -> NDArray[np.float64]:
-        """Users' values at ``slot``: its reports, over the carried-forward ones by default."""
+        """Users' values at ``slot``: its reports, over the carried-forward ones by default.
+
+        A value is carried at most ``carry`` slots after the slot it was reported in (default
+        ``w − 1``: it feeds at most ``w`` consecutive slots, one window); after that its user is
+        absent until they report again."""
         reported = state.open_slots.pop(slot, None)
         if self.cfg.missing == "absent":
             return reported if reported is not None else self._blank()
         values = state.current
+        if state.reported_at is None:
+            state.reported_at = np.full(self.n, np.iinfo(np.int64).min // 2, dtype=np.int64)
         if reported is not None:
             fresh = ~np.isnan(reported.reshape(self.n, -1)).any(axis=1)
             values[fresh] = reported[fresh]
+            state.reported_at[fresh] = slot
+        values[state.reported_at < slot - self._carry(state)] = np.nan
         return values
+
+    def _carry(self, state: StreamState) -> int | NDArray[np.int64]:
+        """Slots each user's value is carried: the plan's ``carry``, or with registered
+        personal windows ``w_i − 1`` where lower (the default, ``carry_slots`` None)."""
+        carry = self.plan.carry
+        windows = state.windows
+        if self.cfg.carry_slots is not None or windows is None:
+            return carry
+        return np.where(windows > 0, np.minimum(windows - 1, carry), carry)
 
     def _halt(
         self,
@@ -427,6 +554,19 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
         if isinstance(event, LedgerEntry) and worst is not None:
             flags["population_epsilon"], flags["population_window_spent"] = worst[1], worst[2]
         return dataclasses.replace(event, **flags) if flags else event
+
+
+def _marker_letter(reason: str, stream: str, t: int, detail: str) -> DeadLetter:
+    """The dead letter of a refused end-of-slot marker (its tag, if any, is not kept)."""
+    text = json.dumps({"stream": stream, "end_of_slot": t}, separators=(",", ":"))
+    return DeadLetter(reason, stream, text, detail)
+
+
+def _drop_before(state: StreamState, start: int) -> None:
+    """Forget the reports buffered for slots before ``start`` (before the clock's start)."""
+    for slots in (state.open_slots, state.newcomers):
+        for slot in [s for s in slots if s < start]:
+            del slots[slot]
 
 
 @dataclass(frozen=True)

@@ -103,6 +103,8 @@ class StreamState:
     accountant: PopulationAccountant = field(default_factory=PopulationAccountant)
     newcomers: dict[int, dict[str, tuple[Any, str, bytes | None]]] = field(default_factory=dict)
     clients: dict[str, Any] = field(default_factory=dict)
+    reported_at: NDArray[np.int64] | None = None
+    """Per user, the slot their carried value was reported in (``carry_slots`` bound)."""
 
     def __deepcopy__(self, memo: dict[int, Any]) -> StreamState:
         """The copy a snapshot takes (``SlottedLogic.snapshot``): everything deep, except the

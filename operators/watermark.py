@@ -70,20 +70,22 @@ class PartitionWatermarks:
         seen = self.marks[partition]
         self.marks[partition] = complete_through if seen is None else max(seen, complete_through)
 
-    def passed(self, partition: int, lateness: int) -> int | None:
-        """The last slot ``partition`` has passed (None: it has passed none yet)."""
+    def passed(self, partition: int, lateness: int, data_clock: bool = True) -> int | None:
+        """The last slot ``partition`` has passed (None: it has passed none yet); without
+        ``data_clock`` (the ``markers`` clock) only its markers count."""
         top, mark = self.max_slots[partition], self.marks[partition]
-        data = None if top is None else top - lateness - 1
+        data = None if top is None or not data_clock else top - lateness - 1
         if data is None or mark is None:
             return mark if data is None else data
         return max(data, mark)
 
-    def closable(self, lateness: int) -> int | None:
+    def closable(self, lateness: int, data: bool = True) -> int | None:
         """The last slot every partition has passed: the stream may close through it (None
-        while some partition has passed nothing, e.g. delivered nothing for the stream)."""
+        while some partition has passed nothing, e.g. delivered nothing for the stream).
+        ``data`` False: the ``markers`` clock, where only end-of-slot markers count."""
         least: int | None = None
         for partition in range(self.partitions):
-            passed = self.passed(partition, lateness)
+            passed = self.passed(partition, lateness, data)
             if passed is None:
                 return None
             least = passed if least is None else min(least, passed)

@@ -193,8 +193,10 @@ def run_flow_once(
         users=users,
         slots=slots,
         seed=SEED,
+        # the benchmark writes every message of the topic itself: the data clock is trusted
         kafka=KafkaIO(settings, events_topic, releases_topic, until_slot=slots,
-                      batch_size=batch_size, partitions=partitions),
+                      batch_size=batch_size, partitions=partitions, clock="data",
+                      trust_input_clock=True),
         secret=_noise_key(),
         compare=len(mechanisms) > 1,
     )  # fmt: skip

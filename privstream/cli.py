@@ -237,6 +237,19 @@ def _output_flags(p: argparse.ArgumentParser) -> None:
         default=64 * 1024,
         help="larger Kafka messages are 'oversized' dead letters (default %(default)s)",
     )
+    p.add_argument(
+        "--clock",
+        choices=("markers", "data"),
+        default="markers",
+        help="what closes a Kafka stream's slots: 'markers' (default) only end-of-slot markers "
+        "tagged with the clock key (privstream clock); 'data' the events' own slots and any "
+        "marker (needs --trust-input-clock)",
+    )
+    p.add_argument(
+        "--trust-input-clock",
+        action="store_true",
+        help="with --clock data: every writer of the input topic is trusted to drive the clock",
+    )
 
 
 def _service_flags(p: argparse.ArgumentParser) -> None:
@@ -380,6 +393,44 @@ def _kafka_tools(commands: Any) -> None:
         "end-of-slot marker to every partition (default: one partition, by the stream's key)",
     )
     _kafka_flags(produce, required=True)
+    _clock_key_flags(produce)
+    clock = commands.add_parser(
+        "clock",
+        help="write the authenticated end-of-slot markers of a markers-clock run, one per slot "
+        "as real time passes",
+    )
+    clock.add_argument("--topic", required=True, help="event topic (must exist)")
+    clock.add_argument("--stream", action="append", required=True, help="stream (repeatable)")
+    clock.add_argument("--slot-seconds", type=_positive_float, default=60.0)
+    clock.add_argument(
+        "--origin", type=float, default=0.0, help="Unix time of slot 0 (default: the epoch)"
+    )
+    clock.add_argument(
+        "--first-slot", type=int, help="first marker (default: the next slot to end)"
+    )
+    clock.add_argument("--through", type=int, help="last marker (default: run until stopped)")
+    clock.add_argument(
+        "--now", action="store_true", help="write the markers at once (tests, demos; --through)"
+    )
+    _kafka_flags(clock, required=True)
+    _clock_key_flags(clock)
+    key = commands.add_parser(
+        "clock-key", help="print the clock key (hex) of the secret, for clock writers"
+    )
+    key.add_argument("--secret-file", help="the noise secret (default $PRIVSTREAM_SECRET)")
+
+
+def _clock_key_flags(p: argparse.ArgumentParser) -> None:
+    """Where the key tagging end-of-slot markers comes from (``flows.secret.resolve_clock_key``)."""
+    p.add_argument(
+        "--clock-key-file",
+        help="file with the clock key (privstream clock-key prints it; default "
+        "$PRIVSTREAM_CLOCK_KEY): markers tagged with it close slots of a markers-clock run",
+    )
+    p.add_argument("--secret-file", help="derive the clock key from the noise secret instead")
+    p.add_argument(
+        "--insecure-seed", type=int, metavar="N", help="the clock key of a public seed's run"
+    )
 
 
 def _bench_tools(bench_family: Any) -> None:
@@ -550,7 +601,8 @@ def _kafka_io(args: argparse.Namespace) -> Any:
     kafka = KafkaIO(
         settings, args.input_topic, args.output_topic, args.dead_letter_topic, args.ledger_topic,
         until_slot=args.slots, max_event_bytes=args.max_event_bytes,
-        stall_warning_seconds=args.stall_warning_seconds,
+        stall_warning_seconds=args.stall_warning_seconds, clock=args.clock,
+        trust_input_clock=args.trust_input_clock,
     )  # fmt: skip
     return kafka.with_partitions(require_topics(settings, kafka.topics()))
 
@@ -693,9 +745,51 @@ def topics_create(args: argparse.Namespace) -> int:
     return 0
 
 
+def _clock_key(args: argparse.Namespace) -> bytes | None:
+    from privstream.flows.secret import resolve_clock_key
+
+    return resolve_clock_key(args.clock_key_file, args.secret_file, args.insecure_seed)
+
+
+def clock(args: argparse.Namespace) -> int:
+    """``privstream clock``: authenticated end-of-slot markers, one per slot."""
+    from privstream.connectors.producer import write_clock
+
+    key = _clock_key(args)
+    if key is None:
+        raise ValueError("the clock needs its key: --clock-key-file, $PRIVSTREAM_CLOCK_KEY or "
+                         "--secret-file")  # fmt: skip
+    if args.now and args.through is None:
+        raise ValueError("--now writes the markers through --through at once: give --through")
+    first = args.first_slot
+    if first is None:
+        first = int((time.time() - args.origin) // args.slot_seconds) + 1
+    last = write_clock(
+        _kafka_settings(args), args.topic, args.stream, key, first_slot=first,
+        through=args.through, slot_seconds=args.slot_seconds, origin=args.origin,
+        wait=not args.now,
+    )  # fmt: skip
+    print(f"wrote end-of-slot markers {first}..{last} to {args.topic}", file=sys.stderr)
+    return 0
+
+
+def clock_key(args: argparse.Namespace) -> int:
+    """``privstream clock-key``: the clock key of the secret, in hex."""
+    from privstream.flows.secret import resolve_noise_key
+
+    key = resolve_noise_key(secret_file=args.secret_file)
+    print(key.clock_key().hex())
+    return 0
+
+
 def produce(args: argparse.Namespace) -> int:
     from privstream.connectors.datasets import synthetic_dataset
     from privstream.connectors.producer import produce_synthetic
+
+    key = _clock_key(args)
+    if key is None:
+        log.warning("end-of-slot markers written without a tag: a run on the markers clock "
+                    "dead-letters them (give --clock-key-file or --secret-file)")  # fmt: skip
 
     stream = synthetic_dataset(args.dataset, args.users, args.slots, args.seed)
     count = args.users * (args.slots - args.first_slot + 1)
@@ -709,6 +803,7 @@ def produce(args: argparse.Namespace) -> int:
         first_slot=args.first_slot,
         progress=bar.update if bar is not None else None,
         spread=args.spread,
+        clock_key=key,
     )
     if bar is not None:
         bar.close()
@@ -843,6 +938,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "broker": broker,
         "topics": topics_create,
         "produce": produce,
+        "clock": clock,
+        "clock-key": clock_key,
         "bench": {"kafka": bench_kafka, "noise": bench_noise}.get(
             getattr(args, "family", ""), bench_family
         ),

@@ -42,6 +42,7 @@ from privstream.flows.io import KafkaIO
 from privstream.flows.secret import ENV_SECRET
 from privstream.mechanisms import utility
 from privstream.mechanisms.ldp_ids import MECHANISMS
+from privstream.mechanisms.seeding import NoiseKey
 
 TOPICS = {"events": "events", "releases": "releases", "dead_letters": "dead-letters",
           "ledger": "ledger"}  # fmt: skip
@@ -116,13 +117,17 @@ def _produce(
     settings: KafkaSettings,
     stream: SyntheticStream,
     progress_bar: Callable[[int | None, str], Any],
+    key: NoiseKey,
 ) -> float:
-    """Produce every user's event of every slot of ``stream``; the seconds it took."""
+    """Produce every user's event of every slot of ``stream``, each slot's end-of-slot marker
+    tagged with ``key``'s clock key (the flow runs on the markers clock); the seconds it took."""
     events = stream.users * stream.slots
     say(f"[3/5] producing {events:,} user events")
     bar = progress_bar(events, "event")
     started = time.perf_counter()
-    produce_synthetic(settings, TOPICS["events"], stream, progress=bar.update)
+    produce_synthetic(
+        settings, TOPICS["events"], stream, progress=bar.update, clock_key=key.clock_key()
+    )
     bar.close()
     return time.perf_counter() - started
 
@@ -133,10 +138,11 @@ def _run_kafka_flow(
     params: dict[str, Any],
     run_flow: Callable[..., None],
     progress_bar: Callable[[int | None, str], Any],
+    key: NoiseKey,
 ) -> float:
     """Run all ``names`` side by side as one Kafka flow until it has released the last slot,
-    as an evaluation (``compare``: the full ε each) keyed by ``$PRIVSTREAM_SECRET`` or a fresh
-    random secret, metrics served on a free loopback port; the seconds it ran."""
+    as an evaluation (``compare``: the full ε each) keyed by ``key``, metrics served on a free
+    loopback port; the seconds it ran."""
     slots = params["slots"]
     port = free_port()
     say(
@@ -150,7 +156,7 @@ def _run_kafka_flow(
         "ldp-ids", dataset="sin", mechanisms=names, users=params["users"], slots=slots,
         epsilon=params["epsilon"], window=params["window"], seed=params["seed"], kafka=kafka,
         progress=lambda _r: bar.update(1),
-        secret=os.environ.get(ENV_SECRET) or secrets.token_hex(32), compare=True,
+        secret=key, compare=True,
     )  # fmt: skip
     started = time.perf_counter()
     run_flow(flow, 1, None, None, port)
@@ -252,8 +258,10 @@ def run_demo(
         settings = KafkaSettings((broker.bootstrap,))
         say(f"[1/5] embedded broker (Tansu) on {broker.bootstrap}")
         _create_topics(settings)
-        produce_seconds = _produce(settings, stream, progress_bar)
-        seconds = _run_kafka_flow(settings, names, params, run_flow, progress_bar)
+        # $PRIVSTREAM_SECRET or a fresh random secret
+        key = NoiseKey.from_text(os.environ.get(ENV_SECRET) or secrets.token_hex(32))
+        produce_seconds = _produce(settings, stream, progress_bar, key)
+        seconds = _run_kafka_flow(settings, names, params, run_flow, progress_bar, key)
         metrics = privacy_metrics()
         releases = _read_releases(settings, names, slots)
     table = score(stream, releases)

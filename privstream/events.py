@@ -15,6 +15,8 @@ input topic) and are never part of the public output.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,12 +44,34 @@ USER_ID_KIND: Final = "user_id_kind_mismatch"
 REQUIREMENT_CHANGED: Final = "requirement_changed"
 STREAM_HALTED: Final = "stream_halted"
 UNREGISTERED: Final = "unregistered_user"
+UNAUTHENTICATED_MARKER: Final = "unauthenticated_marker"
 REASONS: Final = (
     MALFORMED,
     MALFORMED_CSV, MISSING_FIELD, INVALID_TYPE, NEGATIVE_SLOT, OVERSIZED, UNKNOWN_STREAM, OUT_OF_DOMAIN,
     DUPLICATE, LATE, FAR_FUTURE, POPULATION_FULL, USER_ID_KIND, REQUIREMENT_CHANGED, STREAM_HALTED,
-    UNREGISTERED,
+    UNREGISTERED, UNAUTHENTICATED_MARKER,
 )  # fmt: skip
+
+
+_MARKER_PERSON = b"privstream-mrk"
+
+
+def marker_tag(clock_key: bytes, stream: str, end_of_slot: int) -> str:
+    """The authentication tag of the end-of-slot marker ``(stream, end_of_slot)``: hex of
+    BLAKE2b (16 bytes) keyed with the clock key over the length-prefixed pair. Without the
+    clock key a valid tag for a marker not yet written cannot be made (BLAKE2b is a PRF)."""
+    h = hashlib.blake2b(key=clock_key, digest_size=16, person=_MARKER_PERSON)
+    for part in (stream.encode(), int(end_of_slot).to_bytes(16, "little", signed=True)):
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    return h.hexdigest()
+
+
+def marker_authentic(clock_key: bytes, stream: str, end_of_slot: int, tag: str | None) -> bool:
+    """Whether ``tag`` authenticates the marker (compared in constant time)."""
+    if not isinstance(tag, str):
+        return False
+    return hmac.compare_digest(tag.lower(), marker_tag(clock_key, stream, end_of_slot))
 
 
 def line_text(line: str | bytes) -> str:
@@ -69,6 +93,8 @@ class EventBatch:
     mechanisms; NaN / 0 where a row states none), or None when no row states one.
     ``partition`` is the input partition the rows came from (a Kafka partition; 0 for files and
     in-process sources): the slotting tracks each partition's progress (``operators.watermark``).
+    ``marker_tag`` is the marker's authentication tag (hex; None when it carries none): with the
+    ``markers`` clock only a marker whose tag the clock key verifies closes slots.
     """
 
     stream: str
@@ -80,6 +106,7 @@ class EventBatch:
     epsilons: NDArray[np.float64] | None = None
     windows: NDArray[np.int64] | None = None
     partition: int = 0
+    marker_tag: str | None = None
 
     def __len__(self) -> int:
         return int(self.slots.shape[0])
@@ -89,8 +116,9 @@ class EventBatch:
         rows: slice | NDArray[np.int64],
         raw: Sequence[str | bytes] | None,
         complete_through: int | None = None,
+        marker_tag: str | None = None,
     ) -> EventBatch:
-        """The batch of ``rows`` (all columns), with its lines and marker."""
+        """The batch of ``rows`` (all columns), with its lines and marker (and its tag)."""
         return EventBatch(
             self.stream,
             self.slots[rows],
@@ -101,6 +129,7 @@ class EventBatch:
             None if self.epsilons is None else self.epsilons[rows],
             None if self.windows is None else self.windows[rows],
             self.partition,
+            marker_tag,
         )
 
     def row_original(self, i: int) -> bytes | None:

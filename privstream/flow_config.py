@@ -71,6 +71,8 @@ class KafkaSection:
     properties: Mapping[str, str] = field(default_factory=dict)
     max_event_bytes: int = 65536
     stall_warning_seconds: float = 30.0
+    clock: str = "markers"
+    trust_input_clock: bool = False
 
 
 @dataclass(frozen=True)
@@ -338,6 +340,8 @@ def _kafka(t: _Table) -> KafkaSection:
             "max_event_bytes",
             "stall_warning_seconds",
             "properties",
+            "clock",
+            "trust_input_clock",
         )
     )
     bootstrap = t.text("bootstrap", what="HOST:PORT[,...] (a non-empty string)")
@@ -366,7 +370,38 @@ def _kafka(t: _Table) -> KafkaSection:
         properties=_properties(t.table("properties", required=False)),
         max_event_bytes=t.integer("max_event_bytes", 1, default=MAX_EVENT_BYTES),
         stall_warning_seconds=t.number("stall_warning_seconds", 30.0, positive=True),
+        **_clock(t),
     )
+
+
+def check_input_clock(clock: str, trusted: bool) -> None:
+    """Refuse the ``data`` clock on Kafka unless every writer of the input topic is trusted:
+    with it, one event or marker from anyone can close thousands of slots."""
+    if clock not in ("markers", "data"):
+        raise ValueError(f"clock must be 'markers' or 'data', got {clock!r}")
+    if clock == "data" and not trusted:
+        raise ValueError(
+            "the data clock closes a Kafka stream's slots on the slots of its events and on "
+            "unauthenticated end-of-slot markers, so anyone who can write to the input topic "
+            "can force slots and make a silent user's value count again and again. Keep the "
+            "default markers clock (run `privstream clock` with the clock key), or say that "
+            "you trust every writer of the input topic with --trust-input-clock "
+            "(kafka.trust_input_clock = true in a flow file)"
+        )
+
+
+def _clock(t: _Table) -> dict[str, Any]:
+    """``kafka.clock`` (``markers``, default, or ``data``) and ``kafka.trust_input_clock``:
+    the data clock lets every writer of the input topic close slots, so it must be trusted."""
+    clock = t.choice("clock", ("markers", "data"), "markers")
+    trusted = t.data.get("trust_input_clock", False)
+    if not isinstance(trusted, bool):
+        raise t.error("trust_input_clock", f"must be true or false, got {_show(trusted)}")
+    try:
+        check_input_clock(clock, trusted)
+    except ValueError as exc:
+        raise t.error("clock", str(exc)) from None
+    return {"clock": clock, "trust_input_clock": trusted}
 
 
 def _properties(t: _Table) -> dict[str, str]:

@@ -103,8 +103,10 @@ def test_empty_slots_advance_the_ledger() -> None:
     run_main(flow)
     releases = [json.loads(line) for line in out["releases"]]
     assert [r["slot"] for r in releases] == list(range(1, 10))
-    # carry-forward: the gap slots still have users and LPU's groups keep rotating
-    assert all(r["details"]["users_m2"] == N // W for r in releases)
+    # carry-forward for w − 1 = 4 slots after slot 3: slots 4–7 still have users and LPU's
+    # groups keep rotating; at slot 8 the values of slot 3 are no longer carried
+    users = [r["details"]["users_m2"] for r in releases]
+    assert users[:7] == [N // W] * 7 and users[7] == 0 and users[8] == N // W
 
 
 def jsonl(events: list[dict[str, Any]]) -> list[str]:

@@ -51,6 +51,7 @@ from privstream.connectors.kafka import (
 )
 from privstream.connectors.producer import slot_messages
 from privstream.connectors.synthetic import SyntheticStream
+from privstream.mechanisms.seeding import NoiseKey
 
 from .conftest import PRIVSTREAM, cli_env, read_all
 from .proxy import ProxiedBroker
@@ -118,9 +119,12 @@ def hostile_messages(slot: int) -> list[bytes]:
     ]
 
 
-def produce_events(bootstrap: str, topic: str, plan: Plan, slots: range, pace: float = 0.0) -> None:
-    """Slots ``slots`` of the Sin stream with their markers, ``pace`` seconds apart, and the
-    hostile messages after the slot at ``HOSTILE_AT`` of the stream."""
+def produce_events(
+    bootstrap: str, topic: str, plan: Plan, slots: range, clock_key: bytes, pace: float = 0.0
+) -> None:
+    """Slots ``slots`` of the Sin stream with their markers (tagged with ``clock_key``),
+    ``pace`` seconds apart, and the hostile messages after the slot at ``HOSTILE_AT`` of the
+    stream."""
     stream = SyntheticStream("sin", plan.users, plan.slots, seed=plan.seed)
     producer = Producer(
         KafkaSettings((bootstrap,)).client_config(
@@ -129,7 +133,7 @@ def produce_events(bootstrap: str, topic: str, plan: Plan, slots: range, pace: f
     )
     hostile_after = max(2, int(plan.slots * HOSTILE_AT))
     for slot in slots:
-        for message in slot_messages(stream, "sin", slot):
+        for message in slot_messages(stream, "sin", slot, clock_key):
             _produce(producer, topic, message)
         if slot == hostile_after:
             for message in hostile_messages(slot):
@@ -323,13 +327,14 @@ def run_chaos(plan: Plan, workdir: Path) -> Report:
         events = f"events-{tag}"
         create_topics(KafkaSettings((broker.bootstrap,)), [TopicSpec(events)])
         head = max(2, plan.slots // 5)
-        produce_events(broker.bootstrap, events, plan, range(1, head + 1))
+        clock_key = NoiseKey.from_text(secret.read_text()).clock_key()
+        produce_events(broker.bootstrap, events, plan, range(1, head + 1), clock_key)
         # The rest arrives while the disturbed run is killed and restarted, so that kills land
         # while it works rather than after it finished.
         pace = 2.5 * plan.kills / (plan.slots - head)  # a kill every ~2.5 s
         rest = threading.Thread(
             target=produce_events,
-            args=(broker.bootstrap, events, plan, range(head + 1, plan.slots + 1), pace),
+            args=(broker.bootstrap, events, plan, range(head + 1, plan.slots + 1), clock_key, pace),
         )
         rest.start()
         key = ["--secret-file", str(secret)]

@@ -56,11 +56,16 @@ class Topics:
             ],
         )
 
-    def run_flags(self, settings: KafkaSettings) -> list[str]:
+    def run_flags(self, settings: KafkaSettings, *, trusted_clock: bool = True) -> list[str]:
+        """The run's topic flags. ``trusted_clock``: the test writes every message of the
+        input topic itself and is not about the slot clock, so its events and unauthenticated
+        markers may drive the clock (``--clock data --trust-input-clock``); the markers clock
+        has its own tests (tests/attacks/test_slot_clock.py, test_kafka_flow.py)."""
+        clock = ["--clock", "data", "--trust-input-clock"] if trusted_clock else []
         return [
             "--bootstrap", settings.bootstrap, "--input-topic", self.events,
             "--output-topic", self.releases, "--dead-letter-topic", self.dlq,
-            "--ledger-topic", self.ledger,
+            "--ledger-topic", self.ledger, *clock,
         ]  # fmt: skip
 
 

@@ -46,6 +46,8 @@ def _config(directory: Path, kafka: KafkaSettings, events: str, tag: str) -> Pat
 [kafka]
 bootstrap = "{kafka.bootstrap}"
 input_topic = "{events}"
+clock = "data"  # the test writes the topic itself
+trust_input_clock = true
 {topics}
 [population]
 users = {USERS}

@@ -46,6 +46,7 @@ def run_flags(kafka: KafkaSettings, events: str, releases: str, secret: Path) ->
         "run", "ldp-ids", "--mechanism", MECHANISM, "--users", str(USERS), "--epsilon", "1.0",
         "--window", "5", "--slots", str(SLOTS), "--no-progress", "--secret-file", str(secret),
         "--bootstrap", kafka.bootstrap, "--input-topic", events, "--output-topic", releases,
+        "--clock", "data", "--trust-input-clock",  # this test writes the topic itself
     ]  # fmt: skip
 
 
