@@ -8,13 +8,14 @@ same checks as a JSON event (``connectors.parsing``), so both formats accept and
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from privstream.connectors.parsing import (
     MAX_INT_DIGITS,
     SKIP,
     Builder,
+    Shapes,
     SlotClock,
     invalid_utf8,
     parse_lines,
@@ -30,7 +31,7 @@ def parse_csv_lines(
     default_stream: str | None = None,
     clock: SlotClock | None = None,
     max_bytes: int = MAX_EVENT_BYTES,
-    shapes: Mapping[str, int] | None = None,
+    shapes: Shapes = None,
 ) -> list[EventBatch | DeadLetter]:
     """Parse CSV records with the given columns (a header line naming them is skipped): the
     ``EventBatch``es per stream, then the dead letters (``shapes`` as for JSON lines)."""

@@ -52,6 +52,10 @@ MAX_INT_DIGITS: Final = 400
 """A JSON integer literal longer than this reads as ±infinity: exact integers up to it (every
 finite float's integer is shorter), no quadratic or refused int conversion beyond (Python refuses
 integer strings of more than 4,300 digits with ``ValueError``)."""
+Shapes = Mapping[str, int] | int | None
+"""Streams' value shapes (0: one number per event, d: a list of d numbers; a task's
+``value_shape``): per stream name, one shape for every stream (a file flow's single task), or
+None where unknown."""
 UNREADABLE: Final = "unreadable event"
 """The detail of a line the parser failed on unexpectedly (a bug): still a dead letter."""
 
@@ -169,8 +173,8 @@ class Builder:
     the lines that came before it in the batch.
     """
 
-    def __init__(self, shapes: Mapping[str, int] | None = None) -> None:
-        self.shapes: Mapping[str, int] = shapes or {}
+    def __init__(self, shapes: Shapes = None) -> None:
+        self.shapes = shapes
         self.rows: dict[tuple[str, int], _Columns] = {}
         self.batches: list[EventBatch] = []
         self.dead: list[DeadLetter] = []
@@ -190,7 +194,7 @@ class Builder:
         raw: str | bytes,
         requirement: tuple[float, int] = (math.nan, 0),
     ) -> None:
-        shape, want = _shape(value), self.shapes.get(stream)
+        shape, want = _shape(value), shape_of(self.shapes, stream)
         if want is not None and shape != want:
             line = raw.decode("utf-8", "replace").strip() if isinstance(raw, bytes) else raw.strip()
             self.reject(INVALID_TYPE, line, shape_detail(want), stream, raw)
@@ -222,6 +226,13 @@ class Builder:
             out.extend(self._cut(stream))
         out.extend(self.dead)
         return out
+
+
+def shape_of(shapes: Shapes, stream: str) -> int | None:
+    """The value shape ``shapes`` gives ``stream`` (None: not known)."""
+    if shapes is None or isinstance(shapes, int):
+        return shapes
+    return shapes.get(stream)
 
 
 def _batch(stream: str, cols: _Columns, through: int | None) -> EventBatch:
@@ -402,7 +413,7 @@ def parse_lines(
     default_stream: str | None,
     clock: SlotClock | None,
     max_bytes: int,
-    shapes: Mapping[str, int] | None = None,
+    shapes: Shapes = None,
 ) -> list[EventBatch | DeadLetter]:
     """The line-by-line loop both formats share: size check, decode, record checks, each line
     on its own (its streams' value ``shapes`` known or not). The ``EventBatch``es per stream

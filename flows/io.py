@@ -157,7 +157,7 @@ def events(
     parse = parse_csv_lines if detect_format(source.path) == "csv" else parse_json_lines
 
     def parse_batch(batch: list[str]) -> list[Any]:
-        return parse(batch, default_stream=source.stream, shapes=shapes)
+        return parse(batch, default_stream=source.stream, shapes=source.task.value_shape)
 
     return _split_parsed(op.flat_map_batch("parse", lines, parse_batch))
 

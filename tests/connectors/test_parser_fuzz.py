@@ -206,6 +206,11 @@ def json_unshaped(lines: list[bytes], _start: int = 0) -> list[EventBatch | Dead
     return parse_json_lines(lines, default_stream="a")
 
 
+def json_every(lines: list[bytes], _start: int = 0) -> list[EventBatch | DeadLetter]:
+    """A file flow's parse: one task (here one number per event) for every stream."""
+    return parse_json_lines(lines, default_stream="a", shapes=0)
+
+
 def json_text(lines: list[bytes], _start: int = 0) -> list[EventBatch | DeadLetter]:
     """File lines: text (a text-mode file has no invalid UTF-8 left)."""
     text = [line.decode("utf-8", "replace") for line in lines]
@@ -294,7 +299,8 @@ def test_user_and_stream_ids_must_be_valid_unicode() -> None:
 def test_hostile_json_lines_never_raise_and_judge_each_line_alone(
     lines: list[bytes], cut: int
 ) -> None:
-    for parse, ordered in ((json_shaped, True), (json_unshaped, False), (json_text, True)):
+    parsers = ((json_shaped, True), (json_unshaped, False), (json_text, True), (json_every, True))
+    for parse, ordered in parsers:
         check_cuts(lines, parse, [cut], ordered)
     check_fast_path(lines, SHAPES)
     check_fast_path(lines, None)
