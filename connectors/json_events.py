@@ -1,9 +1,11 @@
 """JSON-lines events (design §5): the batch fast path and the line-by-line fallback.
 
-A batch of well-formed events takes a fast path: one ``msgspec`` call for the whole batch (which
-checks the field types in C) and column-wise checks. A batch with anything unusual in it falls
-back to the line-by-line checks of ``connectors.parsing``, which give the same result for the
-good lines and a precise dead-letter reason for each bad one.
+A batch of well-formed events takes a fast path: each line decoded on its own by ``msgspec``
+(which checks the field types in C) and column-wise checks. A batch with anything unusual in it
+falls back to the line-by-line checks of ``connectors.parsing``, which give the same result for
+the good lines and a precise dead-letter reason for each bad one. The fast path gives a result
+only where it equals the line-by-line one (``tests/connectors/test_parser_fuzz.py`` checks it),
+so no line's fate depends on which path, batch or poll it went through.
 """
 
 from __future__ import annotations
@@ -11,18 +13,27 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from types import GenericAlias
 from typing import Any, Final, Literal
 
 import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
-from privstream.connectors.parsing import INT_LIMIT, SKIP, Builder, SlotClock, parse_lines
+from privstream.connectors.parsing import (
+    INT_LIMIT,
+    MAX_DEPTH,
+    SKIP,
+    Builder,
+    Shapes,
+    SlotClock,
+    invalid_utf8,
+    load_json,
+    parse_lines,
+    too_deep,
+)
 from privstream.events import MALFORMED, MAX_EVENT_BYTES, DeadLetter, EventBatch
 
 
@@ -30,7 +41,7 @@ class _Row(msgspec.Struct, gc=False):
     """One line of the fast path: an event, or (``user`` None) an end-of-slot marker."""
 
     stream: str
-    user: str | None = None
+    user: str | msgspec.UnsetType = msgspec.UNSET  # (an explicit null is no marker)
     slot: int | None = None
     value: float | None = None
     end_of_slot: int | None = None
@@ -40,10 +51,11 @@ class _Row(msgspec.Struct, gc=False):
 
 
 _Marks = list[tuple[str, int | None, str | None]]  # each marker's stream, slot and tag, in order
+_User = str | msgspec.UnsetType
 
 
 @functools.lru_cache(maxsize=64)
-def _rows(allowed: frozenset[str] | None) -> msgspec.json.Decoder[list[_Row]]:
+def _rows(allowed: frozenset[str] | None) -> msgspec.json.Decoder[_Row]:
     """The decoder of a batch whose streams must be ``allowed`` (any stream when None).
 
     With allowed streams, ``stream`` is decoded as a ``Literal`` of them: a line of another
@@ -51,38 +63,64 @@ def _rows(allowed: frozenset[str] | None) -> msgspec.json.Decoder[list[_Row]]:
     and every row shares the one string of its stream instead of a fresh one per line — a
     tenth of the fast path's cost per message (bench/README.md, Kafka read throughput)."""
     if allowed is None:
-        return msgspec.json.Decoder(list[_Row])
+        return msgspec.json.Decoder(_Row)
     names: Any = Literal.__getitem__(tuple(sorted(allowed)))
     row = msgspec.defstruct("_AllowedRow", [("stream", names)], bases=(_Row,))
-    return msgspec.json.Decoder(GenericAlias(list, (row,)))
+    return msgspec.json.Decoder(row)
+
+
+def _shallow(lines: Sequence[bytes], joined: bytes) -> bool:
+    """No line nests deeper than ``MAX_DEPTH``: at most ``MAX_DEPTH − 1`` brackets beyond one
+    per line in the whole batch (one vectorised count: the usual poll), else line by line."""
+    codes = np.frombuffer(joined, dtype=np.uint8)
+    opens = int(np.count_nonzero((codes | 32) == ord("{")))  # "[" | 32 is "{": both counted
+    if opens - len(lines) < MAX_DEPTH:
+        return True
+    return not any(map(too_deep, lines))
+
+
+def _utf8(joined: bytes) -> bool:
+    """The batch is valid UTF-8 (``msgspec`` skips the keys of unknown fields unchecked; the
+    line-by-line path refuses invalid UTF-8 anywhere in a line). ASCII, the usual poll, is
+    one check in C."""
+    if joined.isascii():
+        return True
+    try:
+        joined.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _decode(
     lines: Sequence[bytes], allowed: frozenset[str] | None, max_bytes: int
 ) -> tuple[list[_Row], bytes] | None:
-    """Every line decoded in one call, with the joined batch; None when a line is oversized,
+    """Every line decoded on its own (as the line-by-line path reads it: one line can never
+    complete another's JSON), with the joined batch; None when a line is oversized, too deep,
     malformed, holds several JSON values, has a missing or mistyped field (or a ``ts``), or
     names a stream that is not ``allowed``."""
     if not lines or max(map(len, lines)) > max_bytes:
         return None
-    joined = b"[" + b",".join(lines) + b"]"
+    joined = b"\n".join(lines)
+    if not _shallow(lines, joined) or not _utf8(joined):
+        return None
     try:  # types checked in C: allowed stream, str user, int slot, number value
-        recs = _rows(allowed).decode(joined)
-    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
-        return None  # (invalid UTF-8 inside a string raises the last)
-    return (recs, joined) if len(recs) == len(lines) else None
+        recs = list(map(_rows(allowed).decode, lines))
+    except (msgspec.MsgspecError, ValueError, RecursionError):
+        return None  # (invalid UTF-8 inside a string raises UnicodeDecodeError, a ValueError)
+    return recs, joined
 
 
 def _split_markers(
-    recs: list[_Row], users: list[str | None], joined: bytes
-) -> tuple[list[int], _Marks, list[_Row], list[str | None]]:
+    recs: list[_Row], users: list[_User], joined: bytes
+) -> tuple[list[int], _Marks, list[_Row], list[_User]]:
     """The markers' line indices, their streams and slots, and the events in order with their
     users (``users`` holds every line's)."""
     if all(users):  # the usual poll: no marker (a line without user) and no empty user
         return [], [], recs, users
     if b"end_of_slot" not in joined:
         return [], [], recs, users
-    kept = [user is not None for user in users]  # events; markers have no user
+    kept = [user is not msgspec.UNSET for user in users]  # events; markers have no user
     marks, i = [], -1
     with contextlib.suppress(ValueError):  # (``index`` finds the few markers in C)
         while True:
@@ -99,7 +137,7 @@ def _stream_names(
     """The batch's streams, or None when one is empty or not allowed, a marker's slot is
     missing or negative, or markers come in a batch of several streams. (The decoder let only
     ``allowed`` streams through: with one allowed stream, it is every line's.)"""
-    if any(through is None or through < 0 for _, through, _ in marked):
+    if any(through is None or not 0 <= through < INT_LIMIT for _, through, _ in marked):
         return None
     if allowed is not None and len(allowed) == 1:
         names = set(allowed)
@@ -112,9 +150,7 @@ def _stream_names(
     return names
 
 
-def _columns(
-    events: list[_Row], users: list[str | None], lines: Sequence[bytes]
-) -> EventBatch | None:
+def _columns(events: list[_Row], users: list[_User], lines: Sequence[bytes]) -> EventBatch | None:
     """All events (``users`` their users) in one unnamed batch, or None when a user, slot,
     value or stated requirement is missing or out of range.
 
@@ -202,11 +238,14 @@ def _by_stream(
 
 
 def _fast_json(
-    lines: Sequence[bytes], allowed: frozenset[str] | None, max_bytes: int
+    lines: Sequence[bytes],
+    allowed: frozenset[str] | None,
+    max_bytes: int,
+    vectors: frozenset[str] = frozenset(),
 ) -> list[EventBatch | DeadLetter] | None:
-    """The whole batch in one ``msgspec`` call and column-wise checks, or None when any line
-    needs the line-by-line path (a bad or unusual line, a ``ts``, user indices, markers of a
-    batch holding several streams).
+    """The whole batch by ``msgspec`` and column-wise checks, or None when any line needs the
+    line-by-line path (a bad or unusual line, a ``ts``, user indices, markers of a batch holding
+    several streams, a stream of ``vectors``: the fast path reads one number per event).
 
     End-of-slot markers of a single-stream batch stay on this path: they cut the rows into
     batches exactly as the line-by-line ``Builder`` does.
@@ -217,6 +256,8 @@ def _fast_json(
     recs, joined = decoded
     marks, marked, events, users = _split_markers(recs, [r.user for r in recs], joined)
     names = _stream_names(events, marked, allowed)
+    if names is not None and not names.isdisjoint(vectors):
+        return None
     whole = None if names is None else _columns(events, users, lines)
     if names is None or whole is None:
         return None
@@ -234,28 +275,34 @@ def parse_json_batch(
     *,
     streams: Iterable[str] | None = None,
     max_bytes: int = MAX_EVENT_BYTES,
+    shapes: Shapes = None,
 ) -> list[EventBatch | DeadLetter] | None:
     """The batch fast path of ``parse_json_lines`` alone: its result when every line is an
     acceptable event or marker (so there are no dead letters), None otherwise. An empty or
-    blank line always gives None (it makes the joined batch invalid JSON)."""
+    blank line always gives None (it is no JSON value). It never raises: a failure of the fast
+    path leaves the batch to the line-by-line path, whose result it would equal."""
     allowed = frozenset(streams) if streams is not None else None
-    return _fast_json(lines, allowed, max_bytes)
+    if isinstance(shapes, int) and shapes:
+        return None  # every stream takes vectors: the fast path reads one number per event
+    named = shapes if shapes is not None and not isinstance(shapes, int) else {}
+    vectors = frozenset(name for name, shape in named.items() if shape)
+    try:
+        return _fast_json(lines, allowed, max_bytes, vectors)
+    except Exception:  # (a bug, not an input: the line-by-line path decides every line)
+        return None
 
 
 def _decode_line(line: str, out: Builder, raw: str | bytes) -> Any:
     """One line by the standard parser: it reads NaN and huge integers, so they get a precise
     reason from the record checks. Invalid UTF-8 is malformed: replacing it would merge
-    different user ids into one."""
-    if isinstance(raw, bytes) and "\ufffd" in line:
-        try:
-            raw.decode("utf-8")
-        except UnicodeDecodeError:
-            out.reject(MALFORMED, line, "not valid UTF-8", raw=raw)
-            return SKIP
+    different user ids into one. A line nested deeper than ``MAX_DEPTH`` is malformed."""
+    if invalid_utf8(line, raw):
+        out.reject(MALFORMED, line, "not valid UTF-8", raw=raw)
+        return SKIP
     try:
-        return json.loads(line)
-    except (json.JSONDecodeError, RecursionError):
-        out.reject(MALFORMED, line, "not valid JSON", raw=raw)
+        return load_json(line)
+    except ValueError as exc:
+        out.reject(MALFORMED, line, str(exc), raw=raw)
         return SKIP
 
 
@@ -266,12 +313,15 @@ def parse_json_lines(
     default_stream: str | None = None,
     clock: SlotClock | None = None,
     max_bytes: int = MAX_EVENT_BYTES,
+    shapes: Shapes = None,
 ) -> list[EventBatch | DeadLetter]:
     """Parse JSON-lines events: the ``EventBatch``es per stream (cut at markers), then the
-    dead letters. Lines may be ``bytes`` (Kafka message values) or ``str`` (file lines)."""
+    dead letters. Lines may be ``bytes`` (Kafka message values) or ``str`` (file lines).
+    ``shapes`` gives streams' value shapes (``parsing.Shapes``; the task's ``value_shape``): a
+    value of another shape is an ``invalid_type`` dead letter."""
     batch = lines if isinstance(lines, Sequence) else list(lines)
     if batch and set(map(type, batch)) == {bytes}:
-        fast = parse_json_batch(batch, streams=streams, max_bytes=max_bytes)  # type: ignore[arg-type]
+        fast = parse_json_batch(batch, streams=streams, max_bytes=max_bytes, shapes=shapes)  # type: ignore[arg-type]
         if fast is not None:
             return fast
-    return parse_lines(batch, _decode_line, streams, default_stream, clock, max_bytes)
+    return parse_lines(batch, _decode_line, streams, default_stream, clock, max_bytes, shapes)

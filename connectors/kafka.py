@@ -53,7 +53,7 @@ from privstream.connectors.kafka_health import (
     topic_exists,
 )
 from privstream.connectors.kafka_health import TopicMissing as TopicMissing  # re-exported
-from privstream.events import MALFORMED, MAX_EVENT_BYTES, DeadLetter, EventBatch
+from privstream.events import MALFORMED, MAX_EVENT_BYTES, DeadLetter, EventBatch, line_text
 
 log = logging.getLogger(__name__)
 
@@ -437,15 +437,18 @@ def parse_raw_batch(
     streams: Iterable[str] | None = None,
     default_stream: str | None = None,
     max_bytes: int = MAX_EVENT_BYTES,
+    shapes: Mapping[str, int] | None = None,
 ) -> list[EventBatch | DeadLetter]:
     """Parse a poll's messages; an empty message (or tombstone) is a ``malformed_json`` dead
     letter rather than silently skipped. Every ``EventBatch`` carries the poll's partition,
-    every dead letter the topic, partition and offset of its message."""
+    every dead letter the topic, partition and offset of its message. Each message is judged
+    on its own (its stream's value shape from ``shapes``), whatever else the poll holds; only
+    message values are read (keys and headers are not)."""
     values = batch.values
-    fast = parse_json_batch(values, streams=streams, max_bytes=max_bytes)
+    fast = parse_json_batch(values, streams=streams, max_bytes=max_bytes, shapes=shapes)
     if fast is not None:  # the usual poll: no blank message (those fail the fast path)
         return _from_partition(fast, batch.partition)
-    empty = [i for i, v in enumerate(values) if not v.strip()]
+    empty = [i for i, v in enumerate(values) if not line_text(v).strip()]  # as the parser sees
     skip = set(empty)
     kept = [i for i in range(len(values)) if i not in skip]
     parsed = parse_json_lines(
@@ -453,6 +456,7 @@ def parse_raw_batch(
         streams=streams,
         default_stream=default_stream,
         max_bytes=max_bytes,
+        shapes=shapes,
     )
     dead = [DeadLetter(MALFORMED, None, values[i].decode("utf-8", "replace"), "empty message",
                        values[i] or None, batch.topic, batch.partition, batch.offset(i))

@@ -9,20 +9,29 @@ end-of-slot marker ``{"stream": "country", "end_of_slot": 42}`` says every event
 ``<= 42`` of that stream has been written before it (``privstream produce`` writes one after
 each slot). A record may also state its user's privacy requirement ``(ε_i, w_i)`` as
 ``epsilon``/``window`` (personalized mechanisms).
+
+No input raises out of the parsers: every non-blank line becomes exactly one accepted row, one
+marker or one ``DeadLetter``, and which one depends on the line alone (and the configured
+streams and their value shapes), never on the other lines of its batch or poll
+(``tests/connectors/test_parser_fuzz.py``).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import math
-from collections.abc import Callable, Iterable
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 import numpy as np
 
 from privstream.events import (
     INVALID_TYPE,
+    MALFORMED,
     MISSING_FIELD,
     NEGATIVE_SLOT,
     OVERSIZED,
@@ -32,8 +41,89 @@ from privstream.events import (
     line_text,
 )
 
+log = logging.getLogger(__name__)
+
 INT_LIMIT: Final = 2**62  # slots and windows from here on are out of range
 SKIP: Final = object()  # what ``decode`` gives for a line that is no event or already rejected
+MAX_DEPTH: Final = 32
+"""Lines nested deeper (objects and lists) are ``malformed_json``: a fixed bound, so the outcome
+never depends on how much stack the decoder happens to have left (a 1,000-deep field crashed it)."""
+MAX_INT_DIGITS: Final = 400
+"""A JSON integer literal longer than this reads as ±infinity: exact integers up to it (every
+finite float's integer is shorter), no quadratic or refused int conversion beyond (Python refuses
+integer strings of more than 4,300 digits with ``ValueError``)."""
+Shapes = Mapping[str, int] | int | None
+"""Streams' value shapes (0: one number per event, d: a list of d numbers; a task's
+``value_shape``): per stream name, one shape for every stream (a file flow's single task), or
+None where unknown."""
+UNREADABLE: Final = "unreadable event"
+"""The detail of a line the parser failed on unexpectedly (a bug): still a dead letter."""
+
+_STRING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_STEP: Final = np.zeros(256, dtype=np.int64)  # +1 for each byte that opens, −1 that closes
+_STEP[np.frombuffer(b"[{", dtype=np.uint8)] = 1
+_STEP[np.frombuffer(b"]}", dtype=np.uint8)] = -1
+
+
+def nesting_depth(data: bytes) -> int:
+    """How deep the objects and lists of a JSON text nest (brackets inside strings do not
+    count; an unterminated string's brackets do, which only a malformed line has)."""
+    codes = np.frombuffer(_STRING.sub(b"", data), dtype=np.uint8)
+    return int(np.cumsum(_STEP[codes]).max(initial=0))
+
+
+def too_deep(line: str | bytes) -> bool:
+    """Whether ``line`` nests deeper than ``MAX_DEPTH`` (a count of its brackets first: only a
+    line with more than ``MAX_DEPTH`` of them can)."""
+    if isinstance(line, str):
+        if line.count("[") + line.count("{") <= MAX_DEPTH:
+            return False
+        line = line.encode("utf-8", "surrogatepass")
+    elif line.count(b"[") + line.count(b"{") <= MAX_DEPTH:
+        return False
+    return nesting_depth(line) > MAX_DEPTH
+
+
+def bounded_int(text: str) -> int | float:
+    """A JSON or CSV integer literal: exact up to ``MAX_INT_DIGITS`` characters, else ±inf."""
+    if len(text) <= MAX_INT_DIGITS:
+        return int(text)
+    return -math.inf if text.lstrip().startswith("-") else math.inf
+
+
+def load_json(line: str) -> Any:
+    """One JSON value, or ``ValueError`` naming why not (never another exception): too deep,
+    invalid JSON (huge integers read as ±inf, ``NaN``/``Infinity`` as floats)."""
+    if too_deep(line):
+        raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+    try:
+        return json.loads(line, parse_int=bounded_int)
+    except (ValueError, RecursionError):  # (JSONDecodeError is a ValueError)
+        raise ValueError("not valid JSON") from None
+
+
+def invalid_utf8(line: str, raw: str | bytes) -> bool:
+    """Whether the raw bytes of ``line`` are not UTF-8: such a line is malformed, as replacing
+    the bad bytes would merge different user ids into one."""
+    if not isinstance(raw, bytes) or "\ufffd" not in line:
+        return False
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+def valid_text(x: Any) -> TypeGuard[str]:
+    """A non-empty string that is valid Unicode (JSON escapes can spell lone surrogates, which
+    no UTF-8 encoder, header or log accepts downstream)."""
+    if not isinstance(x, str) or not x:
+        return False
+    try:
+        x.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -75,10 +165,17 @@ class Builder:
 
     A marker cuts its stream's rows so far into a batch that carries it, so rows after the
     marker can never be counted into a slot it declared complete.
+
+    Each value is judged on its own against its stream's value shape in ``shapes`` (0: one
+    number, d: a list of d numbers; the stream's task): another shape is an ``invalid_type``
+    dead letter. A stream without a known shape keeps one column group per shape (each its own
+    batch; the operator refuses the groups its task cannot take), so no line's fate depends on
+    the lines that came before it in the batch.
     """
 
-    def __init__(self) -> None:
-        self.rows: dict[str, _Columns] = {}
+    def __init__(self, shapes: Shapes = None) -> None:
+        self.shapes = shapes
+        self.rows: dict[tuple[str, int], _Columns] = {}
         self.batches: list[EventBatch] = []
         self.dead: list[DeadLetter] = []
 
@@ -97,14 +194,14 @@ class Builder:
         raw: str | bytes,
         requirement: tuple[float, int] = (math.nan, 0),
     ) -> None:
-        cols = self.rows.get(stream)
-        if cols is None:
-            cols = self.rows[stream] = _Columns()
-        if cols.values and _shape(cols.values[0]) != _shape(value):
-            line = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-            detail = "value must have the shape of the batch's first value of the stream"
-            self.reject(INVALID_TYPE, line, detail, stream, raw)
+        shape, want = _shape(value), shape_of(self.shapes, stream)
+        if want is not None and shape != want:
+            line = raw.decode("utf-8", "replace").strip() if isinstance(raw, bytes) else raw.strip()
+            self.reject(INVALID_TYPE, line, shape_detail(want), stream, raw)
             return
+        cols = self.rows.get((stream, shape))
+        if cols is None:
+            cols = self.rows[(stream, shape)] = _Columns()
         cols.slots.append(slot)
         cols.users.append(user)
         cols.values.append(value)
@@ -113,27 +210,52 @@ class Builder:
         cols.windows.append(requirement[1])
 
     def mark(self, stream: str, through: int, tag: str | None = None) -> None:
-        self.batches.append(replace(self._cut(stream, through), marker_tag=tag))
+        *rows, marked = self._cut(stream, through)  # the last batch carries the marker
+        self.batches.extend([*rows, replace(marked, marker_tag=tag)])
 
-    def _cut(self, stream: str, through: int | None = None) -> EventBatch:
-        cols = self.rows.pop(stream, None) or _Columns()
-        stated = any(w > 0 for w in cols.windows) or not all(map(math.isnan, cols.epsilons))
-        return EventBatch(
-            stream,
-            np.asarray(cols.slots, dtype=np.int64),
-            np.asarray(cols.users, dtype=object),
-            np.asarray(cols.values, dtype=np.float64),
-            tuple(cols.raws),
-            through,
-            np.asarray(cols.epsilons, dtype=np.float64) if stated else None,
-            np.asarray(cols.windows, dtype=np.int64) if stated else None,
-        )
+    def _cut(self, stream: str, through: int | None = None) -> list[EventBatch]:
+        """The stream's rows so far, one batch per value shape in first-seen order (one empty
+        batch when there are none); the last carries the marker ``through``."""
+        groups = [self.rows.pop(key) for key in [k for k in self.rows if k[0] == stream]]
+        groups = groups or [_Columns()]
+        last = len(groups) - 1
+        return [_batch(stream, c, through if i == last else None) for i, c in enumerate(groups)]
 
     def result(self) -> list[EventBatch | DeadLetter]:
         out: list[EventBatch | DeadLetter] = list(self.batches)
-        out.extend(self._cut(stream) for stream in list(self.rows))
+        for stream in dict.fromkeys(stream for stream, _ in self.rows):
+            out.extend(self._cut(stream))
         out.extend(self.dead)
         return out
+
+
+def shape_of(shapes: Shapes, stream: str) -> int | None:
+    """The value shape ``shapes`` gives ``stream`` (None: not known)."""
+    if shapes is None or isinstance(shapes, int):
+        return shapes
+    return shapes.get(stream)
+
+
+def _batch(stream: str, cols: _Columns, through: int | None) -> EventBatch:
+    """One column group as an ``EventBatch`` (requirement columns only when a row states one)."""
+    stated = any(w > 0 for w in cols.windows) or not all(map(math.isnan, cols.epsilons))
+    return EventBatch(
+        stream,
+        np.asarray(cols.slots, dtype=np.int64),
+        np.asarray(cols.users, dtype=object),
+        np.asarray(cols.values, dtype=np.float64),
+        tuple(cols.raws),
+        through,
+        np.asarray(cols.epsilons, dtype=np.float64) if stated else None,
+        np.asarray(cols.windows, dtype=np.int64) if stated else None,
+    )
+
+
+def shape_detail(want: int) -> str:
+    """The dead-letter detail of a value of another shape than its stream's task takes."""
+    if want == 0:
+        return "value must be one number: the stream's task takes one number per event"
+    return f"value must be a list of {want} numbers: the stream's task takes {want}-vectors"
 
 
 @dataclass(frozen=True)
@@ -164,9 +286,13 @@ def _value(x: Any) -> Value | None:
 
 
 def _number(x: Any) -> float | None:
+    """A JSON number as a float (±inf beyond the float range); None for anything else."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return None
-    return float(x)
+    try:
+        return float(x)
+    except OverflowError:  # an integer beyond 1.8e308
+        return math.inf if x > 0 else -math.inf
 
 
 def _whole(x: Any) -> Any:
@@ -181,7 +307,7 @@ def _stream(rec: Any, default_stream: str | None) -> str | _Bad:
     stream = rec.get("stream", default_stream)
     if stream is None:
         return _Bad(MISSING_FIELD, "stream")
-    if not isinstance(stream, str) or not stream:
+    if not valid_text(stream):
         return _Bad(INVALID_TYPE, "stream must be a non-empty string")
     return stream
 
@@ -195,7 +321,7 @@ def _slot(rec: dict[str, Any], clock: SlotClock | None) -> int | _Bad:
     elif "ts" in rec and clock is not None:
         try:
             slot = clock.slot(str(rec["ts"]))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             return _Bad(INVALID_TYPE, "ts must be an RFC 3339 time")
     else:
         return _Bad(MISSING_FIELD, "slot" if clock is None else "slot or ts")
@@ -228,7 +354,7 @@ def _event(rec: dict[str, Any], clock: SlotClock | None) -> _Event | _Bad:
     user = rec["user"]
     if isinstance(user, int) and not isinstance(user, bool):
         user = str(user)
-    if not isinstance(user, str) or not user:
+    if not valid_text(user):
         return _Bad(INVALID_TYPE, "user must be a non-empty string")
     slot = _slot(rec, clock)
     if isinstance(slot, _Bad):
@@ -264,7 +390,11 @@ def check_record(
         return
     if "end_of_slot" in rec and "user" not in rec:
         through = rec["end_of_slot"]
-        if isinstance(through, bool) or not isinstance(through, int) or through < 0:
+        if (
+            isinstance(through, bool)
+            or not isinstance(through, int)
+            or not 0 <= through < INT_LIMIT
+        ):
             out.reject(INVALID_TYPE, line, "end_of_slot must be an integer >= 0", stream, raw)
         else:
             tag = rec.get("tag")
@@ -285,15 +415,17 @@ def parse_lines(
     default_stream: str | None,
     clock: SlotClock | None,
     max_bytes: int,
+    shapes: Shapes = None,
 ) -> list[EventBatch | DeadLetter]:
-    """The line-by-line loop both formats share: size check, decode, record checks. The
-    ``EventBatch``es per stream (cut at markers) come first, then the dead letters."""
+    """The line-by-line loop both formats share: size check, decode, record checks, each line
+    on its own (its streams' value ``shapes`` known or not). The ``EventBatch``es per stream
+    (cut at markers) come first, then the dead letters."""
     allowed = frozenset(streams) if streams is not None else None
-    out = Builder()
+    out = Builder(shapes)
     for raw in lines:
         if len(raw) > max_bytes:
             text = line_text(raw)[:256]
-            original = raw if isinstance(raw, bytes) else raw.encode("utf-8")
+            original = raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogatepass")
             out.dead.append(
                 DeadLetter(OVERSIZED, None, text, f"event larger than {max_bytes} bytes", original)
             )
@@ -301,7 +433,11 @@ def parse_lines(
         line = line_text(raw).strip()
         if not line:
             continue
-        rec = decode(line, out, raw)
-        if rec is not SKIP:
-            check_record(rec, line, raw, out, allowed, default_stream, clock)
+        try:
+            rec = decode(line, out, raw)
+            if rec is not SKIP:
+                check_record(rec, line, raw, out, allowed, default_stream, clock)
+        except Exception as exc:  # a parser bug: the line still ends as a dead letter
+            log.error("parsing an event failed (%s); it is a dead letter", type(exc).__name__)
+            out.reject(MALFORMED, line, UNREADABLE, raw=raw)
     return out.result()

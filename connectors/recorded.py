@@ -86,6 +86,7 @@ def load_records(
             f.read().splitlines(),
             default_stream=stream or p.stem,
             streams=[stream] if stream else None,
+            shapes=0,  # one number per event, in every stream
         )
     batches = [b for b in items if isinstance(b, EventBatch)]
     rejected = [d for d in items if isinstance(d, DeadLetter)]

@@ -155,8 +155,9 @@ def events(
 ) -> tuple[Stream[EventBatch], Stream[DeadLetter] | None]:
     """Input step(s): parsed event batches and the dead letters of parsing (None when the
     source needs no parsing)."""
+    shapes = {source.stream: source.task.value_shape}
     if kafka is not None:
-        return kafka_events(flow, kafka, [source.stream], stop)
+        return kafka_events(flow, kafka, [source.stream], stop, shapes)
     if source.synthetic is not None:
         batches: Stream[Any] = op.input(
             "synthetic", flow, SyntheticSource(source.synthetic, source.stream)
@@ -167,16 +168,21 @@ def events(
     parse = parse_csv_lines if detect_format(source.path) == "csv" else parse_json_lines
 
     def parse_batch(batch: list[str]) -> list[Any]:
-        return parse(batch, default_stream=source.stream)
+        return parse(batch, default_stream=source.stream, shapes=source.task.value_shape)
 
     return _split_parsed(op.flat_map_batch("parse", lines, parse_batch))
 
 
 def kafka_events(
-    flow: Dataflow, kafka: KafkaIO, streams: Sequence[str], stop: StopSignal | None
+    flow: Dataflow,
+    kafka: KafkaIO,
+    streams: Sequence[str],
+    stop: StopSignal | None,
+    shapes: Mapping[str, int] | None = None,
 ) -> tuple[Stream[EventBatch], Stream[DeadLetter]]:
     """The Kafka input steps: polls of every partition, parsed on the worker that read them
-    into event batches of the configured ``streams`` and dead letters."""
+    into event batches of the configured ``streams`` and dead letters (``shapes``: each
+    stream's value shape, its task's ``value_shape``)."""
     raw: Stream[RawBatch] = op.input(
         "kafka_in",
         flow,
@@ -188,12 +194,24 @@ def kafka_events(
             stall_seconds=kafka.stall_warning_seconds,
         ),
     )
-    known = list(streams)
+    return parse_polls(raw, streams, shapes, kafka.max_event_bytes)
 
-    def parse_polls(batch: RawBatch) -> list[EventBatch | DeadLetter]:
-        return parse_raw_batch(batch, streams=known, max_bytes=kafka.max_event_bytes)
 
-    return _split_parsed(op.flat_map("parse", raw, parse_polls))
+def parse_polls(
+    raw: Stream[RawBatch],
+    streams: Sequence[str],
+    shapes: Mapping[str, int] | None,
+    max_bytes: int = MAX_EVENT_BYTES,
+) -> tuple[Stream[EventBatch], Stream[DeadLetter]]:
+    """The ``parse`` step of Kafka polls: each message judged on its own against its stream
+    (``shapes``: value shape per stream), so a replay whose polls are cut elsewhere gives the
+    same rows and dead letters (``tests/flows/test_poll_sizes.py``)."""
+    known, shaped = list(streams), dict(shapes or {})
+
+    def parse_poll(batch: RawBatch) -> list[EventBatch | DeadLetter]:
+        return parse_raw_batch(batch, streams=known, max_bytes=max_bytes, shapes=shaped)
+
+    return _split_parsed(op.flat_map("parse", raw, parse_poll))
 
 
 def _split_parsed(parsed: Stream[Any]) -> tuple[Stream[EventBatch], Stream[DeadLetter]]:

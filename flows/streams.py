@@ -70,7 +70,8 @@ def build_streams(
     BOARD.clear()
     flow = Dataflow("privstream_streams")
     names = [s.name for s in config.streams]
-    batches, parse_errors = kafka_events(flow, kafka, names, stop)
+    shapes = {s.name: estimation_task(s.task).value_shape for s in config.streams}
+    batches, parse_errors = kafka_events(flow, kafka, names, stop, shapes)
     keyed = op.key_on("by_stream", batches, lambda b: b.stream)
     outs = [_stream_operator(spec, keyed, config, kafka, secret) for spec in config.streams]
     merged = MechanismOut(

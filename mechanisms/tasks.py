@@ -44,6 +44,12 @@ class EstimationTask(ABC):
         """Factor from oracle units to release units (1 for frequencies)."""
         return 1.0
 
+    @property
+    def value_shape(self) -> int:
+        """The shape of one event's value: 0 for one number, ``d`` for a list of ``d`` numbers
+        (vector tasks). The parser judges every event's value against it on its own."""
+        return self.d if self.kind == "vector" else 0
+
     @abstractmethod
     def in_domain(self, values: NDArray[np.float64]) -> NDArray[np.bool_]:
         """Which raw values belong to the task's domain."""

@@ -49,9 +49,8 @@ class Ingest(Registration):
 
     def _shaped(self, values: NDArray[np.float64]) -> bool:
         """Values of the task's shape: one number per row, or a row of ``d`` for vectors."""
-        if self.task.kind == "vector":
-            return values.ndim == 2 and values.shape[1] == self.task.d
-        return values.ndim == 1
+        d = self.task.value_shape
+        return values.ndim == 2 and values.shape[1] == d if d else values.ndim == 1
 
     def _reject_all(self, batch: EventBatch, reason: str, detail: str) -> list[Output]:
         """Every row of ``batch`` as a dead letter. This also runs after a failure, so a row

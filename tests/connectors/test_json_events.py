@@ -185,17 +185,21 @@ def test_any_mix_of_events_and_markers_parses_the_same_on_both_paths(lines: list
     assert _normal(batched) == _normal(parse_json_lines(lines, streams=["a", "b"]))
 
 
-def test_list_values_are_vectors_of_one_shape_per_batch() -> None:
+def test_list_values_are_judged_against_the_streams_shape_one_by_one() -> None:
+    """Each value against its stream's shape (the task's): not against the batch's first."""
     lines = [
+        '{"stream": "v", "user": "c", "slot": 1, "value": [1.0]}',
         '{"stream": "v", "user": "a", "slot": 1, "value": [0.5, -1]}',
         '{"stream": "v", "user": "b", "slot": 1, "value": [0.25, 2.0]}',
-        '{"stream": "v", "user": "c", "slot": 1, "value": [1.0]}',
         '{"stream": "v", "user": "d", "slot": 1, "value": []}',
         '{"stream": "v", "user": "e", "slot": 1, "value": [1, NaN]}',
     ]
-    out = parse_json_lines(lines)
+    out = parse_json_lines(lines, shapes={"v": 2})
     batches = [x for x in out if isinstance(x, EventBatch)]
     letters = [x for x in out if isinstance(x, DeadLetter)]
     assert len(batches) == 1 and batches[0].values.tolist() == [[0.5, -1.0], [0.25, 2.0]]
     assert [d.reason for d in letters] == ["invalid_type"] * 3
-    assert "shape" in letters[0].detail
+    assert "list of 2 numbers" in letters[0].detail
+    # without a known shape, one batch per shape: the operator refuses those its task cannot take
+    unshaped = [x for x in parse_json_lines(lines) if isinstance(x, EventBatch)]
+    assert [b.values.tolist() for b in unshaped] == [[[1.0]], [[0.5, -1.0], [0.25, 2.0]]]
