@@ -50,12 +50,12 @@ SD = math.sqrt(TASK.variance(EPS, N) / T)  # of the mean of T independent releas
 
 def events(sybils_first: bool) -> list[EventBatch]:
     """The real users report their value at every one of ``T`` slots (20,000 events); the
-    sybils report category 1 once, beside the real users' first slot or one slot before it."""
+    sybils report category 1 at every slot too (a value is carried at most w − 1 slots, so a
+    sybil must keep reporting to keep counting), from the real users' first slot or from one
+    slot before it."""
     out = [] if not sybils_first else [_batch(0, SYBILS, np.ones(N))]
     for t in range(1, T + 1):
-        users, values = REAL, VALUES
-        if t == 1 and not sybils_first:
-            users, values = SYBILS + REAL, np.concatenate([np.ones(N), VALUES])
+        users, values = SYBILS + REAL, np.concatenate([np.ones(N), VALUES])
         out.append(_batch(t, users, values))
     return out
 
@@ -107,7 +107,8 @@ def test_sybil_ids_that_sort_first_take_only_their_share_of_the_seats(beside: Ou
     seated_sybils = turned_away(beside)[POPULATION_FULL]  # each sybil seat turns a real user away
     hypergeometric_sd = math.sqrt(N * 0.5 * 0.5 * N / (2 * N - 1))  # 11.2
     assert abs(seated_sybils - N / 2) <= 5 * hypergeometric_sd, seated_sybils
-    assert reasons(beside)[POPULATION_FULL] == seated_sybils * T + (N - seated_sybils)
+    # seated sybils turn their real users away at every slot; unseated sybils are refused too
+    assert reasons(beside)[POPULATION_FULL] == seated_sybils * T + (N - seated_sybils) * T
     seated_real = np.ones(N, dtype=bool)
     refused = {letter.payload for letter in beside["dead_letters"]}
     for i, user in enumerate(REAL):
@@ -141,14 +142,15 @@ def test_sybils_who_report_first_still_take_every_seat_without_a_table() -> None
     # The honest limit of the keyed order: it orders one slot's newcomers only.
     out = run(events(sybils_first=True))
     assert turned_away(out)[POPULATION_FULL] == N
-    assert reasons(out)[POPULATION_FULL] == N * T
+    assert reasons(out)[POPULATION_FULL] == N * T  # every real event
     assert mean_estimate(out) > 1 - 5 * SD
 
 
 @pytest.mark.parametrize("sybils_first", [False, True])
 def test_a_registration_table_closes_the_population(sybils_first: bool) -> None:
     out = run(events(sybils_first), table=True)
-    assert reasons(out) == Counter({UNREGISTERED: N})  # every sybil event, nothing else
+    sybil_events = N * (T + sybils_first)
+    assert reasons(out) == Counter({UNREGISTERED: sybil_events})  # every sybil event, no other
     assert abs(mean_estimate(out) - TRUTH) <= 5 * SD, (mean_estimate(out), TRUTH, SD)
 
 
