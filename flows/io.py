@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -42,6 +42,7 @@ from privstream.mechanisms.contract import Halt, Release
 from privstream.mechanisms.tasks import BallTask, EstimationTask, FrequencyTask, MeanTask
 from privstream.operators.metrics import BOARD, count_dead_letter
 from privstream.operators.slotting import MechanismOut, SlottingConfig
+from privstream.republish import skip_published
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,9 @@ class KafkaIO:
         stop_file: a cluster's ``until_slot`` stop: the process that sees every stream
             through ``until_slot`` creates this file, and every process stops once it exists
             (each stream's progress lives on one worker; the processes share a host).
+        published: each stream's last slot published by an earlier incarnation (the store's
+            floors, ``privstream.republish``): events of those slots are ``already_published``
+            dead letters, so no release id is computed twice.
     """
 
     settings: KafkaSettings
@@ -125,6 +129,7 @@ class KafkaIO:
     partitions: int = 1
     stall_warning_seconds: float = 30.0
     stop_file: str | None = None
+    published: Mapping[str, int] = field(default_factory=dict)
 
     def topics(self) -> list[str]:
         names = [self.input_topic, self.output_topic, self.dead_letter_topic, self.ledger_topic]
@@ -182,7 +187,11 @@ def kafka_events(
     def parse_polls(batch: RawBatch) -> list[EventBatch | DeadLetter]:
         return parse_raw_batch(batch, streams=known, max_bytes=kafka.max_event_bytes)
 
-    return _split_parsed(op.flat_map("parse", raw, parse_polls))
+    batches, dead = _split_parsed(op.flat_map("parse", raw, parse_polls))
+    if not kafka.published:
+        return batches, dead
+    batches, skipped = skip_published(batches, kafka.published)
+    return batches, op.merge("parse_or_published", dead, skipped)
 
 
 def _split_parsed(parsed: Stream[Any]) -> tuple[Stream[EventBatch], Stream[DeadLetter]]:

@@ -42,11 +42,12 @@ USER_ID_KIND: Final = "user_id_kind_mismatch"
 REQUIREMENT_CHANGED: Final = "requirement_changed"
 STREAM_HALTED: Final = "stream_halted"
 UNREGISTERED: Final = "unregistered_user"
+ALREADY_PUBLISHED: Final = "already_published"  # a slot an earlier incarnation published
 REASONS: Final = (
     MALFORMED,
     MALFORMED_CSV, MISSING_FIELD, INVALID_TYPE, NEGATIVE_SLOT, OVERSIZED, UNKNOWN_STREAM, OUT_OF_DOMAIN,
     DUPLICATE, LATE, FAR_FUTURE, POPULATION_FULL, USER_ID_KIND, REQUIREMENT_CHANGED, STREAM_HALTED,
-    UNREGISTERED,
+    UNREGISTERED, ALREADY_PUBLISHED,
 )  # fmt: skip
 
 

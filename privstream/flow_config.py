@@ -73,6 +73,9 @@ class PopulationSection:
     epsilon: float
     window: int
     registrations: Path | None = None
+    retired: tuple[str, ...] = ()
+    """Streams removed from the flow on purpose (``privstream.incarnation``): their share of
+    the budget stays spent in the recovery store, and their names never come back."""
     preferences: Mapping[str, tuple[float, int]] = field(
         default_factory=dict, repr=False, compare=False
     )
@@ -294,6 +297,9 @@ def load(path: str | Path) -> FlowConfig:
     population = _population(population_table)
     run = _run(top.table("run", required=False))
     streams = _streams(top, population)
+    live = sorted({s.name for s in streams} & set(population.retired))
+    if live:
+        raise population_table.error("retired", f"names configured stream(s) {live}")
     population = _registrations(population_table, population, streams)
     return FlowConfig(source, kafka, population, streams, run)
 
@@ -354,7 +360,7 @@ def _properties(t: _Table) -> dict[str, str]:
 
 def _population(t: _Table) -> PopulationSection:
     """``[population]``: n, and the budget ε per window that all streams share."""
-    t.only(("users", "epsilon", "window", "registrations"))
+    t.only(("users", "epsilon", "window", "registrations", "retired"))
     users = t.integer("users", 1)
     epsilon = t.number("epsilon")
     try:
@@ -362,7 +368,13 @@ def _population(t: _Table) -> PopulationSection:
     except ValueError as exc:
         raise t.error("epsilon", str(exc)) from None
     window = t.integer("window", 1, MAX_WINDOW)
-    return PopulationSection(users, epsilon, window, t.file_path("registrations"))
+    retired = t.data.get("retired", [])
+    if not (
+        isinstance(retired, list)
+        and all(isinstance(n, str) and STREAM_NAME.fullmatch(n) for n in retired)
+    ):
+        raise t.error("retired", f"must be a list of stream names, got {_show(retired)}")
+    return PopulationSection(users, epsilon, window, t.file_path("registrations"), tuple(retired))
 
 
 def _run(t: _Table) -> RunSection:

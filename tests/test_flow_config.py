@@ -195,7 +195,7 @@ def _only(stream: dict[str, Any], **fields: Any) -> Callable[[dict[str, Any]], o
         # unknown keys, at every level
         (lambda d: d.update(stream=1), ["stream: unknown key; allowed: kafka, population, run, streams"]),
         (_set("kafka", bootstrap_servers="x"), ["kafka.bootstrap_servers: unknown key; allowed: bootstrap, dead_letter_topic, input_topic"]),
-        (_set("population", n=5), ["population.n: unknown key; allowed: epsilon, registrations, users, window"]),
+        (_set("population", n=5), ["population.n: unknown key; allowed: epsilon, registrations, retired, users, window"]),
         (_set("run", threads=2), ["run.threads: unknown key; allowed: processes, recovery_dir, secret_file, snapshot_interval, workers"]),
         (_stream(delta=0.1), ['streams["country"].delta: unknown key; allowed: ', "beta", "client_path", "budget_split"]),
         (_only(CGM_STREAM, range=None, ball={"center": [0], "radius": 1, "norm": 2}), ['streams["speed"].ball.norm: unknown key; allowed: center, radius']),
