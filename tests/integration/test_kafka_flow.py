@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
 import signal
 import subprocess
 import uuid
@@ -25,6 +26,7 @@ from privstream.connectors.kafka import (
 from privstream.events import REASONS
 from privstream.flows.io import KafkaIO
 from privstream.flows.ldp_ids import build
+from privstream.incarnation import FILE as INCARNATION_FILE
 
 from .conftest import PRIVSTREAM, Topics, cli_env, read_all, read_json, run_cli, write_secret
 
@@ -329,9 +331,41 @@ def test_sigkill_mid_run_then_restart_releases_every_slot_once_in_effect(
     assert again.returncode == 0, err
     recovered = check_output(kafka, crashed.releases, users, slots, mechs)
 
-    # Replays are byte-identical, so the crashed run equals an uninterrupted one.
-    run_cli(*run_flags(reference, kafka, users, slots, ",".join(mechs), secret_file))
+    # Replays are byte-identical, so the crashed run equals an uninterrupted one of the same
+    # incarnation (the store's nonce: a run without it draws fresh noise).
+    ref_store = tmp_path / "ref-rec"
+    ref_store.mkdir()
+    shutil.copy(tmp_path / "rec" / INCARNATION_FILE, ref_store / INCARNATION_FILE)
+    ref_flags = run_flags(reference, kafka, users, slots, ",".join(mechs), secret_file)
+    run_cli(*ref_flags, "--recovery-dir", str(ref_store))
     assert recovered == check_output(kafka, reference.releases, users, slots, mechs)
+
+
+def test_a_new_store_starts_after_the_release_topic(
+    kafka: KafkaSettings, topics: Topics, tmp_path: Path, secret_file: Path
+) -> None:
+    """Issue 18 §2: a new store (the remedy for a halted stream) re-published every release id
+    of the input; now it reads the release topic, skips the published slots as
+    ``already_published`` dead letters and says so, and draws its own noise."""
+    users = 400
+    produce_lines(kafka, topics.events, good_events(users, 20))
+    first = run_flags(topics, kafka, users, 20, "LPA", secret_file)
+    run_cli(*first, "--recovery-dir", str(tmp_path / "store-a"))
+    lines = []
+    for t in range(21, 31):
+        lines += [event(u, t, (u * t) % 2) for u in range(users)] + [marker(t)]
+    produce_lines(kafka, topics.events, lines)
+    second = run_flags(topics, kafka, users, 30, "LPA", secret_file)
+    done = run_cli(*second, "--recovery-dir", str(tmp_path / "store-b"))
+    assert "stream sin: slots <= 20 were published by an earlier incarnation; starting at 21" in (
+        done.stderr
+    )
+    releases = by_id(read_all(kafka, topics.releases))
+    assert set(releases) == {f"sin/LPA/{t}" for t in range(1, 31)}
+    assert all(len(payloads) == 1 for payloads in releases.values()), "an id published twice"
+    letters = read_all(kafka, topics.dlq)
+    reasons = [dict(m.headers())[DEAD_LETTER_REASON_HEADER].decode() for m in letters]
+    assert reasons.count("already_published") == 20 * users
 
 
 # -- step ids ------------------------------------------------------------------------------------
