@@ -105,6 +105,9 @@ class Incarnation:
     key: NoiseKey
     new: bool
     floors: Mapping[str, int] = field(default_factory=dict)
+    created: bool = True
+    """The nonce was made by this run (no store, or a store without one yet): nothing it
+    computes was computed before; otherwise a replay recomputes the same bytes."""
 
     @property
     def id(self) -> str:
@@ -136,6 +139,7 @@ def begin(
     prepare_store(path)
     snapshots = not check_store(path).empty
     stored = read(path)
+    created = stored is None
     if stored is None:
         if snapshots:
             raise IncompatibleState(
@@ -148,7 +152,7 @@ def begin(
     updated = reconcile(stored.manifest, manifest, where=str(path), retiring=retiring)
     if updated != stored.manifest:
         _write(path, replace(stored, manifest=updated), replace_existing=True)
-    found = Incarnation(key.with_incarnation(stored.nonce), not snapshots, stored.floors)
+    found = Incarnation(key.with_incarnation(stored.nonce), not snapshots, stored.floors, created)
     return _announce(found, f"store {path}")
 
 
@@ -306,7 +310,11 @@ def reconcile(
         )
     if refused:
         raise IncompatibleState(
-            f"recovery store {where} was made for another flow: " + "; ".join(refused)
+            f"recovery store {where} was made for another flow: "
+            + "; ".join(refused)
+            + ". Resume with the store's configuration, or start a new recovery directory (a "
+            "new incarnation: fresh noise, starting after the slots already published, but "
+            "every budget starts afresh)"
         )
     for name in added:
         log.warning("stream %r joins the store %s with share %g", name, where, now.streams[name])
@@ -345,7 +353,7 @@ def refuse_overwrite(incarnation: Incarnation, path: str | Path | None, allowed:
     """A new secure incarnation writing to files would replace ``path``'s releases with a
     second computation of the same release ids: refused unless ``allowed``
     (``--overwrite-output``) or the file holds an insecure run's public releases."""
-    if path is None or allowed or not incarnation.new or incarnation.key.insecure:
+    if path is None or allowed or not incarnation.created or incarnation.key.insecure:
         return
     file = Path(path)
     if file.is_file() and file.stat().st_size > 0 and not _insecure_output(file):

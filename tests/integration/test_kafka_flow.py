@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import shutil
 import signal
 import subprocess
 import uuid
@@ -26,9 +25,17 @@ from privstream.connectors.kafka import (
 from privstream.events import REASONS
 from privstream.flows.io import KafkaIO
 from privstream.flows.ldp_ids import build
-from privstream.incarnation import FILE as INCARNATION_FILE
 
-from .conftest import PRIVSTREAM, Topics, cli_env, read_all, read_json, run_cli, write_secret
+from .conftest import (
+    PRIVSTREAM,
+    Topics,
+    cli_env,
+    read_all,
+    read_json,
+    run_cli,
+    same_incarnation,
+    write_secret,
+)
 
 EPSILON, WINDOW = 1.0, 5
 
@@ -86,7 +93,9 @@ def test_kafka_flow_equals_the_file_flow_on_the_same_events(
     users, slots = 400, 12
     lines = good_events(users, slots)
     produce_lines(kafka, topics.events, lines)
-    done = run_cli(*run_flags(topics, kafka, users, slots, "LBU,LPA", secret_file))
+    kafka_store = tmp_path / "kafka-store"
+    done = run_cli(*run_flags(topics, kafka, users, slots, "LBU,LPA", secret_file),
+                   "--recovery-dir", str(kafka_store))  # fmt: skip
     assert "slot 12 released" in done.stderr
 
     releases = read_json(kafka, topics.releases, 2 * slots)
@@ -112,7 +121,8 @@ def test_kafka_flow_equals_the_file_flow_on_the_same_events(
         "run", "ldp-ids", "--mechanism", "LBU,LPA", "--users", str(users), "--epsilon", "1.0",
         "--window", str(WINDOW), "--seed", "7", "--dataset", f"file:{path}", "--stream", "sin",
         "--out", str(out), "--no-progress", "--secret-file", str(secret_file),
-        "--budget-split", "equal",
+        "--budget-split", "equal", "--recovery-dir",
+        str(same_incarnation(kafka_store, tmp_path / "file-store")),  # the same noise
     )  # fmt: skip
     from_file = sorted(out.read_bytes().splitlines())
     assert from_file == sorted(v for vs in keys.values() for v in vs)
@@ -220,7 +230,7 @@ def with_bad(users: int, slots: int) -> tuple[list[bytes], list[tuple[bytes, str
 
 
 def test_bad_input_goes_to_the_dead_letter_topic_and_changes_no_release(
-    kafka: KafkaSettings, broker: Any, secret_file: Path
+    kafka: KafkaSettings, broker: Any, secret_file: Path, tmp_path: Path
 ) -> None:
     users, slots = 60, 8
     clean, dirty = Topics(kafka), Topics(kafka)
@@ -228,8 +238,12 @@ def test_bad_input_goes_to_the_dead_letter_topic_and_changes_no_release(
     lines, expected = with_bad(users, slots)
     produce_lines(kafka, dirty.events, lines)
     limit = ["--max-event-bytes", str(MAX_BYTES)]
-    run_cli(*run_flags(clean, kafka, users, slots, "LBA,LPD", secret_file), *limit)
-    run_cli(*run_flags(dirty, kafka, users, slots, "LBA,LPD", secret_file), *limit)
+    clean_store, dirty_store = tmp_path / "clean-store", tmp_path / "dirty-store"
+    run_cli(*run_flags(clean, kafka, users, slots, "LBA,LPD", secret_file), *limit,
+            "--recovery-dir", str(clean_store))  # fmt: skip
+    same_incarnation(clean_store, dirty_store)  # the same noise
+    run_cli(*run_flags(dirty, kafka, users, slots, "LBA,LPD", secret_file), *limit,
+            "--recovery-dir", str(dirty_store))  # fmt: skip
 
     want = by_id(wait_for_messages(kafka, clean.releases, lambda got: len(got) >= 2 * slots))
     got = by_id(wait_for_messages(kafka, dirty.releases, lambda got: len(got) >= 2 * slots))
@@ -333,9 +347,7 @@ def test_sigkill_mid_run_then_restart_releases_every_slot_once_in_effect(
 
     # Replays are byte-identical, so the crashed run equals an uninterrupted one of the same
     # incarnation (the store's nonce: a run without it draws fresh noise).
-    ref_store = tmp_path / "ref-rec"
-    ref_store.mkdir()
-    shutil.copy(tmp_path / "rec" / INCARNATION_FILE, ref_store / INCARNATION_FILE)
+    ref_store = same_incarnation(tmp_path / "rec", tmp_path / "ref-rec")
     ref_flags = run_flags(reference, kafka, users, slots, ",".join(mechs), secret_file)
     run_cli(*ref_flags, "--recovery-dir", str(ref_store))
     assert recovered == check_output(kafka, reference.releases, users, slots, mechs)
@@ -444,7 +456,7 @@ def test_flow_rejects_a_recovery_store_of_another_secret_or_budget(
     other_key = write_secret(tmp_path / "other.key")
     for changed, why in [
         (run_flags(topics, kafka, 20, 3, "LBU", other_key), "another secret"),
-        ([*same, "--epsilon", "2"], "epsilon=2.0"),
+        ([*same, "--epsilon", "2"], "the population's epsilon changed from 1 to 2"),
     ]:
         done = subprocess.run(
             [*PRIVSTREAM, *changed, *rec], capture_output=True, text=True, timeout=120,
