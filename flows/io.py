@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -43,6 +43,7 @@ from privstream.mechanisms.contract import Halt, Release
 from privstream.mechanisms.tasks import BallTask, EstimationTask, FrequencyTask, MeanTask
 from privstream.operators.metrics import BOARD, count_dead_letter
 from privstream.operators.slotting import MechanismOut, SlottingConfig
+from privstream.republish import skip_published
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,9 @@ class KafkaIO:
             slots and any marker, which lets whoever writes to the input topic force slots, so
             it needs ``trust_input_clock``.
         trust_input_clock: the operator vouches for every writer of the input topic (``data``).
+        published: each stream's last slot published by an earlier incarnation (the store's
+            floors, ``privstream.republish``): events of those slots are ``already_published``
+            dead letters, so no release id is computed twice.
     """
 
     settings: KafkaSettings
@@ -133,6 +137,7 @@ class KafkaIO:
     stop_file: str | None = None
     clock: str = "markers"
     trust_input_clock: bool = False
+    published: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_input_clock(self.clock, self.trust_input_clock)
@@ -194,7 +199,11 @@ def kafka_events(
             stall_seconds=kafka.stall_warning_seconds,
         ),
     )
-    return parse_polls(raw, streams, shapes, kafka.max_event_bytes)
+    batches, dead = parse_polls(raw, streams, shapes, kafka.max_event_bytes)
+    if not kafka.published:
+        return batches, dead
+    batches, skipped = skip_published(batches, kafka.published)
+    return batches, op.merge("parse_or_published", dead, skipped)
 
 
 def parse_polls(

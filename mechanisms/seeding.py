@@ -47,6 +47,10 @@ class NoiseKey:
 
     material: bytes = field(repr=False)
     insecure: bool = False
+    incarnation: bytes = field(default=b"", repr=False)
+    """The incarnation nonce mixed into every derivation (``privstream.incarnation``): a
+    recovery store's own, a fresh one per run without a store; empty (the fixed public
+    incarnation) for an insecure seed, whose noise is public anyway."""
 
     @classmethod
     def from_text(cls, text: str, *, origin: str = "the secret") -> NoiseKey:
@@ -78,6 +82,25 @@ class NoiseKey:
         if isinstance(key, int) and not isinstance(key, bool):
             return cls.insecure_seed(key)
         raise TypeError(f"a noise key must be a NoiseKey, bytes or an int seed, got {type(key)}")
+
+    def with_incarnation(self, nonce: bytes) -> NoiseKey:
+        """This key in the incarnation ``nonce``: every draw differs from any other
+        incarnation's, so a second computation of a release id never repeats its noise. An
+        insecure key stays in the fixed public incarnation (its noise is public anyway; its
+        runs reproduce byte for byte)."""
+        if self.insecure:
+            return self
+        return NoiseKey(self.material, self.insecure, bytes(nonce))
+
+    def incarnation_id(self) -> str:
+        """A short public id of the incarnation (a digest, never the nonce): ``public`` for
+        the fixed public incarnation, ``none`` for a key not placed in one."""
+        if self.insecure:
+            return "public"
+        if not self.incarnation:
+            return "none"
+        digest = hashlib.blake2b(self.incarnation, digest_size=8, person=b"privstream-inc")
+        return digest.hexdigest()
 
     @property
     def prf_key(self) -> bytes:
@@ -162,20 +185,24 @@ def derive_rng(
 ) -> np.random.Generator:
     """Return a fresh generator for one use of randomness.
 
-    The tuple ``(stream, slot, purpose)`` is hashed with BLAKE2b keyed by the secret into a
-    128-bit AES-CTR key; distinct tuples give independent streams, equal tuples bit-identical ones.
-    An ``int`` secret is an insecure seed and ``bytes`` raw key material (engine-level callers:
-    benchmarks and tests; the operators validate secrets first).
+    The tuple ``(stream, slot, purpose[, incarnation])`` is hashed with BLAKE2b keyed by the
+    secret into a 128-bit AES-CTR key; distinct tuples give independent streams, equal tuples
+    bit-identical ones. The key's incarnation nonce is a fourth length-prefixed part when it
+    is set (the fixed public incarnation of an insecure seed is empty and adds none, so
+    insecure runs reproduce byte for byte). An ``int`` secret is an insecure seed and ``bytes``
+    raw key material (engine-level callers: benchmarks and tests; the operators validate
+    secrets first).
     """
     if isinstance(secret, NoiseKey):
-        key = secret.prf_key
+        key, incarnation = secret.prf_key, secret.incarnation
     elif isinstance(secret, bytes):
-        key = NoiseKey(secret).prf_key
+        key, incarnation = NoiseKey(secret).prf_key, b""
     else:
-        key = NoiseKey.insecure_seed(secret).prf_key
-    aes = _aes_key(
-        key, stream.encode(), int(slot).to_bytes(8, "little", signed=True), purpose.encode()
-    )
+        key, incarnation = NoiseKey.insecure_seed(secret).prf_key, b""
+    parts = [stream.encode(), int(slot).to_bytes(8, "little", signed=True), purpose.encode()]
+    if incarnation:
+        parts.append(incarnation)
+    aes = _aes_key(key, *parts)
     return np.random.Generator(AESCounter(key=aes))
 
 

@@ -179,6 +179,7 @@ class SlottedPlan:
         cfg = self.config
         out = {
             "noise key": self.key.fingerprint(),
+            "incarnation": self.key.incarnation_id(),
             "population": str(self.population),
             "task": repr(self.task),
             "slotting": f"lateness={cfg.lateness} missing={cfg.missing} "

@@ -151,6 +151,11 @@ def check_binding(step_id: str, resume: StreamState, expected: dict[str, str]) -
         "another secret (its fingerprint differs)"
         if key == "noise key"
         else f"{key}: stored {found.get(key, '(none)')}, now {expected.get(key, '(none)')}"
+        + (
+            " (another incarnation: this store's nonce file was replaced)"
+            if key == "incarnation"
+            else ""
+        )
         for key in differ
     ]
     raise IncompatibleState(

@@ -7,6 +7,7 @@ The commands and their flags are contracts: scripts and later checks rely on the
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -18,6 +19,7 @@ from typing import Any
 
 from privstream.argtypes import positive_float as _positive_float
 from privstream.argtypes import positive_int as _positive_int
+from privstream.incarnation import Incarnation, refuse_overwrite
 from privstream.mechanisms.accountant import check_delta_bound
 from privstream.mechanisms.registry import FAMILIES, Family
 from privstream.run_config import add_config_flags, run_config
@@ -212,6 +214,12 @@ def _run_flags(p: argparse.ArgumentParser, family: Family) -> None:
 def _output_flags(p: argparse.ArgumentParser) -> None:
     """Where a run reads and writes: files, stream, Kafka topics."""
     p.add_argument("--out", default="releases.jsonl", help="releases, one JSON object per line")
+    p.add_argument(
+        "--overwrite-output",
+        action="store_true",
+        help="let a new secure run replace a non-empty --out (refused by default: its release "
+        "ids would be computed a second time with fresh noise)",
+    )
     p.add_argument("--ledger-out", help="ledger entries as JSON lines (optional)")
     p.add_argument(
         "--dead-letter-out", help="rejected events with reasons as JSON lines (optional)"
@@ -664,6 +672,13 @@ def _run_family(args: argparse.Namespace) -> int:
     kafka = _kafka_io(args)
     slots = args.slots or 800
     secret = resolve_noise_key(secret_file=args.secret_file, insecure_seed=args.insecure_seed)
+    incarnation = _family_incarnation(args, secret, kafka, args.window or slots)
+    refuse_overwrite(
+        incarnation, args.out if kafka is None else None, getattr(args, "overwrite_output", False)
+    )
+    secret = incarnation.key
+    if kafka is not None:
+        kafka = dataclasses.replace(kafka, published=incarnation.floors)
     synthetic = kafka is None and not args.dataset.startswith("file:")
     total = slots if synthetic or (kafka is not None and args.slots) else None
     bar = None if args.no_progress else _progress_bar(total * len(names) if total else None,
@@ -694,6 +709,25 @@ def _run_family(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _family_incarnation(
+    args: argparse.Namespace, secret: Any, kafka: Any, window: int
+) -> Incarnation:
+    """The incarnation of a family run (``privstream.incarnation.start``): its store bound to
+    the stream's name, ε, window and registration table."""
+    from privstream.connectors.registrations import load_preferences
+    from privstream.incarnation import Manifest, registration_digests, start
+
+    family = FAMILIES[args.family]
+    stream = args.stream or ("file" if args.dataset.startswith("file:") else args.dataset)
+    table = load_preferences(args.preferences) if getattr(args, "preferences", None) else {}
+    manifest = Manifest(
+        args.epsilon or family.epsilon, window, {stream: 1.0},
+        registration=registration_digests(table, secret),
+    )  # fmt: skip
+    releases = None if kafka is None else (kafka.settings, kafka.output_topic)
+    return start(secret, args.recovery_dir, manifest, releases=releases)
 
 
 def _serve_run(flow: Any, args: argparse.Namespace) -> None:

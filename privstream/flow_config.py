@@ -91,6 +91,9 @@ class PopulationSection:
     (None when no stream has a δ and none is given)."""
     allow_large_delta: bool = False
     """``population.allow_large_delta``: accept a δ ≥ 1/users."""
+    retired: tuple[str, ...] = ()
+    """Streams removed from the flow on purpose (``privstream.incarnation``): their share of
+    the budget stays spent in the recovery store, and their names never come back."""
     preferences: Mapping[str, tuple[float, int]] = field(
         default_factory=dict, repr=False, compare=False
     )
@@ -323,6 +326,9 @@ def load(path: str | Path) -> FlowConfig:
     population = _population(population_table)
     run = _run(top.table("run", required=False))
     streams = _streams(top, population)
+    live = sorted({s.name for s in streams} & set(population.retired))
+    if live:
+        raise population_table.error("retired", f"names configured stream(s) {live}")
     population = _deltas(population_table, population, streams)
     population = _registrations(population_table, population, streams)
     return FlowConfig(source, kafka, population, streams, run)
@@ -417,7 +423,7 @@ def _properties(t: _Table) -> dict[str, str]:
 
 def _population(t: _Table) -> PopulationSection:
     """``[population]``: n, and the budget ε per window that all streams share."""
-    t.only(("users", "epsilon", "window", "registrations", "delta", "allow_large_delta"))
+    t.only(("users", "epsilon", "window", "registrations", "delta", "allow_large_delta", "retired"))
     users = t.integer("users", 1)
     epsilon = t.number("epsilon")
     try:
@@ -428,8 +434,14 @@ def _population(t: _Table) -> PopulationSection:
     delta = t.number("delta") if "delta" in t.data else None
     if delta is not None and not 0 < delta < 1:
         raise t.error("delta", f"must lie in (0, 1), got {_show(t.data['delta'])}")
+    retired = t.data.get("retired", [])
+    if not (
+        isinstance(retired, list)
+        and all(isinstance(n, str) and STREAM_NAME.fullmatch(n) for n in retired)
+    ):
+        raise t.error("retired", f"must be a list of stream names, got {_show(retired)}")
     return PopulationSection(users, epsilon, window, t.file_path("registrations"), delta,
-                             t.flag("allow_large_delta"))  # fmt: skip
+                             t.flag("allow_large_delta"), tuple(retired))  # fmt: skip
 
 
 def _run(t: _Table) -> RunSection:

@@ -95,13 +95,15 @@ def _run_process(args: argparse.Namespace, config: Any) -> int:
         secret_file=None if secret_file is None else str(secret_file),
         insecure_seed=_get(args, "insecure_seed", None),
     )
-    flow = build_streams(config, kafka, secret)
+    recovery = _get(args, "recovery_dir", config.run.recovery_dir)
+    incarnation = flow_incarnation(config, secret, recovery, kafka)
+    kafka = dataclasses.replace(kafka, published=incarnation.floors)
+    flow = build_streams(config, kafka, incarnation.key)
     control.install_signal_handlers()
     internal_port = _get(args, "internal_metrics_port", None)
     internal = None
     if internal_port is not None:
         internal = serve(internal_port, _get(args, "internal_metrics_addr", "127.0.0.1"), True)
-    recovery = _get(args, "recovery_dir", config.run.recovery_dir)
     started = time.perf_counter()
     try:
         run_dataflow(
@@ -125,6 +127,30 @@ def _run_process(args: argparse.Namespace, config: Any) -> int:
           f"{time.perf_counter() - started:.1f} s ({control.current().reason})",
           file=sys.stderr)  # fmt: skip
     return 0
+
+
+def flow_incarnation(config: Any, secret: Any, recovery: Any, kafka: Any) -> Any:
+    """The incarnation of a flow file's run (``privstream.incarnation.start``): its store
+    bound to the population's ε and window, every stream's share and the registration table;
+    the file's ``retired`` streams leave it explicitly."""
+    from privstream.incarnation import start
+
+    return start(
+        secret, None if recovery is None else str(recovery), flow_manifest(config, secret),
+        retiring=frozenset(config.population.retired),
+        releases=(kafka.settings, kafka.output_topic),
+    )  # fmt: skip
+
+
+def flow_manifest(config: Any, secret: Any) -> Any:
+    """What a flow file binds its store to (``privstream.incarnation.Manifest``)."""
+    from privstream.incarnation import Manifest, registration_digests
+
+    pop = config.population
+    return Manifest(
+        pop.epsilon, pop.window, {s.name: s.share for s in config.streams},
+        registration=registration_digests(pop.preferences, secret),
+    )  # fmt: skip
 
 
 def _cluster(args: argparse.Namespace) -> dict[str, Any]:

@@ -197,7 +197,7 @@ def _only(stream: dict[str, Any], **fields: Any) -> Callable[[dict[str, Any]], o
         (_set("kafka", bootstrap_servers="x"), ["kafka.bootstrap_servers: unknown key; allowed: bootstrap, clock, dead_letter_topic, input_topic"]),
         (_set("kafka", clock="data"), ["kafka.clock: the data clock", "--trust-input-clock"]),
         (_set("kafka", clock="wall"), ["kafka.clock: must be one of markers, data"]),
-        (_set("population", n=5), ["population.n: unknown key; allowed: allow_large_delta, delta, epsilon, registrations, users, window"]),
+        (_set("population", n=5), ["population.n: unknown key; allowed: allow_large_delta, delta, epsilon, registrations, retired, users, window"]),
         (_set("run", threads=2), ["run.threads: unknown key; allowed: processes, recovery_dir, secret_file, snapshot_interval, workers"]),
         (_stream(delta=0.1), ['streams["country"].delta: unknown key; allowed: ', "beta", "client_path", "budget_split"]),
         (_only(CGM_STREAM, range=None, ball={"center": [0], "radius": 1, "norm": 2}), ['streams["speed"].ball.norm: unknown key; allowed: center, radius']),

@@ -121,3 +121,16 @@ def read_all(settings: KafkaSettings, topic: str, settle: float = 1.0) -> list[A
         return time.monotonic() - last[1] > settle
 
     return wait_for_messages(settings, topic, quiet, timeout=120)
+
+
+def same_incarnation(store: Path, into: Path) -> Path:
+    """``into``: a new store of ``store``'s incarnation (its nonce and manifest, no floors), so a
+    run from it draws the same noise: how a test compares a disturbed run with an undisturbed
+    one (runs of different stores draw independent noise, ``privstream.incarnation``)."""
+    from privstream.incarnation import FILE
+
+    data = json.loads((store / FILE).read_text())
+    data["published"] = {}
+    into.mkdir(parents=True, exist_ok=True)
+    (into / FILE).write_text(json.dumps(data))
+    return into

@@ -26,7 +26,7 @@ from privstream.connectors.kafka import (
     wait_for_messages,
 )
 
-from .conftest import PRIVSTREAM, cli_env, read_all, run_cli, write_secret
+from .conftest import PRIVSTREAM, cli_env, read_all, run_cli, same_incarnation, write_secret
 
 USERS, SLOTS, LAST = 1500, 12, 11  # slot 12 has no later event to close it before --slots 11
 STREAMS = (("country", "sin"), ("device", "log"), ("visits", "sin"))
@@ -125,8 +125,10 @@ def test_two_processes_release_what_one_releases(
     kafka: KafkaSettings, events: str, tmp_path: Path
 ) -> None:
     key = str(write_secret(tmp_path / "noise.key"))
-    one = _run(_config(tmp_path, kafka, events, "one"), "--slots", str(LAST), "--secret-file", key)
+    one = _run(_config(tmp_path, kafka, events, "one"), "--slots", str(LAST), "--secret-file", key,
+               "--recovery-dir", str(tmp_path / "store-one"))  # fmt: skip
     assert one.returncode == 0, one.stderr[-3000:]
+    same_incarnation(tmp_path / "store-one", tmp_path / "store")  # the same noise
     two = _run(_config(tmp_path, kafka, events, "two"), "--slots", str(LAST), "--secret-file", key,
                "--processes", "2", "--recovery-dir", str(tmp_path / "store"))  # fmt: skip
     assert two.returncode == 0, two.stderr[-3000:]
@@ -182,7 +184,8 @@ def test_a_killed_process_and_a_restarted_cluster_release_what_one_process_relea
     restarted = _run(config, "--slots", str(LAST), "--secret-file", key, "--processes", "2",
                      "--recovery-dir", store)  # fmt: skip
     assert restarted.returncode == 0, restarted.stderr[-3000:]
+    alone_store = same_incarnation(Path(store), tmp_path / "alone-store")  # the same noise
     alone = _run(_config(tmp_path, kafka, topic, "alone"), "--slots", str(LAST), "--secret-file",
-                 key)  # fmt: skip
+                 key, "--recovery-dir", str(alone_store))  # fmt: skip
     assert alone.returncode == 0, alone.stderr[-3000:]
     assert _outputs(kafka, "killed") == _outputs(kafka, "alone")

@@ -26,7 +26,16 @@ from privstream.events import REASONS
 from privstream.flows.io import KafkaIO
 from privstream.flows.ldp_ids import build
 
-from .conftest import PRIVSTREAM, Topics, cli_env, read_all, read_json, run_cli, write_secret
+from .conftest import (
+    PRIVSTREAM,
+    Topics,
+    cli_env,
+    read_all,
+    read_json,
+    run_cli,
+    same_incarnation,
+    write_secret,
+)
 
 EPSILON, WINDOW = 1.0, 5
 
@@ -84,7 +93,9 @@ def test_kafka_flow_equals_the_file_flow_on_the_same_events(
     users, slots = 400, 12
     lines = good_events(users, slots)
     produce_lines(kafka, topics.events, lines)
-    done = run_cli(*run_flags(topics, kafka, users, slots, "LBU,LPA", secret_file))
+    kafka_store = tmp_path / "kafka-store"
+    done = run_cli(*run_flags(topics, kafka, users, slots, "LBU,LPA", secret_file),
+                   "--recovery-dir", str(kafka_store))  # fmt: skip
     assert "slot 12 released" in done.stderr
 
     releases = read_json(kafka, topics.releases, 2 * slots)
@@ -110,7 +121,8 @@ def test_kafka_flow_equals_the_file_flow_on_the_same_events(
         "run", "ldp-ids", "--mechanism", "LBU,LPA", "--users", str(users), "--epsilon", "1.0",
         "--window", str(WINDOW), "--seed", "7", "--dataset", f"file:{path}", "--stream", "sin",
         "--out", str(out), "--no-progress", "--secret-file", str(secret_file),
-        "--budget-split", "equal",
+        "--budget-split", "equal", "--recovery-dir",
+        str(same_incarnation(kafka_store, tmp_path / "file-store")),  # the same noise
     )  # fmt: skip
     from_file = sorted(out.read_bytes().splitlines())
     assert from_file == sorted(v for vs in keys.values() for v in vs)
@@ -218,7 +230,7 @@ def with_bad(users: int, slots: int) -> tuple[list[bytes], list[tuple[bytes, str
 
 
 def test_bad_input_goes_to_the_dead_letter_topic_and_changes_no_release(
-    kafka: KafkaSettings, broker: Any, secret_file: Path
+    kafka: KafkaSettings, broker: Any, secret_file: Path, tmp_path: Path
 ) -> None:
     users, slots = 60, 8
     clean, dirty = Topics(kafka), Topics(kafka)
@@ -226,8 +238,12 @@ def test_bad_input_goes_to_the_dead_letter_topic_and_changes_no_release(
     lines, expected = with_bad(users, slots)
     produce_lines(kafka, dirty.events, lines)
     limit = ["--max-event-bytes", str(MAX_BYTES)]
-    run_cli(*run_flags(clean, kafka, users, slots, "LBA,LPD", secret_file), *limit)
-    run_cli(*run_flags(dirty, kafka, users, slots, "LBA,LPD", secret_file), *limit)
+    clean_store, dirty_store = tmp_path / "clean-store", tmp_path / "dirty-store"
+    run_cli(*run_flags(clean, kafka, users, slots, "LBA,LPD", secret_file), *limit,
+            "--recovery-dir", str(clean_store))  # fmt: skip
+    same_incarnation(clean_store, dirty_store)  # the same noise
+    run_cli(*run_flags(dirty, kafka, users, slots, "LBA,LPD", secret_file), *limit,
+            "--recovery-dir", str(dirty_store))  # fmt: skip
 
     want = by_id(wait_for_messages(kafka, clean.releases, lambda got: len(got) >= 2 * slots))
     got = by_id(wait_for_messages(kafka, dirty.releases, lambda got: len(got) >= 2 * slots))
@@ -329,9 +345,39 @@ def test_sigkill_mid_run_then_restart_releases_every_slot_once_in_effect(
     assert again.returncode == 0, err
     recovered = check_output(kafka, crashed.releases, users, slots, mechs)
 
-    # Replays are byte-identical, so the crashed run equals an uninterrupted one.
-    run_cli(*run_flags(reference, kafka, users, slots, ",".join(mechs), secret_file))
+    # Replays are byte-identical, so the crashed run equals an uninterrupted one of the same
+    # incarnation (the store's nonce: a run without it draws fresh noise).
+    ref_store = same_incarnation(tmp_path / "rec", tmp_path / "ref-rec")
+    ref_flags = run_flags(reference, kafka, users, slots, ",".join(mechs), secret_file)
+    run_cli(*ref_flags, "--recovery-dir", str(ref_store))
     assert recovered == check_output(kafka, reference.releases, users, slots, mechs)
+
+
+def test_a_new_store_starts_after_the_release_topic(
+    kafka: KafkaSettings, topics: Topics, tmp_path: Path, secret_file: Path
+) -> None:
+    """Issue 18 §2: a new store (the remedy for a halted stream) re-published every release id
+    of the input; now it reads the release topic, skips the published slots as
+    ``already_published`` dead letters and says so, and draws its own noise."""
+    users = 400
+    produce_lines(kafka, topics.events, good_events(users, 20))
+    first = run_flags(topics, kafka, users, 20, "LPA", secret_file)
+    run_cli(*first, "--recovery-dir", str(tmp_path / "store-a"))
+    lines = []
+    for t in range(21, 31):
+        lines += [event(u, t, (u * t) % 2) for u in range(users)] + [marker(t)]
+    produce_lines(kafka, topics.events, lines)
+    second = run_flags(topics, kafka, users, 30, "LPA", secret_file)
+    done = run_cli(*second, "--recovery-dir", str(tmp_path / "store-b"))
+    assert "stream sin: slots <= 20 were published by an earlier incarnation; starting at 21" in (
+        done.stderr
+    )
+    releases = by_id(read_all(kafka, topics.releases))
+    assert set(releases) == {f"sin/LPA/{t}" for t in range(1, 31)}
+    assert all(len(payloads) == 1 for payloads in releases.values()), "an id published twice"
+    letters = read_all(kafka, topics.dlq)
+    reasons = [dict(m.headers())[DEAD_LETTER_REASON_HEADER].decode() for m in letters]
+    assert reasons.count("already_published") == 20 * users
 
 
 # -- step ids ------------------------------------------------------------------------------------
@@ -410,7 +456,7 @@ def test_flow_rejects_a_recovery_store_of_another_secret_or_budget(
     other_key = write_secret(tmp_path / "other.key")
     for changed, why in [
         (run_flags(topics, kafka, 20, 3, "LBU", other_key), "another secret"),
-        ([*same, "--epsilon", "2"], "epsilon=2.0"),
+        ([*same, "--epsilon", "2"], "the population's epsilon changed from 1 to 2"),
     ]:
         done = subprocess.run(
             [*PRIVSTREAM, *changed, *rec], capture_output=True, text=True, timeout=120,

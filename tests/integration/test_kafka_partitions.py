@@ -24,7 +24,7 @@ from privstream.connectors.kafka import (
     wait_for_messages,
 )
 
-from .conftest import PRIVSTREAM, cli_env, read_all, run_cli
+from .conftest import PRIVSTREAM, cli_env, read_all, run_cli, same_incarnation
 
 PARTITIONS, USERS, SLOTS, MECHANISM = 3, 3000, 150, "LBU"
 
@@ -83,7 +83,8 @@ def test_a_spread_stream_survives_sigkill_with_identical_releases(
     assert proc.wait(timeout=30) == -signal.SIGKILL and len(got) < SLOTS
     again = start_run(flags, tmp_path / "rec", log)
     assert again.wait(timeout=120) == 0, log.read_text()[-3000:]
-    run_cli(*run_flags(kafka, events, reference, secret))
+    store = same_incarnation(tmp_path / "rec", tmp_path / "ref-rec")  # the same noise
+    run_cli(*run_flags(kafka, events, reference, secret), "--recovery-dir", str(store))
 
     recovered, undisturbed = releases_by_id(kafka, crashed), releases_by_id(kafka, reference)
     for rid, payloads in recovered.items():

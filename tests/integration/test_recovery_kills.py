@@ -15,7 +15,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from .conftest import PRIVSTREAM, cli_env
+from privstream.incarnation import FILE as INCARNATION_FILE
+
+from .conftest import PRIVSTREAM, cli_env, same_incarnation
 
 USERS, SLOTS, WINDOW = 100, 10, 5
 KILLS = 20
@@ -89,6 +91,7 @@ def test_sigkill_at_start_never_leaves_a_store_that_blocks_the_next_run(tmp_path
     parent = tmp_path / "stores"
     parent.mkdir()
     store, out = parent / "D", tmp_path / "releases.jsonl"
+    same_incarnation(tmp_path / "clean-store", store)  # the same noise as the reference
     argv = command(events, store, out)
     killed = 0
     for i, delay in enumerate(DELAYS):
@@ -102,5 +105,5 @@ def test_sigkill_at_start_never_leaves_a_store_that_blocks_the_next_run(tmp_path
     assert final.returncode == 0, final.stderr[-3000:]
     assert out.read_text() == reference.read_text()
     # the store is a complete one-partition store, and no staging leftovers remain beside it
-    assert sorted(p.name for p in store.iterdir()) == ["part-0.sqlite3"]
+    assert sorted(p.name for p in store.iterdir()) == ["part-0.sqlite3", INCARNATION_FILE]
     assert sorted(p.name for p in parent.iterdir()) == ["D"]
