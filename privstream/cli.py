@@ -673,9 +673,6 @@ def _run_family(args: argparse.Namespace) -> int:
     slots = args.slots or 800
     secret = resolve_noise_key(secret_file=args.secret_file, insecure_seed=args.insecure_seed)
     incarnation = _family_incarnation(args, secret, kafka, args.window or slots)
-    refuse_overwrite(
-        incarnation, args.out if kafka is None else None, getattr(args, "overwrite_output", False)
-    )
     secret = incarnation.key
     if kafka is not None:
         kafka = dataclasses.replace(kafka, published=incarnation.floors)
@@ -692,6 +689,9 @@ def _run_family(args: argparse.Namespace) -> int:
         kafka=kafka, secret=secret, budget_split=args.budget_split, compare=args.compare,
         **_flow_options(args, family),
     )  # fmt: skip
+    refuse_overwrite(  # after build: a refused configuration is reported first
+        incarnation, args.out if kafka is None else None, getattr(args, "overwrite_output", False)
+    )
     if kafka is None:
         for path in (args.out, args.ledger_out, args.dead_letter_out):
             if path:  # outputs exist after the run even when nothing was written to them
