@@ -109,6 +109,8 @@ PUBLIC_METRICS: Final[frozenset[str]] = frozenset(
         "privstream_evaluation",
         # operational, independent of the data: whether the Kafka clients reach the broker
         "privstream_kafka_connected",
+        # operational: seconds since each cluster member last ran its dataflow loop
+        "privstream_cluster_member_progress_age_seconds",
     }
 )
 
