@@ -77,7 +77,12 @@ class _Beating(StatelessSourcePartition[None]):
 
 class HeartbeatSource(DynamicSource[None]):
     """Touches ``path`` from every worker's loop once a second; emits nothing; ends with the
-    flow's stop signal (SIGTERM, ``--slots``)."""
+    flow's stop signal (SIGTERM, ``--slots``).
+
+    Its ``stop.is_set()`` each second also evaluates the signal's conditions on every worker,
+    so the member whose worker holds the release progress creates the ``--slots`` stop file even
+    when it reads no input partition (only Kafka's ``next_batch`` checked it: a cluster with
+    fewer partitions than processes never stopped)."""
 
     def __init__(self, path: Path, stop: StopSignal) -> None:
         self.path = path

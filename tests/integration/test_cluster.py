@@ -184,3 +184,25 @@ def test_a_killed_process_and_a_restarted_cluster_release_what_one_process_relea
                  key)  # fmt: skip
     assert alone.returncode == 0, alone.stderr[-3000:]
     assert _outputs(kafka, "killed") == _outputs(kafka, "alone")
+
+
+def test_slots_stops_a_cluster_with_fewer_partitions_than_processes_and_a_finished_store(
+    kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    """Issue 27 item 11: ``--slots T`` ran for ever on a cluster of 3 over a 1-partition topic,
+    and when every slot was already released by an earlier run. Both now stop by themselves."""
+    topic = f"events-{uuid.uuid4().hex[:8]}"
+    create_topics(kafka, [TopicSpec(topic, partitions=1)])
+    for stream, dataset in STREAMS:
+        _produce(kafka, topic, stream, dataset, 1, SLOTS)
+    key = str(write_secret(tmp_path / "noise.key"))
+    config = _config(tmp_path, kafka, topic, "few")
+    flags = ("--slots", str(LAST), "--secret-file", key, "--processes", "3", "--recovery-dir",
+             str(tmp_path / "store"))  # fmt: skip
+    first = _run(config, *flags, timeout=240)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert _expected_keys() <= _outputs(kafka, "few")["releases"].keys()
+    started = time.monotonic()
+    again = _run(config, *flags, timeout=240)  # every slot already released
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert time.monotonic() - started < 120
