@@ -204,7 +204,7 @@ def _supervise(children: list[subprocess.Popen[bytes]], watch: Watch | None = No
     if stall is not None:
         assert watch is not None
         log.error("cluster member %d made no progress for %.0f s (frozen or hung): stopped the "
-                  "cluster. Restart it (it resumes from its recovery store); if it stalls again, "
+                  "cluster; restart the cluster (it resumes from its recovery store); if it stalls again, "
                   "look at member %d's host", stall, watch.stall_limit, stall)  # fmt: skip
         return EXIT_STALLED
     first = first_failure(codes, None if watch is None else watch.directory, early)
@@ -255,7 +255,7 @@ def _advice(code: int) -> str:
     if code == EXIT_REFUSED:
         return ("Restarting will not help: fix what it names (the configuration, command line "
                 "or store), then start the cluster again")  # fmt: skip
-    return "The others were stopped. Restart the cluster: it resumes from its recovery store"
+    return "The others were stopped; restart the cluster: it resumes from its recovery store"
 
 
 def _running(children: list[subprocess.Popen[bytes]]) -> bool:
