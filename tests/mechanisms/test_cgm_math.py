@@ -556,7 +556,7 @@ def test_a_huge_vector_is_clipped_to_the_ball_boundary_not_the_centre() -> None:
     out = ball_clip(np.array([[1e200, 1e200], [-1.7e308, 0.0], [3.0, -2.0]]), center, 2.0)
     direction = np.array([1.0, 1.0]) / np.sqrt(2.0)
     np.testing.assert_allclose(out[0], center + 2.0 * direction, rtol=1e-12)
-    np.testing.assert_allclose(out[1], center + [-2.0, 0.0], rtol=1e-12)
+    np.testing.assert_allclose(out[1], center + np.array([-2.0, 0.0]), rtol=1e-12)
     np.testing.assert_array_equal(out[2], [3.0, -2.0])  # inside: unchanged
     assert np.all(np.isfinite(out))
     far = ball_clip(np.array([[1.7e308, 1.7e308]]), np.array([-1.7e308, -1.7e308]), 1.0)
