@@ -53,6 +53,7 @@ from privstream.connectors.kafka_health import (
     topic_exists,
 )
 from privstream.connectors.kafka_health import TopicMissing as TopicMissing  # re-exported
+from privstream.connectors.kafka_log import KAFKA_LOG
 from privstream.events import MALFORMED, MAX_EVENT_BYTES, DeadLetter, EventBatch
 
 log = logging.getLogger(__name__)
@@ -160,8 +161,10 @@ class KafkaSettings:
 
     def client_config(self, **extra: Any) -> dict[str, Any]:
         """Configuration for a ``confluent-kafka`` client: servers, properties, then ``extra``
-        (the properties win over privstream's defaults, never over ``extra``)."""
-        return {"bootstrap.servers": self.bootstrap, **self.properties, **extra}
+        (the properties win over privstream's defaults, never over ``extra``); librdkafka's log lines
+        go through the rate-limited ``KAFKA_LOG``."""
+        return {"bootstrap.servers": self.bootstrap, "logger": KAFKA_LOG, **self.properties,
+                **extra}  # fmt: skip
 
     def __repr__(self) -> str:  # never print credentials
         shown = {
