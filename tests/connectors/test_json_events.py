@@ -199,3 +199,14 @@ def test_list_values_are_vectors_of_one_shape_per_batch() -> None:
     assert len(batches) == 1 and batches[0].values.tolist() == [[0.5, -1.0], [0.25, 2.0]]
     assert [d.reason for d in letters] == ["invalid_type"] * 3
     assert "shape" in letters[0].detail
+
+
+def test_a_ts_event_without_a_clock_is_a_dead_letter_that_says_why() -> None:
+    """Issue 27 item 13: the README promised ``ts`` "with a slot clock" that no command can
+    configure; such an event was a bare ``missing_field: slot``. It now says the flow has no
+    slot clock (send ``slot``)."""
+    line = json.dumps({"stream": "a", "user": "u", "ts": "2024-01-01T00:00:00Z", "value": 1})
+    _batches, letters = split(parse_json_lines([line], streams=["a"]))
+    (letter,) = letters
+    assert letter.reason == "missing_field"
+    assert "slot clock" in letter.detail
