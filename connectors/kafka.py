@@ -53,6 +53,7 @@ from privstream.connectors.kafka_health import (
     topic_exists,
 )
 from privstream.connectors.kafka_health import TopicMissing as TopicMissing  # re-exported
+from privstream.connectors.kafka_log import KAFKA_LOG
 from privstream.events import MALFORMED, MAX_EVENT_BYTES, DeadLetter, EventBatch, line_text
 
 log = logging.getLogger(__name__)
@@ -62,21 +63,44 @@ ENV_PROPERTY_PREFIX: Final = "PRIVSTREAM_KAFKA_"
 _SECRET_WORDS: Final = ("password", "secret", "key", "token")
 
 # Fetch large batches: a slot's events arrive in a few polls instead of many small ones.
-CONSUMER_DEFAULTS: Final[Mapping[str, str]] = {
-    "fetch.max.bytes": "52428800",
-    "max.partition.fetch.bytes": "10485760",
-    "fetch.wait.max.ms": "10",
-    "queued.min.messages": "1000000",
-}
+CONSUMER_DEFAULTS: Final[Mapping[str, str]] = {"fetch.wait.max.ms": "10"}
+CONSUMER_MEMORY: Final = 128 * 2**20
+"""What one process's consumers may buffer ahead of the flow, all input partitions together
+(each partition has its own consumer, whose pre-fetch queue and fetches get an equal share)."""
+MIN_SHARE: Final = 4 * 2**20  # a partition's share never goes below this (> 32 partitions)
+QUEUED_MESSAGE_BYTES: Final = 512  # librdkafka's per-message overhead plus a small event
+
+
+def consumer_buffers(partitions: int) -> dict[str, str]:
+    """librdkafka's buffers for one of ``partitions`` consumers, bounded by memory.
+
+    ``queued.min.messages=1000000`` per partition let a backlog on 8 partitions grow the
+    process to 2,145 MiB (over the StatefulSet's 2 Gi): librdkafka pre-fetches until *both*
+    the message count and ``queued.max.messages.kbytes`` (payload only, 64 MiB by default) are
+    reached, and small messages cost several times their payload. Each partition gets
+    ``CONSUMER_MEMORY / partitions``: half for the queue (by bytes, and by count at
+    ``QUEUED_MESSAGE_BYTES`` each), a quarter for a fetch in flight; ``fetch.max.bytes`` stays
+    at least 2 MiB (librdkafka needs it above ``message.max.bytes``)."""
+    share = max(CONSUMER_MEMORY // max(partitions, 1), MIN_SHARE)
+    return {
+        "queued.max.messages.kbytes": str(share // 2 // 1024),
+        "queued.min.messages": str(share // 2 // QUEUED_MESSAGE_BYTES),
+        "fetch.max.bytes": str(max(min(50 * 2**20, share // 4), 2 * 2**20)),
+        "max.partition.fetch.bytes": str(max(min(10 * 2**20, share // 4), 2**20)),
+    }
+
+
 RELEASE_TOPIC_CONFIG: Final[Mapping[str, str]] = {"cleanup.policy": "compact"}
 """Releases and ledger entries are keyed by release id: compaction keeps one copy of each."""
 
 
-def consumer_config(settings: KafkaSettings, *, tail: bool = True) -> dict[str, Any]:
-    """What every partition of a ``KafkaEventSource`` consumes with (and what a benchmark's
-    raw consumer must use to compare like with like): no consumer group commits (offsets live
-    in the snapshots), no topic creation, and the large fetches of ``CONSUMER_DEFAULTS`` unless
-    overridden."""
+def consumer_config(
+    settings: KafkaSettings, *, tail: bool = True, partitions: int = 1
+) -> dict[str, Any]:
+    """What every partition of a ``KafkaEventSource`` of ``partitions`` partitions consumes
+    with (and what a benchmark's raw consumer must use to compare like with like): no consumer
+    group commits (offsets live in the snapshots), no topic creation, ``CONSUMER_DEFAULTS`` and
+    the memory-bounded buffers of ``consumer_buffers`` unless overridden."""
     config = settings.client_config(
         **{
             "group.id": "privstream",  # required by the client; offsets live in snapshots
@@ -85,7 +109,7 @@ def consumer_config(settings: KafkaSettings, *, tail: bool = True) -> dict[str, 
             "allow.auto.create.topics": "false",  # never create the input topic
         }
     )
-    for key, value in CONSUMER_DEFAULTS.items():
+    for key, value in {**CONSUMER_DEFAULTS, **consumer_buffers(partitions)}.items():
         config.setdefault(key, value)
     return config
 
@@ -137,8 +161,10 @@ class KafkaSettings:
 
     def client_config(self, **extra: Any) -> dict[str, Any]:
         """Configuration for a ``confluent-kafka`` client: servers, properties, then ``extra``
-        (the properties win over privstream's defaults, never over ``extra``)."""
-        return {"bootstrap.servers": self.bootstrap, **self.properties, **extra}
+        (the properties win over privstream's defaults, never over ``extra``); librdkafka's log lines
+        go through the rate-limited ``KAFKA_LOG``."""
+        return {"bootstrap.servers": self.bootstrap, "logger": KAFKA_LOG, **self.properties,
+                **extra}  # fmt: skip
 
     def __repr__(self) -> str:  # never print credentials
         shown = {
@@ -406,10 +432,12 @@ class KafkaEventSource(FixedPartitionedSource[RawBatch, tuple[str, int]]):
         self.batch_size = batch_size
         self.stop = stop
         self.stall_seconds = stall_seconds
+        self.partitions = 1  # until list_parts has counted them
 
     def list_parts(self) -> list[str]:
         partitions = require_topics(self.settings, [self.topic])[self.topic]
         FAULTS.clear()  # the flow starts: whatever an earlier flow of this process lost
+        self.partitions = partitions  # the consumers share CONSUMER_MEMORY
         return [f"partition-{i}" for i in range(partitions)]
 
     def build_part(
@@ -424,7 +452,7 @@ class KafkaEventSource(FixedPartitionedSource[RawBatch, tuple[str, int]]):
                 "that other input, so use a new recovery directory"
             )
         index = int(for_part.removeprefix("partition-"))
-        config = consumer_config(self.settings, tail=self.tail)
+        config = consumer_config(self.settings, tail=self.tail, partitions=self.partitions)
         offset = OFFSET_BEGINNING if resume_state is None else resume_state[1]
         return _EventPartition(
             config, self.topic, index, offset, self.batch_size, self.stop, self.stall_seconds

@@ -323,6 +323,8 @@ def _slot(rec: dict[str, Any], clock: SlotClock | None) -> int | _Bad:
             slot = clock.slot(str(rec["ts"]))
         except (TypeError, ValueError, OverflowError):
             return _Bad(INVALID_TYPE, "ts must be an RFC 3339 time")
+    elif "ts" in rec:  # no clock: privstream run configures none, so say so
+        return _Bad(MISSING_FIELD, "slot (a ts needs a slot clock, which this flow has none of)")
     else:
         return _Bad(MISSING_FIELD, "slot" if clock is None else "slot or ts")
     if slot < 0:

@@ -15,10 +15,10 @@
 #                                     [/var/run/secrets/privstream/noise.key]
 #   PRIVSTREAM_RECOVERY_DIR           the recovery store, on the persistent volume
 #                                     [/var/lib/privstream/recovery]
-#   PRIVSTREAM_METRICS_ADDR/_PORT     public metrics [0.0.0.0:9100]
+#   PRIVSTREAM_METRICS_ADDR/_PORT     public metrics [0.0.0.0:9100]; cluster member i: +i
 #   PRIVSTREAM_INTERNAL_METRICS_ADDR/_PORT
 #                                     internal metrics: true counts, operators' Prometheus
-#                                     only (a NetworkPolicy guards it) [0.0.0.0:9101]
+#                                     only (a NetworkPolicy guards it) [0.0.0.0:9200]; +i
 # Kafka: privstream reads PRIVSTREAM_BOOTSTRAP and PRIVSTREAM_KAFKA_<PROPERTY> itself.
 #
 # A flow refuses to start (exit 2) without a non-empty key file: privstream would otherwise
@@ -74,5 +74,5 @@ exec privstream run "$@" \
     --metrics-addr "${PRIVSTREAM_METRICS_ADDR:-0.0.0.0}" \
     --metrics-port "${PRIVSTREAM_METRICS_PORT:-9100}" \
     --internal-metrics-addr "${PRIVSTREAM_INTERNAL_METRICS_ADDR:-0.0.0.0}" \
-    --internal-metrics-port "${PRIVSTREAM_INTERNAL_METRICS_PORT:-9101}" \
+    --internal-metrics-port "${PRIVSTREAM_INTERNAL_METRICS_PORT:-9200}" \
     --no-progress

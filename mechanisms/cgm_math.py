@@ -338,10 +338,21 @@ def _finite(name: str, x: ArrayLike) -> FloatArray:
 
 def _pull_within(x: FloatArray, anchor: FloatArray, radius: FloatArray | float) -> FloatArray:
     """Each row of ``x`` (vectors along the last axis) moved onto the L2 sphere of ``radius``
-    around ``anchor`` if it lies outside; rows already within the radius come back unchanged."""
-    u = x - anchor
-    norm = np.linalg.norm(u, axis=-1, keepdims=True)
-    outside = norm > radius
+    around ``anchor`` if it lies outside; rows already within the radius come back unchanged.
+
+    A row so far away that ``‖x − anchor‖`` (or ``x − anchor`` itself) overflows to inf is
+    moved in the scaled space ``(x − anchor)/s``, ``s`` its largest magnitude: onto the sphere
+    in its own direction (``R/inf`` used to give 0, which put it at the anchor)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        u = x - anchor
+        norm = np.linalg.norm(u, axis=-1, keepdims=True)
+    huge = ~np.isfinite(norm)
+    if np.any(huge):
+        s = np.maximum(np.abs(x), np.abs(anchor)).max(axis=-1, keepdims=True)
+        scaled = x / np.where(huge, s, 1.0) - anchor / np.where(huge, s, 1.0)
+        u = np.where(huge, scaled, u)
+        norm = np.where(huge, np.linalg.norm(scaled, axis=-1, keepdims=True), norm)
+    outside = huge | (norm > radius)
     scale = np.divide(radius, norm, out=np.ones_like(norm), where=outside)
     return np.where(outside, anchor + u * scale, x)
 

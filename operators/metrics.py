@@ -122,6 +122,8 @@ PUBLIC_METRICS: Final[frozenset[str]] = frozenset(
         # the slot clock, per stream (releases show the last closed slot anyway)
         "privstream_slot_clock",
         "privstream_slot_clock_jump_slots",
+        # operational: seconds since each cluster member last ran its dataflow loop
+        "privstream_cluster_member_progress_age_seconds",
     }
 )
 

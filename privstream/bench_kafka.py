@@ -442,7 +442,7 @@ def _alternate(
     events_topic, releases_topic = topics
     counts = partition_counts(users, slots, partitions)
     expected = sum(counts)
-    config = consumer_config(settings)
+    config = consumer_config(settings, partitions=len(counts))
     raw_runs: list[dict[str, Any]] = []
     flow_runs: list[dict[str, Any]] = []
     for i in range(1, repeats + 1):

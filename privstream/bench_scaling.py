@@ -63,7 +63,7 @@ def _consume(args: tuple[dict[str, Any], str, list[int], int, Any]) -> None:
 
 def raw_rate(settings: KafkaSettings, topic: str, counts: Sequence[int], processes: int) -> float:
     """Messages per second of ``processes`` raw readers splitting the partitions round-robin."""
-    config = consumer_config(settings, tail=True)
+    config = consumer_config(settings, tail=True, partitions=len(counts))
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     shares = [list(range(i, len(counts), processes)) for i in range(processes)]

@@ -41,6 +41,10 @@ def add_config_flags(run: argparse.ArgumentParser) -> None:
     flag("--addresses", metavar="HOST:PORT;...", default=SUPPRESS,
          help="several hosts: every cluster process's address, in process-id order")  # fmt: skip
     flag("--stop-file", default=SUPPRESS, help=SUPPRESS)  # the launcher's --slots stop
+    flag("--cluster-dir", default=SUPPRESS, help=SUPPRESS)  # the launcher's heartbeats, reasons
+    flag("--stall-limit", type=positive_float, metavar="S", default=SUPPRESS,
+         help="a cluster (--processes): stop it and exit 4 once a member made no progress for S "
+         "seconds (frozen or hung), so that the orchestrator restarts it (default 300)")  # fmt: skip
     flag("--workers", type=positive_int, metavar="W", default=SUPPRESS,
          help="Bytewax worker threads per process (default [run] workers)")  # fmt: skip
     flag("--recovery-dir", default=SUPPRESS, help="recovery store (default [run] recovery_dir)")
@@ -67,10 +71,15 @@ def run_config(args: argparse.Namespace, argv: Sequence[str]) -> int:
     config = load(args.config)
     processes = _get(args, "processes", config.run.processes)
     if processes > 1 and not hasattr(args, "process_id"):
-        from privstream.cluster import launch
+        from privstream.cluster import DEFAULT_STALL_LIMIT, launch
 
-        return launch(argv, processes)
-    return _run_process(args, config)
+        return launch(argv, processes, _get(args, "stall_limit", DEFAULT_STALL_LIMIT))
+    if not hasattr(args, "process_id"):
+        return _run_process(args, config)
+    try:
+        return _run_process(args, config)
+    except BaseException as exc:  # a member says why it stops, for its launcher's summary
+        return _member_failed(args, args.process_id, exc)
 
 
 def _get(args: argparse.Namespace, name: str, default: Any) -> Any:
@@ -104,6 +113,7 @@ def _run_process(args: argparse.Namespace, config: Any) -> int:
     internal = None
     if internal_port is not None:
         internal = serve(internal_port, _get(args, "internal_metrics_addr", "127.0.0.1"), True)
+    _watch_member(args, flow, cluster)
     started = time.perf_counter()
     try:
         run_dataflow(
@@ -113,13 +123,6 @@ def _run_process(args: argparse.Namespace, config: Any) -> int:
             _get(args, "metrics_port", None), _get(args, "metrics_addr", "127.0.0.1"),
             **cluster,
         )  # fmt: skip
-    except BaseException as exc:  # Bytewax's panic when a peer process of the cluster is gone
-        if cluster and type(exc).__name__ == "PanicException":
-            print(f"privstream: error: process {cluster['process_id']} lost the cluster (another "
-                  "process stopped); restart every process: the cluster resumes from its "
-                  "recovery store", file=sys.stderr)  # fmt: skip
-            return 3
-        raise
     finally:
         if internal is not None:
             internal.close()
@@ -151,6 +154,64 @@ def flow_manifest(config: Any, secret: Any) -> Any:
         pop.epsilon, pop.window, {s.name: s.share for s in config.streams},
         registration=registration_digests(pop.preferences, secret),
     )  # fmt: skip
+
+
+def _watch_member(args: argparse.Namespace, flow: Any, cluster: dict[str, Any]) -> None:
+    """A launcher's member: beat from every worker's loop (``heartbeat.HeartbeatSource``) and
+    export every member's progress age (``privstream_cluster_member_progress_age_seconds``)."""
+    directory = _get(args, "cluster_dir", None)
+    if directory is None or not cluster:
+        return
+    import bytewax.operators as op
+
+    from privstream import heartbeat
+    from privstream.connectors import control
+
+    member = cluster["process_id"]
+    heartbeat.beat(heartbeat.alive_file(directory, member))
+    source = heartbeat.HeartbeatSource(heartbeat.alive_file(directory, member), control.current())
+    op.input("cluster_heartbeat", flow, source)
+    heartbeat.PROGRESS.configure(directory, len(cluster["addresses"]), time.time())
+
+
+def _member_failed(args: argparse.Namespace, member: int, exc: BaseException) -> int:
+    """A cluster member's failure: print and record (for the launcher) its own reason, and exit
+    2 when restarting cannot help (a refused configuration), 3 when it only lost the cluster
+    because another member stopped (Bytewax's panic), 1 otherwise."""
+    import traceback
+
+    from privstream.cluster import EXIT_LOST, EXIT_REFUSED
+    from privstream.connectors.kafka import TopicMissing
+    from privstream.mechanisms.errors import IncompatibleState
+
+    root = _root_cause(exc)
+    if type(exc).__name__ == "PanicException" and root is exc:
+        code, reason = EXIT_LOST, "lost the cluster: another member stopped"
+    elif isinstance(root, IncompatibleState | ValueError | FileNotFoundError | TopicMissing):
+        code, reason = EXIT_REFUSED, f"refused: {root}"
+    elif isinstance(root, KeyboardInterrupt | SystemExit):
+        raise exc
+    else:
+        traceback.print_exception(exc)
+        code, reason = 1, f"{type(root).__name__}: {root}"
+    advice = ("restarting will not help: fix what it names, then start the cluster again"
+              if code == EXIT_REFUSED else "the cluster resumes from its recovery store")  # fmt: skip
+    print(f"privstream: error: cluster member {member} {reason}; {advice}", file=sys.stderr)
+    directory = _get(args, "cluster_dir", None)
+    if directory is not None:
+        from privstream.heartbeat import write_reason
+
+        write_reason(directory, member, code, reason)
+    return code
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """The innermost cause of a Bytewax error (the operator's own exception)."""
+    seen = {id(exc)}
+    while exc.__cause__ is not None and id(exc.__cause__) not in seen:
+        exc = exc.__cause__
+        seen.add(id(exc))
+    return exc
 
 
 def _cluster(args: argparse.Namespace) -> dict[str, Any]:

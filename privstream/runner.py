@@ -33,9 +33,11 @@ def run_dataflow(
     from bytewax.run import cli_main
 
     from privstream.recovery import prepare_store
+    from privstream.store_lock import lock_store
 
     recovery = None
     if recovery_dir:
+        lock_store(recovery_dir, process_id or 0)  # one writer per store, held until exit
         prepare_store(recovery_dir)  # created atomically, kept, or refused; never reset
         recovery = RecoveryConfig(Path(recovery_dir))
     if os.environ.pop("BYTEWAX_DATAFLOW_API_ENABLED", None) is not None:

@@ -80,3 +80,159 @@ def test_die_with_parent_is_callable_in_this_process() -> None:
         [sys.executable, "-c", "print('ok')"], preexec_fn=die_with_parent, stdout=subprocess.DEVNULL
     )
     assert code == 0
+
+
+# --- issue 27 items 7, 8 and 9: ports, the first failure's own reason, a frozen member ---
+
+BEATING = """
+import sys, time
+from pathlib import Path
+alive = Path(sys.argv[1])
+while True:
+    alive.touch()
+    time.sleep(0.2)
+"""
+
+
+def _beating(directory: Path, member: int) -> subprocess.Popen[bytes]:
+    """A stand-in member that beats like ``HeartbeatSource`` (every 0.2 s)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", BEATING, str(directory / f"member-{member}.alive")]
+    )
+
+
+def test_a_frozen_member_is_reported_and_fails_the_cluster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: a member frozen for 60 s (SIGSTOP) stalled the cluster with no log line and the
+    launcher waited for ever. Now it logs the member after STALL_WARNING s, and at the limit
+    kills it, stops the others and exits EXIT_STALLED."""
+    from privstream import cluster
+
+    monkeypatch.setattr(cluster, "STALL_WARNING", 1.0)
+    members = [_beating(tmp_path, 0), _beating(tmp_path, 1)]
+    started = time.monotonic()
+    try:
+        time.sleep(1.0)
+        members[1].send_signal(signal.SIGSTOP)
+        code = cluster._supervise(members, cluster.Watch(tmp_path, stall_limit=4.0))
+    finally:
+        for member in members:
+            member.kill()
+            member.wait()
+    took = time.monotonic() - started
+    assert code == cluster.EXIT_STALLED
+    assert 5.0 <= took < 15.0  # the limit (4 s after the freeze), not for ever
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("cluster member 1 made no progress for" in m for m in messages)
+    assert not any("cluster member 0 made no progress" in m for m in messages)
+    assert any("cluster member 1 made no progress for 4 s (frozen or hung)" in m for m in messages)
+
+
+def test_the_launcher_names_the_member_that_failed_first_and_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: every failure read "lost the cluster ... restart every process", a refused
+    configuration included. Now the summary names the member whose own failure stopped the
+    cluster, with its recorded reason, and says that restarting will not help (exit 2)."""
+    from privstream import cluster, heartbeat
+
+    lost = textwrap.dedent(f"""
+        import sys, time
+        from privstream.heartbeat import write_reason
+        time.sleep(0.3)
+        write_reason({str(tmp_path)!r}, 0, 3, "lost the cluster: another member stopped")
+        sys.exit(3)
+    """)
+    refused = textwrap.dedent(f"""
+        import sys
+        from privstream.heartbeat import write_reason
+        write_reason({str(tmp_path)!r}, 1, 2, "refused: the stream set changed (visits added)")
+        sys.exit(2)
+    """)
+    members = [subprocess.Popen([sys.executable, "-c", lost]),
+               subprocess.Popen([sys.executable, "-c", refused])]  # fmt: skip
+    code = cluster._supervise(members, cluster.Watch(tmp_path))
+    assert code == 2
+    assert heartbeat.read_reason(tmp_path, 1) == (
+        2,
+        "refused: the stream set changed (visits added)",
+    )
+    (summary,) = [r.getMessage() for r in caplog.records if "failed first" in r.getMessage()]
+    assert summary.startswith("cluster member 1 failed first (exit 2): refused: the stream set")
+    assert "Restarting will not help" in summary
+
+
+def test_a_killed_member_is_named_with_its_signal() -> None:
+    from privstream.cluster import first_failure
+
+    assert first_failure([3, -9], None) == (1, -9, "killed by SIGKILL")
+    assert first_failure([0, 0], None) is None
+
+
+def test_a_member_records_its_own_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The member side: Bytewax wraps an operator's exception in BytewaxRuntimeErrors; the
+    member reports the innermost one, and exit 2 for a refused configuration change."""
+    import argparse
+
+    from bytewax.errors import BytewaxRuntimeError
+
+    from privstream.heartbeat import read_reason
+    from privstream.mechanisms.errors import IncompatibleState
+    from privstream.run_config import _member_failed
+
+    args = argparse.Namespace(cluster_dir=str(tmp_path))
+    try:
+        try:
+            raise IncompatibleState("stream 'visits' is new to this store")
+        except IncompatibleState as inner:
+            raise BytewaxRuntimeError("error calling `mapper`") from inner
+    except BytewaxRuntimeError as exc:
+        code = _member_failed(args, 1, exc)
+    assert code == 2
+    assert read_reason(tmp_path, 1) == (2, "refused: stream 'visits' is new to this store")
+    err = capsys.readouterr().err
+    assert "cluster member 1 refused: stream 'visits'" in err
+    assert "restarting will not help" in err and "lost the cluster" not in err
+    code = _member_failed(args, 0, RuntimeError("delivery failed: broker timed out"))
+    assert code == 1 and read_reason(tmp_path, 0) == (
+        1,
+        "RuntimeError: delivery failed: broker timed out",
+    )
+
+
+@pytest.mark.parametrize(
+    ("public", "internal", "processes", "refused"),
+    [(9100, 9101, 2, True), (9100, 9101, 1, False), (9100, 9200, 3, False),
+     (9200, 9100, 101, True), (9100, 9200, 100, False)],
+)  # fmt: skip
+def test_overlapping_metrics_port_ranges_are_refused(
+    public: int, internal: int, processes: int, refused: bool
+) -> None:
+    """Before: with the entrypoint's 9100/9101, member 1's public port was member 0's internal
+    one, and 3 of 3 cluster starts failed. Now the launcher refuses before starting anyone."""
+    from privstream.cluster import check_ports
+
+    argv = ["run", "--config", "f.toml", f"--metrics-port={public}",
+            "--internal-metrics-port", str(internal)]  # fmt: skip
+    if refused:
+        with pytest.raises(ValueError, match="the ranges overlap"):
+            check_ports(argv, processes)
+    else:
+        check_ports(argv, processes)
+
+
+def test_each_member_gets_its_own_ports() -> None:
+    from privstream.cluster import _port_plus
+
+    argv = ["run", "--metrics-port", "9100", "--internal-metrics-port=9200", "--no-progress"]
+    argv = _port_plus(_port_plus(argv, "--metrics-port", 2), "--internal-metrics-port", 2)
+    assert argv == [
+        "run",
+        "--metrics-port",
+        "9102",
+        "--internal-metrics-port=9202",
+        "--no-progress",
+    ]

@@ -91,7 +91,8 @@ def test_readme_documents_every_exported_metric() -> None:
     allow-list ``PUBLIC_METRICS``); the "Internal metrics" table exactly ``INTERNAL``'s."""
     from prometheus_client import REGISTRY
 
-    import privstream.connectors.kafka_health  # noqa: F401  (defines the Kafka clients' metrics)
+    import privstream.connectors.kafka_health
+    import privstream.heartbeat  # noqa: F401  (defines the cluster members' progress)
     from privstream.operators.metrics import INTERNAL, PUBLIC_METRICS
     from tests.metric_names import exposed_name
 

@@ -203,3 +203,14 @@ def test_list_values_are_judged_against_the_streams_shape_one_by_one() -> None:
     # without a known shape, one batch per shape: the operator refuses those its task cannot take
     unshaped = [x for x in parse_json_lines(lines) if isinstance(x, EventBatch)]
     assert [b.values.tolist() for b in unshaped] == [[[1.0]], [[0.5, -1.0], [0.25, 2.0]]]
+
+
+def test_a_ts_event_without_a_clock_is_a_dead_letter_that_says_why() -> None:
+    """Issue 27 item 13: the README promised ``ts`` "with a slot clock" that no command can
+    configure; such an event was a bare ``missing_field: slot``. It now says the flow has no
+    slot clock (send ``slot``)."""
+    line = json.dumps({"stream": "a", "user": "u", "ts": "2024-01-01T00:00:00Z", "value": 1})
+    _batches, letters = split(parse_json_lines([line], streams=["a"]))
+    (letter,) = letters
+    assert letter.reason == "missing_field"
+    assert "slot clock" in letter.detail

@@ -73,7 +73,9 @@ def alerts(rules: list[dict[str, Any]]) -> set[str]:
 def exported_metrics() -> set[str]:
     """Every name privstream serves: the public allow-list, the internal registry (filled by
     the modules that define its metrics) and the audit job's verdict."""
-    for module in ("privstream.operators.metrics", "privstream.connectors.kafka_health"):
+    for module in (
+        "privstream.operators.metrics", "privstream.connectors.kafka_health", "privstream.heartbeat"
+    ):  # fmt: skip
         importlib.import_module(module)
     internal = {exposed_name(f) for f in INTERNAL.collect() if f.name.startswith(INTERNAL_PREFIX)}
     audit = AuditMetrics(0, "127.0.0.1")

@@ -32,6 +32,7 @@ LABELS: dict[str, frozenset[str]] = {
     "privstream_insecure_seed": frozenset(),
     "privstream_evaluation": frozenset(),
     "privstream_kafka_connected": frozenset({"client"}),
+    "privstream_cluster_member_progress_age_seconds": frozenset({"member"}),
     "up": frozenset(),
     "privstream_internal_events_total": frozenset({"stream"}),
     "privstream_internal_events_rejected_total": frozenset({"stream", "reason"}),

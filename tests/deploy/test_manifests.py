@@ -129,12 +129,35 @@ def test_the_recovery_store_is_on_the_persistent_volume_and_kept() -> None:
     assert set(statefulset["spec"]["persistentVolumeClaimRetentionPolicy"].values()) == {"Retain"}
 
 
-def test_flow_ports_match_the_entrypoint_the_service_and_the_network_policy() -> None:
-    container = flow_container()
-    assert ports(container) == {
-        "metrics": int(entrypoint_default("PRIVSTREAM_METRICS_PORT")),
-        "internal": int(entrypoint_default("PRIVSTREAM_INTERNAL_METRICS_PORT")),
+def member_ports(processes: int) -> dict[str, int]:
+    """The ports cluster member i serves (the launcher's PORT + i): ``metrics``/``internal``
+    for member 0, ``metrics-i``/``internal-i`` for the others."""
+    public = int(entrypoint_default("PRIVSTREAM_METRICS_PORT"))
+    internal = int(entrypoint_default("PRIVSTREAM_INTERNAL_METRICS_PORT"))
+    return {
+        **{"metrics" + (f"-{i}" if i else ""): public + i for i in range(processes)},
+        **{"internal" + (f"-{i}" if i else ""): internal + i for i in range(processes)},
     }
+
+
+def test_the_entrypoint_port_defaults_let_a_cluster_start() -> None:
+    """Issue 27: with 9100/9101 member 1's public port was member 0's internal one (3 of 3
+    cluster starts failed). The launcher's check passes for the deployed process count."""
+    from privstream.cluster import check_ports
+
+    argv = ["--metrics-port", entrypoint_default("PRIVSTREAM_METRICS_PORT"),
+            "--internal-metrics-port", entrypoint_default("PRIVSTREAM_INTERNAL_METRICS_PORT")]  # fmt: skip
+    processes = flow_file().run.processes
+    assert processes >= 2  # the deployed flow is a cluster: the check below means something
+    check_ports(argv, 100)  # and any cluster of up to 100 members fits
+
+
+def test_flow_ports_match_the_entrypoint_the_service_and_the_network_policy() -> None:
+    """Every member of the configured process count has its public and internal port declared
+    (the scrape jobs keep each by name: see the test below); the NetworkPolicy's ranges open
+    every public port to anyone and every internal one to Prometheus only."""
+    container = flow_container()
+    assert ports(container) == member_ports(flow_file().run.processes)
     service = objects()["Service"]["spec"]
     assert service["clusterIP"] == "None"
     assert {p["name"]: (p["port"], p["targetPort"]) for p in service["ports"]} == {
@@ -144,10 +167,15 @@ def test_flow_ports_match_the_entrypoint_the_service_and_the_network_policy() ->
     assert service["selector"].items() <= labels.items()
     policy = objects()["NetworkPolicy"]["spec"]
     assert policy["podSelector"]["matchLabels"].items() <= labels.items()
-    rules = {r["ports"][0]["port"]: r.get("from") for r in policy["ingress"]}
-    assert rules.keys() == ports(container).keys()
-    assert rules["metrics"] is None  # public: anyone
-    (prometheus,) = rules["internal"]
+    rules = {(r["ports"][0]["port"], r["ports"][0]["endPort"]): r.get("from")
+             for r in policy["ingress"]}  # fmt: skip
+    public, internal = sorted(rules)
+    for name, port in ports(container).items():
+        low, high = public if name.startswith("metrics") else internal
+        assert low <= port <= high, name
+    assert public[1] < internal[0]
+    assert rules[public] is None  # public: anyone
+    (prometheus,) = rules[internal]
     assert prometheus["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
 
 
@@ -286,7 +314,8 @@ def test_each_scrape_job_keeps_exactly_its_port_of_the_manifests() -> None:
                 result = relabel(target, job["relabel_configs"])
                 if result is not None:
                     kept[name] = result
-            expected = [j for j, (c, p) in JOBS.items() if (c, p) == (component, port)]
+            member = re.sub(r"-[0-9]+$", "", port)  # metrics-1: member 1's public metrics
+            expected = [j for j, (c, p) in JOBS.items() if (c, p) == (component, member)]
             assert list(kept) == expected, f"{component} port {port}"
             for labels in kept.values():
                 assert labels["namespace"] == "ns"
@@ -322,7 +351,7 @@ def test_prometheus_config_passes_promtool(tmp_path: Path) -> None:
 def test_containerfile_exposes_the_ports_and_runs_the_entrypoint() -> None:
     text = (DEPLOY / "Containerfile").read_text()
     assert "ARG BASE=docker.io/library/python:3.11-slim-bookworm" in text
-    assert re.search(r"^EXPOSE 9100 9101 9102$", text, re.M)
+    assert re.search(r"^EXPOSE 9100 9101 9102 9200 9201$", text, re.M)
     target = re.search(r"^COPY deploy/entrypoint\.sh (\S+)$", text, re.M)
     assert target and f'ENTRYPOINT ["{target[1]}"]' in text
     assert re.search(r"^USER 10001:10001$", text, re.M)

@@ -189,3 +189,77 @@ def test_a_killed_process_and_a_restarted_cluster_release_what_one_process_relea
                  key, "--recovery-dir", str(alone_store))  # fmt: skip
     assert alone.returncode == 0, alone.stderr[-3000:]
     assert _outputs(kafka, "killed") == _outputs(kafka, "alone")
+
+
+def test_slots_stops_a_cluster_with_fewer_partitions_than_processes_and_a_finished_store(
+    kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    """Issue 27 item 11: ``--slots T`` ran for ever on a cluster of 3 over a 1-partition topic,
+    and when every slot was already released by an earlier run. Both now stop by themselves."""
+    topic = f"events-{uuid.uuid4().hex[:8]}"
+    create_topics(kafka, [TopicSpec(topic, partitions=1)])
+    for stream, dataset in STREAMS:
+        _produce(kafka, topic, stream, dataset, 1, SLOTS)
+    key = str(write_secret(tmp_path / "noise.key"))
+    config = _config(tmp_path, kafka, topic, "few")
+    flags = ("--slots", str(LAST), "--secret-file", key, "--processes", "3", "--recovery-dir",
+             str(tmp_path / "store"))  # fmt: skip
+    first = _run(config, *flags, timeout=240)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert _expected_keys() <= _outputs(kafka, "few")["releases"].keys()
+    started = time.monotonic()
+    again = _run(config, *flags, timeout=240)  # every slot already released
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert time.monotonic() - started < 120
+
+
+def test_a_frozen_member_is_named_and_fails_the_cluster(
+    kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    """Issue 27 item 9: a member frozen by SIGSTOP stalled the cluster silently (no log line in
+    60 s, the launcher waiting for ever). The launcher now names it and fails (exit 4) after
+    ``--stall-limit``; the other member reports its progress age as a public metric."""
+    from privstream.connectors.broker import free_port
+
+    topic = f"events-{uuid.uuid4().hex[:8]}"
+    create_topics(kafka, [TopicSpec(topic, partitions=2)])
+    for stream, dataset in STREAMS:
+        _produce(kafka, topic, stream, dataset, 1, 4)
+    key = str(write_secret(tmp_path / "noise.key"))
+    config = _config(tmp_path, kafka, topic, "frozen")
+    port = free_port()
+    with open(tmp_path / "launcher.stderr", "wb") as err:
+        launcher = subprocess.Popen(
+            [*PRIVSTREAM, "run", "--config", str(config), "--secret-file", key, "--processes",
+             "2", "--recovery-dir", str(tmp_path / "store"), "--stall-limit", "8",
+             "--metrics-port", str(port), "--internal-metrics-port", str(port + 100)],
+            stdout=subprocess.DEVNULL, stderr=err, env=cli_env(),
+        )  # fmt: skip
+    try:
+        wait_for_messages(kafka, "releases-frozen",
+                          lambda got: {m.key() for m in got} >= {b"visits/PBD/2"}, 120)  # fmt: skip
+        (frozen,) = [pid for pid in _children(launcher.pid)
+                     if b"--process-id\x001\x00" in Path(f"/proc/{pid}/cmdline").read_bytes()]  # fmt: skip
+        os.kill(frozen, signal.SIGSTOP)
+        stopped = time.monotonic()
+        time.sleep(5)
+        age = _member_age(port, "1")  # member 0 still serves; it sees member 1 age
+        code = launcher.wait(timeout=90)
+        took = time.monotonic() - stopped
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    stderr = (tmp_path / "launcher.stderr").read_text()
+    assert code == 4, stderr[-3000:]
+    assert 8 <= took < 60
+    assert 3 <= age < 9
+    assert "cluster member 1 made no progress for 8 s (frozen or hung)" in stderr, stderr[-3000:]
+
+
+def _member_age(port: int, member: str) -> float:
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    (line,) = [line for line in text.splitlines() if line.startswith(
+        f'privstream_cluster_member_progress_age_seconds{{member="{member}"}}')]  # fmt: skip
+    return float(line.split()[-1])

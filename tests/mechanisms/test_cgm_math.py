@@ -544,3 +544,22 @@ def test_t_max_rejects_bad_parameters() -> None:
         t_max(0.0, 1.0)
     with pytest.raises(ValueError, match="sigma1_norm"):
         t_max(1.0, math.inf)
+
+
+def test_a_huge_vector_is_clipped_to_the_ball_boundary_not_the_centre() -> None:
+    """Issue 27 item 13: ``‖x − c‖`` overflowed to inf, ``R/inf = 0`` and the vector landed on
+    the centre (a user far out in a direction was reported as average). It now lands on the
+    sphere in its own direction, also when ``x − c`` itself overflows."""
+    from privstream.mechanisms.cgm_math import ball_clip, diff_clip
+
+    center = np.array([1.0, -2.0])
+    out = ball_clip(np.array([[1e200, 1e200], [-1.7e308, 0.0], [3.0, -2.0]]), center, 2.0)
+    direction = np.array([1.0, 1.0]) / np.sqrt(2.0)
+    np.testing.assert_allclose(out[0], center + 2.0 * direction, rtol=1e-12)
+    np.testing.assert_allclose(out[1], center + np.array([-2.0, 0.0]), rtol=1e-12)
+    np.testing.assert_array_equal(out[2], [3.0, -2.0])  # inside: unchanged
+    assert np.all(np.isfinite(out))
+    far = ball_clip(np.array([[1.7e308, 1.7e308]]), np.array([-1.7e308, -1.7e308]), 1.0)
+    assert np.all(np.isfinite(far))  # x − c overflows: still a finite point of the ball
+    moved = diff_clip(np.array([[1e300, -1e300]]), np.array([[0.0, 0.0]]), np.array([3.0]))
+    np.testing.assert_allclose(moved, [[3.0 / np.sqrt(2.0), -3.0 / np.sqrt(2.0)]], rtol=1e-12)
