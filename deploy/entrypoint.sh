@@ -6,6 +6,9 @@
 #                                   stream, chosen by FLAG ...: mechanisms, topics, ε, w), with
 #                                   the production fixed parts below
 #   entrypoint.sh audit [FLAG ...]  privstream audit FLAG ... (the audit CronJob)
+#   entrypoint.sh clock [FLAG ...]  privstream clock --config "$PRIVSTREAM_CONFIG": the flow's
+#                                   slot clock (the clock Deployment), with the clock key from
+#                                   PRIVSTREAM_CLOCK_KEY_FILE and PRIVSTREAM_SLOT_SECONDS
 #   entrypoint.sh --help            this text and privstream's help
 #
 # The fixed parts of a flow, each overridable from the environment (default in brackets):
@@ -32,13 +35,22 @@ fail() {
 }
 
 usage() {
-    sed -n '2,22s/^# \{0,1\}//p' "$0"
+    sed -n '2,25s/^# \{0,1\}//p' "$0"
 }
 
 case "${1:-}" in
 audit)
     shift
     exec privstream audit "$@"
+    ;;
+clock)
+    shift
+    clock_key=${PRIVSTREAM_CLOCK_KEY_FILE:-/var/run/secrets/privstream-clock/clock.key}
+    [ -s "$clock_key" ] || fail "the clock key file $clock_key is missing or empty; create" \
+        "the clock's Secret (deploy/kubernetes/clock.yaml says how)"
+    [ -n "${PRIVSTREAM_CONFIG:-}" ] || fail "set PRIVSTREAM_CONFIG to the flow file"
+    exec privstream clock --config "$PRIVSTREAM_CONFIG" --clock-key-file "$clock_key" \
+        --slot-seconds "${PRIVSTREAM_SLOT_SECONDS:-60}" "$@"
     ;;
 -h | --help)
     if [ -n "${PRIVSTREAM_FAMILY:-}" ]; then

@@ -407,20 +407,33 @@ def _kafka_tools(commands: Any) -> None:
         help="write the authenticated end-of-slot markers of a markers-clock run, one per slot "
         "as real time passes",
     )
-    clock.add_argument("--topic", required=True, help="event topic (must exist)")
-    clock.add_argument("--stream", action="append", required=True, help="stream (repeatable)")
+    clock.add_argument(
+        "--config", help="a flow file: its input topic, every stream and its Kafka settings"
+    )
+    clock.add_argument("--topic", help="event topic (must exist; or --config)")
+    clock.add_argument("--stream", action="append", help="stream (repeatable; or --config)")
     clock.add_argument("--slot-seconds", type=_positive_float, default=60.0)
     clock.add_argument(
         "--origin", type=float, default=0.0, help="Unix time of slot 0 (default: the epoch)"
     )
     clock.add_argument(
-        "--first-slot", type=int, help="first marker (default: the next slot to end)"
+        "--first-slot",
+        type=int,
+        help="first marker (default: --catch-up slots before the next slot to end)",
+    )
+    clock.add_argument(
+        "--catch-up",
+        type=int,
+        default=64,
+        help="at start, re-mark this many slots before the current one, one per slot, so a "
+        "clock that was down closes the slots it missed without a jump (markers of closed "
+        "slots are ignored; default 64, the markers clock's look-ahead)",
     )
     clock.add_argument("--through", type=int, help="last marker (default: run until stopped)")
     clock.add_argument(
         "--now", action="store_true", help="write the markers at once (tests, demos; --through)"
     )
-    _kafka_flags(clock, required=True)
+    _kafka_flags(clock)
     _clock_key_flags(clock)
     key = commands.add_parser(
         "clock-key", help="print the clock key (hex) of the secret, for clock writers"
@@ -794,17 +807,34 @@ def clock(args: argparse.Namespace) -> int:
         raise ValueError("the clock needs its key: --clock-key-file, $PRIVSTREAM_CLOCK_KEY or "
                          "--secret-file")  # fmt: skip
     if args.now and args.through is None:
-        raise ValueError("--now writes the markers through --through at once: give --through")
+        raise ValueError("--now writes the markers at once through --through: give --through")
+    settings, topic, streams = _clock_target(args)
     first = args.first_slot
     if first is None:
-        first = int((time.time() - args.origin) // args.slot_seconds) + 1
+        now = int((time.time() - args.origin) // args.slot_seconds) + 1
+        first = max(now - max(args.catch_up, 0), 1)
     last = write_clock(
-        _kafka_settings(args), args.topic, args.stream, key, first_slot=first,
-        through=args.through, slot_seconds=args.slot_seconds, origin=args.origin,
-        wait=not args.now,
+        settings, topic, streams, key, first_slot=first, through=args.through,
+        slot_seconds=args.slot_seconds, origin=args.origin, wait=not args.now,
     )  # fmt: skip
-    print(f"wrote end-of-slot markers {first}..{last} to {args.topic}", file=sys.stderr)
+    print(f"wrote end-of-slot markers {first}..{last} to {topic}", file=sys.stderr)
     return 0
+
+
+def _clock_target(args: argparse.Namespace) -> tuple[Any, str, list[str]]:
+    """Where the clock writes: a flow file's input topic and streams, or the flags'."""
+    if args.config is not None:
+        from privstream.flow_config import load
+        from privstream.flows.streams import kafka_io
+
+        config = load(args.config)
+        kafka = kafka_io(config)
+        return kafka.settings, kafka.input_topic, [s.name for s in config.streams]
+    if not args.topic or not args.stream:
+        raise ValueError("the clock needs --config FLOW_FILE, or --topic and --stream")
+    if not (args.bootstrap or os.environ.get("PRIVSTREAM_BOOTSTRAP")):
+        raise ValueError("the clock needs --bootstrap (or $PRIVSTREAM_BOOTSTRAP) or --config")
+    return _kafka_settings(args), args.topic, list(args.stream)
 
 
 def clock_key(args: argparse.Namespace) -> int:

@@ -312,3 +312,28 @@ def test_run_refuses_a_delta_of_at_least_one_over_n(
     assert {e["details"]["delta"] for e in read(ledger)} == {0.005}
     assert main([*argv, "--delta", "1e-5", "--overwrite-output"]) == 0  # a new incarnation
     assert {e["details"]["delta"] for e in read(ledger)} == {1e-5}
+
+
+def test_the_clock_catches_up_from_a_flow_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clock writer that was down must not jump (the flow refuses a jump past
+    ``max_clock_jump``): it starts ``--catch-up`` slots back and marks one slot at a time.
+    With ``--config`` the flow file names the topic, the streams and the brokers."""
+    import privstream.connectors.producer as producer
+
+    calls: list[dict[str, Any]] = []
+
+    def fake_write_clock(settings: Any, topic: str, streams: Any, key: bytes, **kw: Any) -> int:
+        calls.append({"topic": topic, "streams": list(streams), "bootstrap": settings.bootstrap, **kw})
+        return int(kw["through"] or 0)
+
+    monkeypatch.setattr(producer, "write_clock", fake_write_clock)
+    monkeypatch.setattr("time.time", lambda: 1000.0 * 60 + 30)  # in slot 1001 of 60 s slots
+    flow = Path(__file__).parent.parent / "deploy" / "flow.toml"
+    key = secret_file(tmp_path)
+    assert main(["clock", "--config", str(flow), "--secret-file", str(key), "--catch-up", "5",
+                 "--through", "1010"]) == 0  # fmt: skip
+    (call,) = calls
+    assert call["first_slot"] == 1001 - 5 and call["wait"] is True
+    assert call["topic"] == "events" and call["bootstrap"] == "kafka-bootstrap.kafka.svc:9092"
+    assert call["streams"] == ["country", "device", "page", "session", "visits"]
+    assert main(["clock", "--topic", "t", "--secret-file", str(key)]) == 2  # no stream, no config

@@ -373,3 +373,28 @@ def test_make_image_runs_the_build_script_and_its_outputs_are_ignored() -> None:
     paths = ["dist/privstream-0.1.0-py3-none-any.whl", "build/image/rootfs.tar"]
     done = subprocess.run(["git", "check-ignore", *paths], cwd=ROOT, capture_output=True, text=True)
     assert done.stdout.split() == paths
+
+
+def test_the_clock_deployment_holds_the_clock_key_and_never_the_noise_key() -> None:
+    """Issue 18 §1: a flow on Kafka closes slots only on markers tagged with the clock key, so
+    the deployment ships the writer of those markers; it runs the entrypoint's ``clock`` mode
+    over the same flow file and mounts the clock key where the entrypoint reads it, never the
+    noise key (which would let it remove the noise)."""
+    pod = objects()["Deployment"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"] == ["clock"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["PRIVSTREAM_CONFIG"] == flow_container_env()["PRIVSTREAM_CONFIG"]
+    secrets_mounted = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    assert secrets_mounted == {"privstream-ldp-ids-clock-key"}
+    assert objects()["Secret"]["metadata"]["name"] not in secrets_mounted
+    (key_volume,) = [v for v in pod["volumes"] if "secret" in v]
+    mount = {m["name"]: m for m in container["volumeMounts"]}[key_volume["name"]]
+    default = Path(entrypoint_default("PRIVSTREAM_CLOCK_KEY_FILE"))
+    assert Path(mount["mountPath"]) == default.parent and mount["readOnly"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["securityContext"]["runAsNonRoot"] is True
+
+
+def flow_container_env() -> dict[str, str]:
+    return {e["name"]: e["value"] for e in flow_container()["env"] if "value" in e}
