@@ -52,7 +52,14 @@ from typing import Any
 
 from bytewax.dataflow import Dataflow
 
-from privstream.flows.io import KafkaIO, Source, assemble, resolve_source, slotting_for
+from privstream.flows.io import (
+    KafkaIO,
+    Source,
+    assemble,
+    resolve_source,
+    slotting_for,
+    stream_plan,
+)
 from privstream.flows.secret import resolve_noise_key
 from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.contract import Release
@@ -113,6 +120,8 @@ def build(
         epsilon=eps, window=win, population=users, task=source.task, **options
     )
     registration = _registration(entry, source, kafka, preferences, (users, eps, win, seed))
+    if kafka is not None and kafka.published:  # a new incarnation's cooldown (issue 18 §2)
+        kafka = kafka.with_gaps({source.stream: stream_plan(entry, names, config, registration)})
     step = entry.name.replace("-", "_")
     operator = functools.partial(
         family_mechanisms, step, family=entry, mechanism=names, config=config, secret=key,

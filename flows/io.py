@@ -39,11 +39,13 @@ from privstream.connectors.kafka_sink import kafka_output
 from privstream.connectors.sources import SyntheticSource, detect_format, file_source
 from privstream.events import MAX_EVENT_BYTES, DeadLetter, EventBatch
 from privstream.flow_config import check_input_clock
-from privstream.mechanisms.contract import Halt, Release
+from privstream.mechanisms.contract import Gap, Halt, Release
+from privstream.mechanisms.registry import Family, FamilyConfig
 from privstream.mechanisms.tasks import BallTask, EstimationTask, FrequencyTask, MeanTask
 from privstream.operators.metrics import BOARD, count_dead_letter
+from privstream.operators.registration import Preferences
 from privstream.operators.slotting import MechanismOut, SlottingConfig
-from privstream.republish import skip_published
+from privstream.republish import StreamPlan, gap_records, plan_gaps, skip_published
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +124,11 @@ class KafkaIO:
         published: each stream's last slot published by an earlier incarnation (the store's
             floors, ``privstream.republish``): events of those slots are ``already_published``
             dead letters, so no release id is computed twice.
+        gaps: each mechanism's cooldown after its stream's floor (``republish.plan_gaps``,
+            set by ``with_gaps``): its events are ``incarnation_cooldown`` dead letters and
+            its ``Gap`` records go to the ledger output once.
+        new_population: the operator states that a new incarnation's population is a new one
+            (a whole-stream guarantee may then start afresh after the published slots).
     """
 
     settings: KafkaSettings
@@ -138,6 +145,8 @@ class KafkaIO:
     clock: str = "markers"
     trust_input_clock: bool = False
     published: Mapping[str, int] = field(default_factory=dict)
+    gaps: tuple[Gap, ...] = ()
+    new_population: bool = False
 
     def __post_init__(self) -> None:
         check_input_clock(self.clock, self.trust_input_clock)
@@ -150,6 +159,12 @@ class KafkaIO:
         """This with the input topic's partition count taken from ``counts`` (topic → partition
         count, as ``require_topics`` returns it)."""
         return replace(self, partitions=counts[self.input_topic])
+
+    def with_gaps(self, plans: Mapping[str, StreamPlan]) -> KafkaIO:
+        """This with the cooldown of every stream of ``plans`` after its floor
+        (``republish.plan_gaps``; raises ``IncompatibleState`` for a whole-stream guarantee)."""
+        gaps = plan_gaps(self.published, plans, new_population=self.new_population)
+        return replace(self, gaps=gaps)
 
 
 def events(
@@ -202,7 +217,7 @@ def kafka_events(
     batches, dead = parse_polls(raw, streams, shapes, kafka.max_event_bytes)
     if not kafka.published:
         return batches, dead
-    batches, skipped = skip_published(batches, kafka.published)
+    batches, skipped = skip_published(batches, kafka.published, kafka.gaps)
     return batches, op.merge("parse_or_published", dead, skipped)
 
 
@@ -268,8 +283,11 @@ def outputs(
     stall = kafka.stall_warning_seconds
     kafka_output("releases_out", releases, kafka.settings, kafka.output_topic, record_message,
                  stall_seconds=stall)  # fmt: skip
+    ledger: Stream[Any] = mech.ledger
+    if kafka.gaps and kafka.ledger_topic:
+        ledger = op.merge("ledger_and_gaps", ledger, gap_records(ledger.flow(), kafka.gaps))
     if kafka.ledger_topic:
-        kafka_output("ledger_out", mech.ledger, kafka.settings, kafka.ledger_topic, record_message,
+        kafka_output("ledger_out", ledger, kafka.settings, kafka.ledger_topic, record_message,
                      stall_seconds=stall)  # fmt: skip
     if kafka.dead_letter_topic:
         kafka_output("dead_letters_out", dead, kafka.settings, kafka.dead_letter_topic,
@@ -387,6 +405,20 @@ def assemble(
         progress=progress,
     )
     return flow
+
+
+def stream_plan(
+    entry: Family, names: Sequence[str], config: FamilyConfig, registration: Preferences | None
+) -> StreamPlan:
+    """What the cooldown of a new incarnation needs of one stream (``republish.StreamPlan``):
+    each mechanism's declared guarantee and the registered classes' windows."""
+    windows: set[int] = set()
+    if registration is not None:
+        windows.update(int(w) for _eps, w in registration.by_user.values())
+        if registration.windows is not None:
+            windows.update(int(w) for w in set(registration.windows.tolist()) if w)
+    guarantees = tuple(entry.build(name, config).privacy_cost for name in names)
+    return StreamPlan(tuple(names), guarantees, tuple(sorted(windows)))
 
 
 def slotting_for(kafka: KafkaIO | None, lateness: int, client_path: str) -> SlottingConfig:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import bytewax.operators as op
@@ -29,15 +30,16 @@ from privstream.connectors import control
 from privstream.connectors.kafka import KafkaSettings
 from privstream.events import EventBatch
 from privstream.flow_config import FlowConfig, StreamSection, estimation_task
-from privstream.flows.io import KafkaIO, kafka_events, outputs, slotting_for
+from privstream.flows.io import KafkaIO, kafka_events, outputs, slotting_for, stream_plan
 from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.contract import Release
-from privstream.mechanisms.registry import family
+from privstream.mechanisms.registry import Family, family
 from privstream.mechanisms.seeding import NoiseKey
 from privstream.operators.family import family_mechanisms
 from privstream.operators.metrics import BOARD
 from privstream.operators.registration import Preferences
 from privstream.operators.slotting import MechanismOut
+from privstream.republish import StreamPlan
 
 __all__ = ["build_streams", "kafka_io", "registration_for"]
 
@@ -66,6 +68,8 @@ def build_streams(
     progress: Callable[[Release], None] | None = None,
 ) -> Dataflow:
     """The dataflow of every stream of ``config`` over ``kafka`` (with its partition count)."""
+    if kafka.published:  # a new incarnation's cooldown (issue 18 §2)
+        kafka = kafka.with_gaps(_plans(config))
     stop = control.fresh()
     BOARD.clear()
     flow = Dataflow("privstream_streams")
@@ -84,14 +88,18 @@ def build_streams(
     return flow
 
 
-def _stream_operator(
-    spec: StreamSection,
-    keyed: KeyedStream[EventBatch],
-    config: FlowConfig,
-    kafka: KafkaIO,
-    secret: NoiseKey,
-) -> MechanismOut:
-    """``spec``'s family operator over its own events (the batches keyed by its name)."""
+@dataclass(frozen=True)
+class _Setup:
+    """One stream's family, its config, its registration and its client path."""
+
+    entry: Family
+    config: Any
+    registration: Preferences | None
+    client_path: str
+
+
+def _setup(spec: StreamSection, config: FlowConfig) -> _Setup:
+    """``spec``'s family config and registration (as its operator runs them)."""
     entry = family(spec.family)
     options = dict(spec.options)
     client_path = str(options.pop("client_path", "aggregate"))
@@ -102,13 +110,37 @@ def _stream_operator(
     registration = registration_for(spec, config) if entry.trust == "cdp" else None
     if spec.registered_only:  # a closed LDP population: the table's users, unscaled
         registration = Preferences(by_user=dict(config.population.preferences))
+    return _Setup(entry, family_config, registration, client_path)
+
+
+def _plans(config: FlowConfig) -> dict[str, StreamPlan]:
+    """Every stream's cooldown plan (``flows.io.stream_plan``)."""
+    plans = {}
+    for spec in config.streams:
+        setup = _setup(spec, config)
+        plans[spec.name] = stream_plan(
+            setup.entry, setup.entry.names(spec.mechanisms), setup.config, setup.registration
+        )
+    return plans
+
+
+def _stream_operator(
+    spec: StreamSection,
+    keyed: KeyedStream[EventBatch],
+    config: FlowConfig,
+    kafka: KafkaIO,
+    secret: NoiseKey,
+) -> MechanismOut:
+    """``spec``'s family operator over its own events (the batches keyed by its name)."""
+    setup = _setup(spec, config)
+    entry = setup.entry
     mine: Any = op.filter(f"stream_{spec.name}", keyed, functools.partial(_is, spec.name))
     step = f"{entry.name.replace('-', '_')}_{spec.name}"
     return family_mechanisms(
-        step, mine, family=entry, mechanism=spec.mechanisms, config=family_config,
-        secret=secret, slotting=slotting_for(kafka, spec.lateness, client_path),
+        step, mine, family=entry, mechanism=spec.mechanisms, config=setup.config,
+        secret=secret, slotting=slotting_for(kafka, spec.lateness, setup.client_path),
         split=BudgetSplit.parse(spec.budget_split, len(spec.mechanisms)),
-        registration=registration,
+        registration=setup.registration,
     )  # fmt: skip
 
 

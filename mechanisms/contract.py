@@ -246,6 +246,32 @@ class Halt:
         return {"schema": SCHEMA_VERSION, **asdict(self)}
 
 
+@dataclass(frozen=True)
+class Gap:
+    """A mechanism deliberately releases nothing for the slots ``first..last`` of a stream.
+
+    Written to the ledger output (``kind = "gap"``) by a new incarnation that starts after slots
+    an earlier one published (``privstream.republish``): the slots of its cooldown are skipped
+    so that no window holds the spend of both incarnations. An auditor does not count them as
+    lost; anything released inside them is a problem. ``reason`` names why, never a user.
+    """
+
+    stream: str
+    mechanism: str
+    first: int
+    last: int
+    reason: str
+    kind: str = "gap"
+
+    @property
+    def slot(self) -> int:
+        """The slot its record is keyed by (``stream/mechanism/first``: no entry has it)."""
+        return self.first
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA_VERSION, **asdict(self)}
+
+
 def finite_or_none(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
 

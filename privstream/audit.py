@@ -6,7 +6,9 @@ It reads the releases and ledger entries a flow wrote — JSON-lines files (``pr
 
 1. ``complete_slots``: every (stream, mechanism) has its release and ledger entry at every slot
    from its first to its last (or to ``expect_slots``), except after a halt record
-   ``{"kind": "halt", "stream", "mechanism", "slot", "reason"}`` in the ledger;
+   ``{"kind": "halt", "stream", "mechanism", "slot", "reason"}`` in the ledger, and except the
+   slots ``first..last`` of a recorded gap ``{"kind": "gap", "stream", "mechanism", "first",
+   "last", "reason"}`` (a new incarnation's cooldown: anything published inside it fails);
 2. ``unique_payloads``: no release id (``stream/mechanism/slot`` for ledger entries) carries
    two different payloads; identical copies (at-least-once output) are counted, not failed;
 3. ``window_budget``: budget division — every privacy class's per-slot ``charged`` summed over
@@ -191,9 +193,13 @@ class _Entry(msgspec.Struct, gc=False):
 
 
 class _Halt(msgspec.Struct):
+    """A halt or gap record (or another kind, skipped with a note)."""
+
     kind: str
     stream: str
-    slot: int
+    slot: int | None = None
+    first: int | None = None
+    last: int | None = None
     mechanism: str | None = None
     reason: str = ""
     schema: int | None = None
@@ -322,6 +328,7 @@ class Collector:
         self._classes: list[dict[str, NDArray[Any]]] = []
         self._rows = 0
         self._halts: dict[tuple[str, str | None], int] = {}
+        self._gaps: dict[tuple[str, str], set[tuple[int, int]]] = {}
         self._unknown_kinds: set[str] = set()
         self._guarantee_ids: dict[_Guarantee, int] = {}
 
@@ -575,15 +582,34 @@ class Collector:
         problem = _schema_problem(rec.schema)
         if problem is not None:
             self._malformed("ledger", number, f"{rec.kind} record: {problem}")
+        elif rec.kind == "gap":
+            return self._take_gap(rec, number)
+        elif rec.kind == "halt" and rec.slot is None:
+            self._malformed("ledger", number, "halt record without a slot")
         elif rec.kind == "halt":
-            key = (rec.stream, rec.mechanism)
+            slot, key = int(rec.slot or 0), (rec.stream, rec.mechanism)
             if key not in self._halts and len(self._halts) < PROBLEM_LIMIT:
                 who = f"{rec.stream}/{rec.mechanism}" if rec.mechanism else f"stream {rec.stream}"
-                self.notes.append(f"{who} halted at slot {rec.slot}: {rec.reason}")
-            self._halts[key] = min(rec.slot, self._halts.get(key, rec.slot))
+                self.notes.append(f"{who} halted at slot {slot}: {rec.reason}")
+            self._halts[key] = min(slot, self._halts.get(key, slot))
         elif rec.kind not in self._unknown_kinds:
             self._unknown_kinds.add(rec.kind)
             self.notes.append(f"ledger records of kind {rec.kind!r} are not audited")
+        return True
+
+    def _take_gap(self, rec: _Halt, number: int) -> bool:
+        """Take a gap record: a mechanism's deliberate gap ``first..last`` (a new incarnation's
+        cooldown), noted once per gap."""
+        if rec.mechanism is None or rec.first is None or rec.last is None or rec.first > rec.last:
+            self._malformed("ledger", number, "gap record without a mechanism and slots")
+            return True
+        gaps = self._gaps.setdefault((rec.stream, rec.mechanism), set())
+        if (rec.first, rec.last) not in gaps and len(self.notes) < PROBLEM_LIMIT:
+            self.notes.append(
+                f"{rec.stream}/{rec.mechanism} released nothing for slots {rec.first}..{rec.last} "
+                f"on purpose: {rec.reason}"
+            )
+        gaps.add((rec.first, rec.last))
         return True
 
     def finish(self) -> Published:
@@ -615,6 +641,7 @@ class Collector:
             ledger=LedgerTable(**ledger),
             classes=ClassTable(**_concatenate(self._classes, _CLASS_DTYPES)),
             halts=halts,
+            gaps={self._pair(s, m): sorted(g) for (s, m), g in self._gaps.items()},
             releases=releases,
             guarantees=[
                 (g.measure, _budget(g), g.delta or 0.0, g.text()) for g in self._guarantee_ids
@@ -1003,10 +1030,11 @@ def _checks(
             f"{collector.lines['release']} release and {collector.lines['ledger']} ledger "
             f"lines read, {collector.malformed} not of the schema"
         )),
-        "complete_slots": _check(slots.missing + slots.after_halt, (
+        "complete_slots": _check(slots.missing + slots.after_halt + slots.in_gap, (
             f"{slots.expected} slots expected over {len(pub.pairs)} (stream, mechanism) pairs, "
             f"{slots.missing} missing, {slots.halted} pairs halted, {slots.after_halt} "
-            "outputs after a halt"
+            f"outputs after a halt, {slots.gap_slots} slots of recorded gaps, {slots.in_gap} "
+            "outputs inside one"
         )),
         "unique_payloads": _check(collector.conflicting, (
             f"{collector.duplicates} duplicate copies (at-least-once output), "

@@ -103,6 +103,8 @@ class Published:
     ledger: LedgerTable
     classes: ClassTable
     halts: dict[int, int]
+    gaps: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    """Per pair, its recorded gaps ``(first, last)`` (a new incarnation's cooldown)."""
     releases: dict[str, NDArray[Any]] = field(default_factory=dict)
     guarantees: list[tuple[str, float, float, str]] = field(default_factory=list)
 
@@ -193,6 +195,8 @@ class SlotCounts:
     missing: int = 0
     halted: int = 0
     after_halt: int = 0
+    gap_slots: int = 0
+    in_gap: int = 0
 
 
 def _slots_by_pair(pair: I64, slot: I64, pairs: int) -> list[I64]:
@@ -207,7 +211,9 @@ def check_slots(pub: Published, expect_slots: int | None, findings: Findings) ->
     """Every (stream, mechanism) has a release and a ledger entry at every slot from its first
     to its last (or to ``expect_slots``), except after a halt: a halt record at slot ``h`` makes
     slots ``≥ h`` not expected (nothing of a halted slot is released), and anything published
-    after ``h`` is a problem."""
+    after ``h`` is a problem; a recorded gap ``first..last`` (``Published.gaps``) makes its
+    slots not expected, and anything published inside it is a problem. An unrecorded gap stays
+    missing slots."""
     counts = SlotCounts(halted=len(pub.halts))
     n = len(pub.pairs)
     releases = _slots_by_pair(pub.release_pair, pub.release_slot, n)
@@ -228,11 +234,30 @@ def check_slots(pub: Published, expect_slots: int | None, findings: Findings) ->
                 findings.add("published_after_halt", pub.name(p, t), f"halted at slot {halt}")
         present = np.intersect1d(releases[p], ledger[p], assume_unique=True)
         present = present[(present >= first) & (present <= end)]
-        expected = max(0, end - first + 1)
-        counts.expected += expected
-        counts.missing += expected - int(present.size)
+        skipped = _gap_slots(pub, p, seen, first, end, counts, findings)
+        present = np.union1d(present, skipped)
+        span = max(0, end - first + 1)
+        counts.expected += span - int(skipped.size)
+        counts.missing += span - int(present.size)
         _report_missing(findings, pub, p, present, first, end, (releases[p], ledger[p]))
     return counts
+
+
+def _gap_slots(
+    pub: Published, p: int, seen: I64, first: int, end: int, counts: SlotCounts, found: Findings
+) -> I64:
+    """The slots of ``first..end`` inside pair ``p``'s recorded gaps (not expected); what was
+    published inside one is counted and reported."""
+    inside: list[I64] = []
+    for lo, hi in pub.gaps.get(p, []):
+        published = seen[(seen >= lo) & (seen <= hi)]
+        counts.in_gap += int(published.size)
+        for t in published[: max(found.room(), 0)].tolist():
+            found.add("published_in_gap", pub.name(p, t), f"inside the recorded gap {lo}..{hi}")
+        inside.append(np.arange(max(lo, first), min(hi, end) + 1, dtype=np.int64))
+    slots = np.unique(np.concatenate(inside)) if inside else np.empty(0, dtype=np.int64)
+    counts.gap_slots += int(slots.size)
+    return slots
 
 
 def _report_missing(

@@ -156,6 +156,24 @@ def _charged(pub: Published) -> F64:
     return charged
 
 
+def _segment_start(pub: Published, pair: I64, slot: I64) -> I64:
+    """Per release, the first slot after the last recorded gap of its pair before it (0 when
+    none): a new incarnation starts from its own initial estimate after its cooldown."""
+    start = np.zeros(slot.size, dtype=np.int64)
+    for p, gaps in pub.gaps.items():
+        mine = pair == p
+        for _first, last in gaps:
+            after = mine & (slot > last)
+            start[after] = np.maximum(start[after], last + 1)
+    return start
+
+
+def _keys_between(keys: I64, lo: I64, hi: I64) -> I64:
+    """Per ``(lo, hi)``: how many of the sorted ``keys`` lie in ``[lo, hi)``."""
+    counts: I64 = np.searchsorted(keys, hi) - np.searchsorted(keys, lo)
+    return counts
+
+
 def check_sources(pub: Published, findings: Findings, counts: ClaimCounts) -> None:
     """Every repeat repeats its source publication exactly; every publication names its own
     slot and was charged (``repeated_publications``)."""
@@ -165,8 +183,6 @@ def check_sources(pub: Published, findings: Findings, counts: ClaimCounts) -> No
     order = np.argsort(_key(pair[publish], slot[publish]))
     pub_keys = _key(pair[publish], slot[publish])[order]
     pub_hash = rel["estimate"][publish][order]
-    first = np.full(len(pub.pairs), np.iinfo(np.int64).max)
-    np.minimum.at(first, pair[publish], slot[publish])
     repeat = ~publish
     sourced = repeat & (source >= 0)
     pos, found = _lookup(pub_keys, _key(pair, np.maximum(source, 0)))
@@ -174,7 +190,8 @@ def check_sources(pub: Published, findings: Findings, counts: ClaimCounts) -> No
     wrong_source = sourced & ~found
     wrong_source |= sourced & (source >= slot)
     differs = found & (pub_hash[pos] != rel["estimate"]) & ~wrong_source
-    early = repeat & (source < 0) & (~rel["zero"] | (first[pair] < slot))
+    since = _keys_between(pub_keys, _key(pair, _segment_start(pub, pair, slot)), _key(pair, slot))
+    early = repeat & (source < 0) & (~rel["zero"] | (since > 0))
     bad_publish = publish & (source != slot)
     led_keys = _key(pub.ledger.pair, pub.ledger.slot)
     led_order = np.argsort(led_keys)

@@ -220,6 +220,13 @@ def _output_flags(p: argparse.ArgumentParser) -> None:
         help="let a new secure run replace a non-empty --out (refused by default: its release "
         "ids would be computed a second time with fresh noise)",
     )
+    p.add_argument(
+        "--new-population",
+        action="store_true",
+        help="a new recovery store over a release topic that holds this stream's releases "
+        "serves a population none of whose users took part before (lets a whole-stream "
+        "guarantee, e.g. CGM budget_scope stream, start afresh)",
+    )
     p.add_argument("--ledger-out", help="ledger entries as JSON lines (optional)")
     p.add_argument(
         "--dead-letter-out", help="rejected events with reasons as JSON lines (optional)"
@@ -623,7 +630,7 @@ def _kafka_io(args: argparse.Namespace) -> Any:
         settings, args.input_topic, args.output_topic, args.dead_letter_topic, args.ledger_topic,
         until_slot=args.slots, max_event_bytes=args.max_event_bytes,
         stall_warning_seconds=args.stall_warning_seconds, clock=args.clock,
-        trust_input_clock=args.trust_input_clock,
+        trust_input_clock=args.trust_input_clock, new_population=args.new_population,
     )  # fmt: skip
     return kafka.with_partitions(require_topics(settings, kafka.topics()))
 

@@ -54,6 +54,9 @@ def add_config_flags(run: argparse.ArgumentParser) -> None:
          "else $PRIVSTREAM_SECRET)")  # fmt: skip
     flag("--insecure-seed", type=int, metavar="N", default=SUPPRESS,
          help="public reproducible noise: NOT private (tests)")  # fmt: skip
+    flag("--new-population", action="store_true", default=SUPPRESS,
+         help="a new recovery store over a release topic that holds the streams' releases "
+         "serves a new population (lets a whole-stream guarantee start afresh)")  # fmt: skip
     flag("--metrics-port", type=int, metavar="PORT", default=SUPPRESS,
          help="public metrics (process i of a cluster: PORT + i)")  # fmt: skip
     flag("--metrics-addr", metavar="ADDR", default=SUPPRESS, help="default 127.0.0.1")
@@ -98,7 +101,11 @@ def _run_process(args: argparse.Namespace, config: Any) -> int:
     cluster = _cluster(args)  # before reaching Kafka: a wrong command line fails at once
     kafka = kafka_io(config, until_slot=_get(args, "slots", None))
     kafka = kafka.with_partitions(require_topics(kafka.settings, kafka.topics()))
-    kafka = dataclasses.replace(kafka, stop_file=_get(args, "stop_file", None))
+    kafka = dataclasses.replace(
+        kafka,
+        stop_file=_get(args, "stop_file", None),
+        new_population=bool(_get(args, "new_population", False)),
+    )
     secret_file = _get(args, "secret_file", config.run.secret_file)
     secret = resolve_noise_key(
         secret_file=None if secret_file is None else str(secret_file),

@@ -358,7 +358,9 @@ def test_a_new_store_starts_after_the_release_topic(
 ) -> None:
     """Issue 18 §2: a new store (the remedy for a halted stream) re-published every release id
     of the input; now it reads the release topic, skips the published slots as
-    ``already_published`` dead letters and says so, and draws its own noise."""
+    ``already_published`` dead letters and says so, and draws its own noise; the w − 1 slots
+    after them are its cooldown (``incarnation_cooldown``, tests/integration/
+    test_incarnation_cooldown.py)."""
     users = 400
     produce_lines(kafka, topics.events, good_events(users, 20))
     first = run_flags(topics, kafka, users, 20, "LPA", secret_file)
@@ -373,11 +375,13 @@ def test_a_new_store_starts_after_the_release_topic(
         done.stderr
     )
     releases = by_id(read_all(kafka, topics.releases))
-    assert set(releases) == {f"sin/LPA/{t}" for t in range(1, 31)}
+    cooldown = range(21, 21 + WINDOW - 1)
+    assert set(releases) == {f"sin/LPA/{t}" for t in range(1, 31) if t not in cooldown}
     assert all(len(payloads) == 1 for payloads in releases.values()), "an id published twice"
     letters = read_all(kafka, topics.dlq)
     reasons = [dict(m.headers())[DEAD_LETTER_REASON_HEADER].decode() for m in letters]
     assert reasons.count("already_published") == 20 * users
+    assert reasons.count("incarnation_cooldown") == len(cooldown) * users
 
 
 # -- step ids ------------------------------------------------------------------------------------
