@@ -39,6 +39,7 @@ from numpy.typing import NDArray
 
 from privstream.events import (
     FAR_FUTURE,
+    LATE,
     STREAM_HALTED,
     UNAUTHENTICATED_MARKER,
     DeadLetter,
@@ -387,16 +388,14 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
     def _close_through(self, state: StreamState, target: int, out: list[Output]) -> None:
         """Release every slot up to ``target`` that is not released yet, in order.
 
-        With the ``markers`` clock the first release starts at most ``max_clock_jump`` slots
-        before ``target``: reports buffered for older slots (which only an event sender chose)
-        are dropped, so events cannot stretch the first advance either."""
+        The first release starts at ``_first_slot``; reports buffered for older slots (which
+        only an event sender chose) become ``late_event`` dead letters, so stale events can
+        neither move the start back nor vanish uncounted."""
         if state.last_closed is None:
-            if not state.open_slots and not state.newcomers:
+            start = self._first_slot(state, target)
+            if start is None or start > target:
                 return
-            start = min(state.open_slots.keys() | state.newcomers.keys())
-            if self.cfg.clock == "markers":
-                start = max(start, target - self.cfg.max_clock_jump + 1)
-                _drop_before(state, start)
+            out.extend(("dead_letter", d) for d in self._drop_before(state, start))
         else:
             start = state.last_closed + 1
         for slot in range(start, target + 1):
@@ -405,6 +404,49 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
             self._step(state, slot, out)
         if target >= start:
             BOARD.update_clock(state.stream, state.last_closed, target - start + 1)
+
+    def _first_slot(self, state: StreamState, target: int) -> int | None:
+        """The stream's first slot, decided by its first close through ``target`` (None while
+        nothing is buffered): the oldest slot buffered, but with the ``markers`` clock at most
+        ``max_clock_jump`` slots before the first authenticated marker's ``target``, and with
+        the ``data`` clock not before the largest of the partitions' first slots
+        (``PartitionWatermarks.start``: a function of each partition's own order)."""
+        buffered = state.open_slots.keys() | state.newcomers.keys()
+        if not buffered:
+            return None
+        start = min(buffered)
+        if self.cfg.clock == "markers":
+            return max(start, target - self.cfg.max_clock_jump + 1)
+        first = state.watermarks.start() if state.watermarks is not None else None
+        return start if first is None else max(start, first)
+
+    def _drop_before(self, state: StreamState, start: int) -> list[DeadLetter]:
+        """The reports buffered for slots before ``start`` (the stream's first slot), removed
+        and turned into ``late_event`` dead letters (one per report, as its event would have
+        been had it come after the start was known)."""
+        detail = (
+            f"slot before the stream's first slot {start} (set by its first close: the first "
+            "authenticated marker, or the partitions' first slots with the data clock)"
+        )
+        names: dict[int, str] | None = None
+        letters: list[DeadLetter] = []
+        for slot in sorted(s for s in state.open_slots if s < start):
+            values = state.open_slots.pop(slot)
+            users = np.flatnonzero(~np.isnan(values.reshape(self.n, -1)).any(axis=1))
+            if names is None and state.id_kind != "dense":
+                names = {i: u for u, i in state.directory.items()}
+            for j in users.tolist():
+                user: Any = j if names is None else names.get(j, j)
+                value = values[j]
+                text = json.dumps(
+                    {"stream": state.stream, "user": user, "slot": slot,
+                     "value": value.tolist() if value.ndim else float(value)}
+                )  # fmt: skip
+                letters.append(DeadLetter(LATE, state.stream, text, detail))
+        for slot in sorted(s for s in state.newcomers if s < start):
+            for _value, text, original in state.newcomers.pop(slot).values():
+                letters.append(DeadLetter(LATE, state.stream, text, detail, original))
+        return letters
 
     def _step(self, state: StreamState, slot: int, out: list[Output]) -> None:
         """Step every live mechanism through ``slot``, compose their spend, then release.
@@ -560,13 +602,6 @@ def _marker_letter(reason: str, stream: str, t: int, detail: str) -> DeadLetter:
     """The dead letter of a refused end-of-slot marker (its tag, if any, is not kept)."""
     text = json.dumps({"stream": stream, "end_of_slot": t}, separators=(",", ":"))
     return DeadLetter(reason, stream, text, detail)
-
-
-def _drop_before(state: StreamState, start: int) -> None:
-    """Forget the reports buffered for slots before ``start`` (before the clock's start)."""
-    for slots in (state.open_slots, state.newcomers):
-        for slot in [s for s in slots if s < start]:
-            del slots[slot]
 
 
 @dataclass(frozen=True)
