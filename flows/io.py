@@ -118,6 +118,12 @@ class KafkaIO:
             slots and any marker, which lets whoever writes to the input topic force slots, so
             it needs ``trust_input_clock``.
         trust_input_clock: the operator vouches for every writer of the input topic (``data``).
+        grow_partitions: accept a recovery store written for fewer input partitions
+            (``SlottingConfig.grow_partitions``): the added partitions start at each stream's
+            last released slot and every budget is kept.
+        input_topic_recreated: accept an input topic that was deleted and re-created since the
+            recovery store was written (another topic id): read every partition of the new
+            topic from its beginning (``KafkaEventSource``); without it the resume is refused.
     """
 
     settings: KafkaSettings
@@ -133,6 +139,8 @@ class KafkaIO:
     stop_file: str | None = None
     clock: str = "markers"
     trust_input_clock: bool = False
+    grow_partitions: bool = False
+    input_topic_recreated: bool = False
 
     def __post_init__(self) -> None:
         check_input_clock(self.clock, self.trust_input_clock)
@@ -192,6 +200,7 @@ def kafka_events(
             batch_size=kafka.batch_size,
             stop=stop,
             stall_seconds=kafka.stall_warning_seconds,
+            recreated=kafka.input_topic_recreated,
         ),
     )
     return parse_polls(raw, streams, shapes, kafka.max_event_bytes)
@@ -392,4 +401,5 @@ def slotting_for(kafka: KafkaIO | None, lateness: int, client_path: str) -> Slot
         close_on_eof=kafka is None,
         partitions=1 if kafka is None else kafka.partitions,
         clock="data" if kafka is None else kafka.clock,  # type: ignore[arg-type]
+        grow_partitions=kafka is not None and kafka.grow_partitions,
     )

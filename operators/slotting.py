@@ -112,6 +112,12 @@ class SlottingConfig:
             again. None (default): ``w − 1`` of the user's window (the smallest window of the
             stream's mechanisms, or the user's own ``w_i``), so one report feeds at most ``w``
             consecutive slots — at most ε over its lifetime.
+        grow_partitions: accept a resume whose input topic has more partitions than the
+            recovery store was written for (``--grow-partitions``, ``kafka.grow_partitions``):
+            the new partitions start at each stream's clock (its last released slot), so
+            nothing released reopens and every budget is kept. Without it such a resume is
+            refused, naming this option; fewer partitions are always refused. Not part of the
+            binding: the grown count is recorded in the store at the resume.
     """
 
     lateness: int = 1
@@ -123,6 +129,7 @@ class SlottingConfig:
     clock: ClockMode = "data"
     max_clock_jump: int = 1
     carry_slots: int | None = None
+    grow_partitions: bool = False
 
     def __post_init__(self) -> None:
         if self.clock not in ("data", "markers"):
@@ -216,6 +223,7 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
                     f"{resume.version} for mechanisms {sorted(resume.mechanisms)}; this code runs "
                     f"version {STREAM_STATE_VERSION} of {sorted(self.mechanisms)}"
                 )
+            self._grow_partitions(resume)
             check_binding(step_id, resume, self.binding)
             for name, mechanism in self.mechanisms.items():
                 mechanism.check_state(resume.mechanisms[name])
@@ -224,6 +232,41 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
             for name in self.mechanisms:
                 resume.tallies.setdefault(name, Tally())
                 self._show_account(resume, name)
+
+    def _grow_partitions(self, resume: StreamState) -> None:
+        """Take a larger input partition count than ``resume`` was written for, if allowed.
+
+        Guarantee: the stream's state — ledgers, accountant, released slots — is kept; only its
+        watermarks gain the new partitions, which start at the stream's last released slot
+        (``PartitionWatermarks.grow``), so an event of a new partition for a released slot is
+        ``late_event``. A smaller count, or a larger one without ``grow_partitions``, is
+        refused with what changed and what to do."""
+        stored, now = _partitions_in(resume.binding.get("slotting", "")), self.cfg.partitions
+        if stored is None or stored == now:
+            return
+        where = f"step {self.step_id!r}: the recovery store of stream {resume.stream!r}"
+        if stored > now:
+            raise IncompatibleState(
+                f"{where} was written for {stored} input partitions, but the input topic has "
+                f"{now}: Kafka never removes partitions, so the topic was re-created or another "
+                "topic is read. Point the flow at the original topic (or restore it)."
+            )
+        if not self.cfg.grow_partitions:
+            raise IncompatibleState(
+                f"{where} was written for {stored} input partitions, but the input topic has "
+                f"{now} now (partitions were added). To go on with every budget kept, resume "
+                "once with --grow-partitions (kafka.grow_partitions = true in a flow file): the "
+                "new partitions start at the stream's last released slot."
+            )
+        resume.binding["slotting"] = resume.binding["slotting"].replace(
+            f"partitions={stored}", f"partitions={now}"
+        )
+        if resume.watermarks is not None:
+            resume.watermarks.grow(now, resume.last_closed)
+        log.warning(
+            "step %s: stream %r grows from %d to %d input partitions at slot %s (recorded in the "
+            "recovery store)", self.step_id, resume.stream, stored, now, resume.last_closed,
+        )  # fmt: skip
 
     # -- Bytewax callbacks ---------------------------------------------------------------------
 
@@ -602,6 +645,14 @@ def _marker_letter(reason: str, stream: str, t: int, detail: str) -> DeadLetter:
     """The dead letter of a refused end-of-slot marker (its tag, if any, is not kept)."""
     text = json.dumps({"stream": stream, "end_of_slot": t}, separators=(",", ":"))
     return DeadLetter(reason, stream, text, detail)
+
+
+def _partitions_in(slotting: str) -> int | None:
+    """The partition count in a stored binding's ``slotting`` line (None: not recorded)."""
+    for part in slotting.split():
+        if part.startswith("partitions="):
+            return int(part.removeprefix("partitions="))
+    return None
 
 
 @dataclass(frozen=True)
