@@ -155,6 +155,21 @@ class KafkaIO:
         return replace(self, partitions=counts[self.input_topic])
 
 
+POLL_MAX_ENV: Final = "PRIVSTREAM_POLL_MAX"
+"""Most messages per poll of a Kafka source (default ``KafkaIO.batch_size``, 5000): a tuning
+knob; the releases are the same whatever it is (``make chaos`` replays with another)."""
+
+
+def poll_max(kafka: KafkaIO) -> int:
+    """The source's messages per poll: ``$PRIVSTREAM_POLL_MAX`` if set, else ``batch_size``."""
+    text = os.environ.get(POLL_MAX_ENV, "").strip()
+    if not text:
+        return kafka.batch_size
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{POLL_MAX_ENV} must be a whole number >= 1, got {text!r}")
+    return int(text)
+
+
 def events(
     flow: Dataflow,
     source: Source,
@@ -197,7 +212,7 @@ def kafka_events(
         KafkaEventSource(
             kafka.settings,
             kafka.input_topic,
-            batch_size=kafka.batch_size,
+            batch_size=poll_max(kafka),
             stop=stop,
             stall_seconds=kafka.stall_warning_seconds,
             recreated=kafka.input_topic_recreated,
