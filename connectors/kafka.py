@@ -10,7 +10,10 @@
   poll as one ``RawBatch`` so parsing is batched (design §8). Bytewax's own ``KafkaSource``
   emits one Python object per message and cannot be stopped from inside the flow; this one
   polls a ``StopSignal``. Each partition's consumer is watched (``kafka_health``): a topic
-  that disappears mid-run stops the run with ``TopicMissing``.
+  that disappears mid-run stops the run with ``TopicMissing``. A snapshot also holds the
+  topic's id, so a resume on a topic that was deleted and re-created (whose offsets point at
+  other messages) is refused with ``InputTopicChanged`` instead of idling or skipping; an
+  offset the broker no longer has stops the run the same way (``auto.offset.reset=error``).
 * The messages of the outputs (``connectors.kafka_sink`` writes them): releases keyed by
   ``release_id``, ledger entries keyed the same way, and dead letters carrying the original
   bytes (a prefix when they are large) plus machine-readable headers that point at the original.
@@ -33,7 +36,14 @@ from typing import Any, Final, Protocol
 
 from bytewax.connectors.kafka import KafkaSinkMessage
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    TopicCollection,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 from prometheus_client import Gauge
@@ -107,6 +117,7 @@ def consumer_config(
             "enable.auto.commit": "false",
             "enable.partition.eof": str(not tail).lower(),
             "allow.auto.create.topics": "false",  # never create the input topic
+            "auto.offset.reset": "error",  # an offset the broker lacks: stop, never skip
         }
     )
     for key, value in {**CONSUMER_DEFAULTS, **consumer_buffers(partitions)}.items():
@@ -185,6 +196,36 @@ def existing_topics(settings: KafkaSettings, timeout: float = 10.0) -> dict[str,
     except KafkaException as exc:
         raise ConnectionError(f"cannot reach Kafka at {settings.bootstrap}: {exc}") from exc
     return {name: len(t.partitions or {}) for name, t in metadata.topics.items() if not t.error}
+
+
+def topic_id(settings: KafkaSettings, topic: str, timeout: float = 10.0) -> str | None:
+    """The id the broker gave ``topic`` when it was created (a re-created topic gets another),
+    or None when the broker does not tell (older brokers)."""
+    admin = _admin(settings)  # alive until the answer: a collected client aborts its requests
+    try:
+        futures = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout)
+        found = futures[topic].result(timeout)
+    except Exception:  # no DescribeTopics on this broker: nothing to compare
+        return None
+    value = getattr(found, "topic_id", None)
+    return None if value is None else str(value)
+
+
+class InputTopicChanged(TopicMissing):
+    """The input topic is not the one the recovery store read: it was deleted and re-created
+    (another topic id), or the broker lost offsets the store points at."""
+
+
+def topic_changed_message(topic: str, stored: str, now: str) -> str:
+    """What a resume on a re-created input topic says (the CLI prints it)."""
+    return (
+        f"Kafka topic {topic!r} was deleted and re-created since the recovery store was written "
+        f"(topic id {stored}, now {now}): the stored offsets point at other messages, so "
+        "resuming would idle or silently skip events. Restore the original topic, or go on "
+        "with the new one read from its beginning with --input-topic-recreated "
+        "(kafka.input_topic_recreated = true): its events for released slots become "
+        "late_event dead letters and every budget is kept"
+    )
 
 
 def require_topics(settings: KafkaSettings, topics: Iterable[str]) -> dict[str, int]:
@@ -275,7 +316,7 @@ class _Poll:
     offsets: list[int] | None = None  # only once they stop being consecutive
 
 
-class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int]]):
+class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int, str | None]]):
     """One Kafka partition, read from the offset of the last snapshot.
 
     Its consumer is probed from a thread (``kafka_health.Probe``, started with the first poll)
@@ -294,10 +335,12 @@ class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int]]):
         batch_size: int,
         stop: StopSignal | None,
         stall_seconds: float = DEFAULT_STALL_SECONDS,
+        topic_id: str | None = None,
     ) -> None:
         consumer = self._consumer = Consumer(config)
         consumer.assign([TopicPartition(topic, partition, offset)])
         self._topic = topic
+        self._topic_id = topic_id
         self._partition = partition
         self._offset = offset
         self._batch_size = batch_size
@@ -377,6 +420,14 @@ class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int]]):
             if error.code() == KafkaError._PARTITION_EOF:
                 self._eof = True
                 return k
+            if error.code() == KafkaError._AUTO_OFFSET_RESET:
+                raise InputTopicChanged(
+                    f"Kafka topic {self._topic!r} partition {self._partition} has no message at "
+                    f"offset {self._offset}, where this run goes on: the topic was re-created or "
+                    "truncated, or retention deleted events before they were read. privstream "
+                    "never skips input: restore the topic, or resume on a re-created one with "
+                    f"--input-topic-recreated ({error})"
+                )
             raise RuntimeError(
                 f"error consuming Kafka topic {self._topic!r} partition {self._partition}: {error}"
             )
@@ -395,15 +446,19 @@ class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int]]):
     def next_awake(self) -> datetime | None:
         return self._awake
 
-    def snapshot(self) -> tuple[str, int]:
-        return (self._topic, self._offset)
+    def snapshot(self) -> tuple[str, int, str | None]:
+        return (self._topic, self._offset, self._topic_id)
 
     def close(self) -> None:
         self._probe.stop()  # before the consumer goes: the probe uses it
         self._consumer.close()
 
 
-class KafkaEventSource(FixedPartitionedSource[RawBatch, tuple[str, int]]):
+SourceState = tuple[Any, ...]
+"""A partition's snapshot: ``(topic, offset, topic id)`` (``(topic, offset)`` before ids)."""
+
+
+class KafkaEventSource(FixedPartitionedSource[RawBatch, SourceState]):
     """Every partition of ``topic`` from its beginning (or from the recovered offsets).
 
     Args:
@@ -414,6 +469,9 @@ class KafkaEventSource(FixedPartitionedSource[RawBatch, tuple[str, int]]):
         batch_size: most messages per poll (one ``RawBatch``).
         stop: ends every partition when set (clean shutdown, ``--slots``).
         stall_seconds: warn once a partition has heard nothing from the broker this long.
+        recreated: the topic may have been re-created since the snapshots were taken: a
+            partition whose snapshot names another topic id is read from its beginning
+            (refused with ``InputTopicChanged`` otherwise).
     """
 
     def __init__(
@@ -425,9 +483,12 @@ class KafkaEventSource(FixedPartitionedSource[RawBatch, tuple[str, int]]):
         batch_size: int = 5000,
         stop: StopSignal | None = None,
         stall_seconds: float = DEFAULT_STALL_SECONDS,
+        recreated: bool = False,
     ) -> None:
         self.settings = settings
         self.topic = topic
+        self.recreated = recreated
+        self._id: tuple[str | None] | None = None
         self.tail = tail
         self.batch_size = batch_size
         self.stop = stop
@@ -440,8 +501,29 @@ class KafkaEventSource(FixedPartitionedSource[RawBatch, tuple[str, int]]):
         self.partitions = partitions  # the consumers share CONSUMER_MEMORY
         return [f"partition-{i}" for i in range(partitions)]
 
+    def topic_id(self) -> str | None:
+        """The input topic's id now (asked once per source)."""
+        if self._id is None:
+            self._id = (topic_id(self.settings, self.topic),)
+        return self._id[0]
+
+    def _resume_offset(self, resume_state: SourceState | None) -> int:
+        """Where a partition goes on: its snapshot's offset, or its beginning for a fresh
+        store or — with ``recreated`` — a topic re-created since the snapshot (another id)."""
+        if resume_state is None:
+            return OFFSET_BEGINNING
+        stored = resume_state[2] if len(resume_state) > 2 else None
+        now = self.topic_id()
+        if stored is None or now is None or stored == now:
+            return int(resume_state[1])
+        if not self.recreated:
+            raise InputTopicChanged(topic_changed_message(self.topic, stored, now))
+        log.warning("input topic %r was re-created (topic id %s, now %s): reading it from its "
+                    "beginning", self.topic, stored, now)  # fmt: skip
+        return OFFSET_BEGINNING
+
     def build_part(
-        self, step_id: str, for_part: str, resume_state: tuple[str, int] | None
+        self, step_id: str, for_part: str, resume_state: SourceState | None
     ) -> _EventPartition:
         # Part keys name the partition only and snapshots hold (topic, offset), so a recovery
         # store written for another topic is recognised instead of silently resumed.
@@ -453,10 +535,11 @@ class KafkaEventSource(FixedPartitionedSource[RawBatch, tuple[str, int]]):
             )
         index = int(for_part.removeprefix("partition-"))
         config = consumer_config(self.settings, tail=self.tail, partitions=self.partitions)
-        offset = OFFSET_BEGINNING if resume_state is None else resume_state[1]
+        offset = self._resume_offset(resume_state)
         return _EventPartition(
-            config, self.topic, index, offset, self.batch_size, self.stop, self.stall_seconds
-        )
+            config, self.topic, index, offset, self.batch_size, self.stop, self.stall_seconds,
+            self.topic_id(),
+        )  # fmt: skip
 
 
 def parse_raw_batch(

@@ -129,6 +129,12 @@ class KafkaIO:
             its ``Gap`` records go to the ledger output once.
         new_population: the operator states that a new incarnation's population is a new one
             (a whole-stream guarantee may then start afresh after the published slots).
+        grow_partitions: accept a recovery store written for fewer input partitions
+            (``SlottingConfig.grow_partitions``): the added partitions start at each stream's
+            last released slot and every budget is kept.
+        input_topic_recreated: accept an input topic that was deleted and re-created since the
+            recovery store was written (another topic id): read every partition of the new
+            topic from its beginning (``KafkaEventSource``); without it the resume is refused.
     """
 
     settings: KafkaSettings
@@ -147,6 +153,8 @@ class KafkaIO:
     published: Mapping[str, int] = field(default_factory=dict)
     gaps: tuple[Gap, ...] = ()
     new_population: bool = False
+    grow_partitions: bool = False
+    input_topic_recreated: bool = False
 
     def __post_init__(self) -> None:
         check_input_clock(self.clock, self.trust_input_clock)
@@ -165,6 +173,21 @@ class KafkaIO:
         (``republish.plan_gaps``; raises ``IncompatibleState`` for a whole-stream guarantee)."""
         gaps = plan_gaps(self.published, plans, new_population=self.new_population)
         return replace(self, gaps=gaps)
+
+
+POLL_MAX_ENV: Final = "PRIVSTREAM_POLL_MAX"
+"""Most messages per poll of a Kafka source (default ``KafkaIO.batch_size``, 5000): a tuning
+knob; the releases are the same whatever it is (``make chaos`` replays with another)."""
+
+
+def poll_max(kafka: KafkaIO) -> int:
+    """The source's messages per poll: ``$PRIVSTREAM_POLL_MAX`` if set, else ``batch_size``."""
+    text = os.environ.get(POLL_MAX_ENV, "").strip()
+    if not text:
+        return kafka.batch_size
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{POLL_MAX_ENV} must be a whole number >= 1, got {text!r}")
+    return int(text)
 
 
 def events(
@@ -209,9 +232,10 @@ def kafka_events(
         KafkaEventSource(
             kafka.settings,
             kafka.input_topic,
-            batch_size=kafka.batch_size,
+            batch_size=poll_max(kafka),
             stop=stop,
             stall_seconds=kafka.stall_warning_seconds,
+            recreated=kafka.input_topic_recreated,
         ),
     )
     batches, dead = parse_polls(raw, streams, shapes, kafka.max_event_bytes)
@@ -433,4 +457,5 @@ def slotting_for(kafka: KafkaIO | None, lateness: int, client_path: str) -> Slot
         close_on_eof=kafka is None,
         partitions=1 if kafka is None else kafka.partitions,
         clock="data" if kafka is None else kafka.clock,  # type: ignore[arg-type]
+        grow_partitions=kafka is not None and kafka.grow_partitions,
     )

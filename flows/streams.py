@@ -56,7 +56,8 @@ def kafka_io(config: FlowConfig, until_slot: int | None = None) -> KafkaIO:
         settings, k.input_topic, k.output_topic, k.dead_letter_topic, k.ledger_topic,
         until_slot=until_slot, max_event_bytes=k.max_event_bytes,
         stall_warning_seconds=k.stall_warning_seconds, clock=k.clock,
-        trust_input_clock=k.trust_input_clock,
+        trust_input_clock=k.trust_input_clock, grow_partitions=k.grow_partitions,
+        input_topic_recreated=k.input_topic_recreated,
     )  # fmt: skip
 
 

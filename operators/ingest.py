@@ -105,16 +105,12 @@ class Ingest(Registration):
         else:
             code[(code == 0) & ~self.task.in_domain(batch.values)] = CODE[OUT_OF_DOMAIN]
         slots = batch.slots
-        passed = self._passed_slot(state)
-        if passed is not None:
-            code[(code == 0) & (slots <= passed)] = CODE[LATE]
+        if state.last_closed is not None:  # already released
+            code[(code == 0) & (slots <= state.last_closed)] = CODE[LATE]
         pending = code == 0
         if pending.any():
-            reference = self._reference(state, slots[pending])
-            code[pending & (slots > reference + self.cfg.max_slot_gap)] = CODE[FAR_FUTURE]
-        late = self._late_rows(state, batch, code == 0)  # in its own partition's order
-        if late is not None:
-            code[late] = CODE[LATE]
+            code[self._far_future(state, slots, pending)] = CODE[FAR_FUTURE]
+        code[self._late_rows(state, batch, code == 0)] = CODE[LATE]  # its partition's order
         idx, kind = self._user_index(state, batch, code == 0)
         held = np.zeros(size, dtype=bool)
         if kind == "named" and not self.trust.fixed_population:
@@ -135,37 +131,41 @@ class Ingest(Registration):
         rejected = np.flatnonzero(code)
         if rejected.size == 0:
             return []
-        details = self._details(state, batch, late is not None)
+        details = self._details(state, batch)
         lines = [batch.row_line(i) for i in rejected.tolist()]
         return [
             DeadLetter(REASON[c], batch.stream, text, details[REASON[c]], original)
             for (text, original), c in zip(lines, code[rejected].tolist(), strict=True)
         ]
 
-    def _passed_slot(self, state: StreamState) -> int | None:
-        """The last slot an event may no longer enter: the last released one, and with one
-        partition also the watermark (newest slot − lateness − 1; with the ``markers`` clock
-        its last authenticated marker) — so events far behind the stream cannot move its
-        start back before its first release."""
-        passed = state.last_closed
-        if self.cfg.partitions == 1:
-            if self.cfg.clock == "markers":
-                assert state.watermarks is not None
-                watermark = state.watermarks.marks[0]
+    def _far_future(
+        self, state: StreamState, slots: NDArray[np.int64], pending: NDArray[np.bool_]
+    ) -> NDArray[np.bool_]:
+        """The ``pending`` rows more than ``max_slot_gap`` slots ahead of the reference
+        (``_reference``). With the ``data`` clock the reference is the newest slot accepted
+        before the row — in the batch's order, so a poll's first row is not judged against
+        the rows after it and the same input gives the same verdicts whatever the polls."""
+        gap = self.cfg.max_slot_gap
+        if self.cfg.clock == "markers":
+            return pending & (slots > self._reference(state, slots[pending]) + gap)
+        rows = np.flatnonzero(pending)
+        top = state.max_seen if state.max_seen is not None else int(slots[rows[0]])
+        far = np.zeros(slots.shape[0], dtype=bool)
+        if int(slots[rows].max()) <= top + gap:  # the usual batch: nothing far ahead
+            return far
+        for i in rows.tolist():  # rare: row by row, each against the rows accepted before it
+            s = int(slots[i])
+            if s > top + gap:
+                far[i] = True
             else:
-                seen = state.max_seen
-                watermark = None if seen is None else seen - self.cfg.lateness - 1
-            if watermark is not None:
-                passed = watermark if passed is None else max(passed, watermark)
-        return passed
+                top = max(top, s)
+        return far
 
     def _reference(self, state: StreamState, pending: NDArray[np.int64]) -> int:
-        """The slot ``max_slot_gap`` counts from: with the ``data`` clock the newest slot
-        seen; with the ``markers`` clock the clock (its last closed slot or newest marker) —
-        before the first marker the oldest slot buffered — so what events alone may buffer
-        is bounded, and they never move the reference themselves."""
-        if self.cfg.clock == "data":
-            return state.max_seen if state.max_seen is not None else int(pending.min())
+        """The slot ``max_slot_gap`` counts from with the ``markers`` clock: the clock (its
+        last closed slot or newest marker) — before the first marker the oldest slot
+        buffered — so what events alone may buffer is bounded, and they never move the
+        reference themselves."""
         marks = [m for m in state.watermarks.marks if m is not None] if state.watermarks else []
         if state.last_closed is not None:
             marks.append(state.last_closed)
@@ -216,14 +216,12 @@ class Ingest(Registration):
         marks[users] = order
         return bool((marks[users] != order).any())
 
-    def _details(self, state: StreamState, batch: EventBatch, by_partition: bool) -> dict[str, str]:
+    def _details(self, state: StreamState, batch: EventBatch) -> dict[str, str]:
         """The dead-letter detail of each reason the slotting gives."""
         late = (
-            f"slot already released or behind the stream's watermark (last released slot "
-            f"{state.last_closed}, newest slot {state.max_seen}, lateness {self.cfg.lateness})"
-            if not by_partition
-            else f"slot already passed by its input partition {batch.partition} (by a later "
-            f"slot beyond the lateness of {self.cfg.lateness} or an end-of-slot marker)"
+            f"slot already released (last released slot {state.last_closed}) or behind the "
+            f"watermark of its input partition {batch.partition} (a later slot of that "
+            f"partition beyond the lateness of {self.cfg.lateness}, or an end-of-slot marker)"
         )
         return {
             OUT_OF_DOMAIN: f"value or user outside the domain (d={self.task.d}, n={self.n}; "
@@ -241,18 +239,20 @@ class Ingest(Registration):
 
     def _late_rows(
         self, state: StreamState, batch: EventBatch, usable: NDArray[np.bool_]
-    ) -> NDArray[np.bool_] | None:
-        """Record the ``usable`` rows' progress in their partition's watermark and, with several
-        partitions, return the rows that partition had already passed (None with one).
+    ) -> NDArray[np.bool_]:
+        """Record the ``usable`` rows' progress in their partition's watermark and return the
+        rows that partition had already passed.
 
         Row by row in the partition's own order — a row is late once an earlier row of its
         partition (in this batch or before) or a marker has passed its slot, even while another
         partition holds the slot open — so lateness depends neither on how the partitions
-        interleave nor on where the polls cut them."""
+        interleave nor on where the polls cut them (one partition included: a stale row after
+        the stream's first rows in the same poll is as late as in a poll of its own)."""
         marks = state.watermarks
         assert marks is not None
-        slots, late = batch.slots, None
-        if self.cfg.partitions > 1 and usable.any():
+        slots = batch.slots
+        late = np.zeros(slots.shape[0], dtype=bool)
+        if usable.any():
             prior = marks.max_slots[batch.partition]
             rows = np.where(usable, slots, -1)[:-1]
             seen = np.maximum.accumulate(np.concatenate(([-1 if prior is None else prior], rows)))
@@ -265,7 +265,8 @@ class Ingest(Registration):
             late = usable & (slots <= passed)
             usable = usable & ~late
         if usable.any():
-            marks.observe(batch.partition, int(slots[usable].max()))
+            kept = slots[usable]
+            marks.observe(batch.partition, int(kept.max()), int(kept.min()))
         return late
 
 

@@ -39,6 +39,7 @@ from numpy.typing import NDArray
 
 from privstream.events import (
     FAR_FUTURE,
+    LATE,
     STREAM_HALTED,
     UNAUTHENTICATED_MARKER,
     DeadLetter,
@@ -111,6 +112,12 @@ class SlottingConfig:
             again. None (default): ``w − 1`` of the user's window (the smallest window of the
             stream's mechanisms, or the user's own ``w_i``), so one report feeds at most ``w``
             consecutive slots — at most ε over its lifetime.
+        grow_partitions: accept a resume whose input topic has more partitions than the
+            recovery store was written for (``--grow-partitions``, ``kafka.grow_partitions``):
+            the new partitions start at each stream's clock (its last released slot), so
+            nothing released reopens and every budget is kept. Without it such a resume is
+            refused, naming this option; fewer partitions are always refused. Not part of the
+            binding: the grown count is recorded in the store at the resume.
     """
 
     lateness: int = 1
@@ -122,6 +129,7 @@ class SlottingConfig:
     clock: ClockMode = "data"
     max_clock_jump: int = 1
     carry_slots: int | None = None
+    grow_partitions: bool = False
 
     def __post_init__(self) -> None:
         if self.clock not in ("data", "markers"):
@@ -216,6 +224,7 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
                     f"{resume.version} for mechanisms {sorted(resume.mechanisms)}; this code runs "
                     f"version {STREAM_STATE_VERSION} of {sorted(self.mechanisms)}"
                 )
+            self._grow_partitions(resume)
             check_binding(step_id, resume, self.binding)
             for name, mechanism in self.mechanisms.items():
                 mechanism.check_state(resume.mechanisms[name])
@@ -224,6 +233,41 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
             for name in self.mechanisms:
                 resume.tallies.setdefault(name, Tally())
                 self._show_account(resume, name)
+
+    def _grow_partitions(self, resume: StreamState) -> None:
+        """Take a larger input partition count than ``resume`` was written for, if allowed.
+
+        Guarantee: the stream's state — ledgers, accountant, released slots — is kept; only its
+        watermarks gain the new partitions, which start at the stream's last released slot
+        (``PartitionWatermarks.grow``), so an event of a new partition for a released slot is
+        ``late_event``. A smaller count, or a larger one without ``grow_partitions``, is
+        refused with what changed and what to do."""
+        stored, now = _partitions_in(resume.binding.get("slotting", "")), self.cfg.partitions
+        if stored is None or stored == now:
+            return
+        where = f"step {self.step_id!r}: the recovery store of stream {resume.stream!r}"
+        if stored > now:
+            raise IncompatibleState(
+                f"{where} was written for {stored} input partitions, but the input topic has "
+                f"{now}: Kafka never removes partitions, so the topic was re-created or another "
+                "topic is read. Point the flow at the original topic (or restore it)."
+            )
+        if not self.cfg.grow_partitions:
+            raise IncompatibleState(
+                f"{where} was written for {stored} input partitions, but the input topic has "
+                f"{now} now (partitions were added). To go on with every budget kept, resume "
+                "once with --grow-partitions (kafka.grow_partitions = true in a flow file): the "
+                "new partitions start at the stream's last released slot."
+            )
+        resume.binding["slotting"] = resume.binding["slotting"].replace(
+            f"partitions={stored}", f"partitions={now}"
+        )
+        if resume.watermarks is not None:
+            resume.watermarks.grow(now, resume.last_closed)
+        log.warning(
+            "step %s: stream %r grows from %d to %d input partitions at slot %s (recorded in the "
+            "recovery store)", self.step_id, resume.stream, stored, now, resume.last_closed,
+        )  # fmt: skip
 
     # -- Bytewax callbacks ---------------------------------------------------------------------
 
@@ -388,16 +432,14 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
     def _close_through(self, state: StreamState, target: int, out: list[Output]) -> None:
         """Release every slot up to ``target`` that is not released yet, in order.
 
-        With the ``markers`` clock the first release starts at most ``max_clock_jump`` slots
-        before ``target``: reports buffered for older slots (which only an event sender chose)
-        are dropped, so events cannot stretch the first advance either."""
+        The first release starts at ``_first_slot``; reports buffered for older slots (which
+        only an event sender chose) become ``late_event`` dead letters, so stale events can
+        neither move the start back nor vanish uncounted."""
         if state.last_closed is None:
-            if not state.open_slots and not state.newcomers:
+            start = self._first_slot(state, target)
+            if start is None or start > target:
                 return
-            start = min(state.open_slots.keys() | state.newcomers.keys())
-            if self.cfg.clock == "markers":
-                start = max(start, target - self.cfg.max_clock_jump + 1)
-                _drop_before(state, start)
+            out.extend(("dead_letter", d) for d in self._drop_before(state, start))
         else:
             start = state.last_closed + 1
         for slot in range(start, target + 1):
@@ -406,6 +448,49 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
             self._step(state, slot, out)
         if target >= start:
             BOARD.update_clock(state.stream, state.last_closed, target - start + 1)
+
+    def _first_slot(self, state: StreamState, target: int) -> int | None:
+        """The stream's first slot, decided by its first close through ``target`` (None while
+        nothing is buffered): the oldest slot buffered, but with the ``markers`` clock at most
+        ``max_clock_jump`` slots before the first authenticated marker's ``target``, and with
+        the ``data`` clock not before the largest of the partitions' first slots
+        (``PartitionWatermarks.start``: a function of each partition's own order)."""
+        buffered = state.open_slots.keys() | state.newcomers.keys()
+        if not buffered:
+            return None
+        start = min(buffered)
+        if self.cfg.clock == "markers":
+            return max(start, target - self.cfg.max_clock_jump + 1)
+        first = state.watermarks.start() if state.watermarks is not None else None
+        return start if first is None else max(start, first)
+
+    def _drop_before(self, state: StreamState, start: int) -> list[DeadLetter]:
+        """The reports buffered for slots before ``start`` (the stream's first slot), removed
+        and turned into ``late_event`` dead letters (one per report, as its event would have
+        been had it come after the start was known)."""
+        detail = (
+            f"slot before the stream's first slot {start} (set by its first close: the first "
+            "authenticated marker, or the partitions' first slots with the data clock)"
+        )
+        names: dict[int, str] | None = None
+        letters: list[DeadLetter] = []
+        for slot in sorted(s for s in state.open_slots if s < start):
+            values = state.open_slots.pop(slot)
+            users = np.flatnonzero(~np.isnan(values.reshape(self.n, -1)).any(axis=1))
+            if names is None and state.id_kind != "dense":
+                names = {i: u for u, i in state.directory.items()}
+            for j in users.tolist():
+                user: Any = j if names is None else names.get(j, j)
+                value = values[j]
+                text = json.dumps(
+                    {"stream": state.stream, "user": user, "slot": slot,
+                     "value": value.tolist() if value.ndim else float(value)}
+                )  # fmt: skip
+                letters.append(DeadLetter(LATE, state.stream, text, detail))
+        for slot in sorted(s for s in state.newcomers if s < start):
+            for _value, text, original in state.newcomers.pop(slot).values():
+                letters.append(DeadLetter(LATE, state.stream, text, detail, original))
+        return letters
 
     def _step(self, state: StreamState, slot: int, out: list[Output]) -> None:
         """Step every live mechanism through ``slot``, compose their spend, then release.
@@ -563,11 +648,12 @@ def _marker_letter(reason: str, stream: str, t: int, detail: str) -> DeadLetter:
     return DeadLetter(reason, stream, text, detail)
 
 
-def _drop_before(state: StreamState, start: int) -> None:
-    """Forget the reports buffered for slots before ``start`` (before the clock's start)."""
-    for slots in (state.open_slots, state.newcomers):
-        for slot in [s for s in slots if s < start]:
-            del slots[slot]
+def _partitions_in(slotting: str) -> int | None:
+    """The partition count in a stored binding's ``slotting`` line (None: not recorded)."""
+    for part in slotting.split():
+        if part.startswith("partitions="):
+            return int(part.removeprefix("partitions="))
+    return None
 
 
 @dataclass(frozen=True)

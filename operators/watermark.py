@@ -33,11 +33,15 @@ class PartitionWatermarks:
         partitions: how many input partitions feed the stream (``P >= 1``).
         max_slots: per partition, the largest slot of its usable events (None: none yet).
         marks: per partition, its largest end-of-slot marker (None: none yet).
+        firsts: per partition, the smallest slot of its usable events (None: none yet). With
+            the ``data`` clock a stream starts at the largest of them (``start``), so stale
+            events first on one partition cannot move the start back.
     """
 
     partitions: int
     max_slots: list[int | None] = field(default_factory=list)
     marks: list[int | None] = field(default_factory=list)
+    firsts: list[int | None] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not isinstance(self.partitions, int) or self.partitions < 1:
@@ -46,6 +50,8 @@ class PartitionWatermarks:
             self.max_slots = [None] * self.partitions
         if not self.marks:
             self.marks = [None] * self.partitions
+        if not self.firsts:
+            self.firsts = [None] * self.partitions
         if len(self.max_slots) != self.partitions or len(self.marks) != self.partitions:
             raise ValueError(f"progress of {self.partitions} partitions expected")
 
@@ -58,11 +64,40 @@ class PartitionWatermarks:
                 "be the input topic's partition count)"
             )
 
-    def observe(self, partition: int, max_slot: int) -> None:
-        """``partition`` delivered accepted events up to slot ``max_slot``."""
+    def observe(self, partition: int, max_slot: int, min_slot: int | None = None) -> None:
+        """``partition`` delivered accepted events up to slot ``max_slot`` (from ``min_slot``)."""
         self.check(partition)
         seen = self.max_slots[partition]
         self.max_slots[partition] = max_slot if seen is None else max(seen, max_slot)
+        low = max_slot if min_slot is None else min_slot
+        first = self._firsts()[partition]
+        self.firsts[partition] = low if first is None else min(first, low)
+
+    def _firsts(self) -> list[int | None]:
+        """``firsts``, made for a snapshot written before it existed."""
+        if not getattr(self, "firsts", None):
+            self.firsts = [None] * self.partitions
+        return self.firsts
+
+    def start(self) -> int | None:
+        """The ``data`` clock's first slot: the largest of the partitions' first slots (None
+        before any event). Each partition's first slot is a function of its own order, so the
+        start does not depend on how partitions interleave; a stale event first on one
+        partition is behind the others' first slots and cannot move the start back."""
+        firsts = [f for f in self._firsts() if f is not None]
+        return max(firsts) if firsts else None
+
+    def grow(self, partitions: int, clock: int | None) -> None:
+        """Take ``partitions`` (more than now) input partitions: the new ones start at the
+        stream's clock ``clock`` (its last released slot), so nothing already released reopens
+        and an event of a new partition for such a slot is late."""
+        if partitions < self.partitions:
+            raise ValueError(f"partitions cannot shrink ({self.partitions} → {partitions})")
+        added = partitions - self.partitions
+        self.max_slots = [*self.max_slots, *([None] * added)]
+        self.marks = [*self.marks, *([clock] * added)]
+        self.firsts = [*self._firsts(), *([None] * added)]
+        self.partitions = partitions
 
     def mark(self, partition: int, complete_through: int) -> None:
         """``partition`` declared every slot ``<= complete_through`` complete."""

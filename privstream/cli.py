@@ -22,7 +22,7 @@ from privstream.argtypes import positive_int as _positive_int
 from privstream.incarnation import Incarnation, refuse_overwrite
 from privstream.mechanisms.accountant import check_delta_bound
 from privstream.mechanisms.registry import FAMILIES, Family
-from privstream.run_config import add_config_flags, run_config
+from privstream.run_config import add_config_flags, add_topic_change_flags, run_config
 from privstream.runner import run_dataflow, serve
 
 log = logging.getLogger("privstream")
@@ -265,6 +265,7 @@ def _output_flags(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --clock data: every writer of the input topic is trusted to drive the clock",
     )
+    add_topic_change_flags(p)
 
 
 def _service_flags(p: argparse.ArgumentParser) -> None:
@@ -631,6 +632,7 @@ def _kafka_io(args: argparse.Namespace) -> Any:
         until_slot=args.slots, max_event_bytes=args.max_event_bytes,
         stall_warning_seconds=args.stall_warning_seconds, clock=args.clock,
         trust_input_clock=args.trust_input_clock, new_population=args.new_population,
+        grow_partitions=args.grow_partitions, input_topic_recreated=args.input_topic_recreated,
     )  # fmt: skip
     return kafka.with_partitions(require_topics(settings, kafka.topics()))
 
@@ -1018,18 +1020,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         "audit": audit,
         "config": config_check,
     }
-    try:
-        return commands[args.command](args)
-    except (
+    refusals = (
         ValueError,
         FileNotFoundError,
         TopicMissing,
         BrokerError,
         ConnectionError,
         IncompatibleState,
-    ) as exc:
-        print(f"privstream: error: {exc}", file=sys.stderr)
+    )
+    try:
+        return commands[args.command](args)
+    except Exception as exc:  # Bytewax wraps what a source raises at start: unwrap refusals
+        direct = isinstance(exc, refusals)
+        refusal = exc if direct else _cause_of(exc, (TopicMissing, IncompatibleState))
+        if refusal is None:
+            raise
+        print(f"privstream: error: {refusal}", file=sys.stderr)
         return 2
+
+
+def _cause_of(exc: BaseException, kinds: tuple[type[Exception], ...]) -> BaseException | None:
+    """``exc`` or the first exception of its ``__cause__`` chain that is one of ``kinds``."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, kinds):
+            return seen
+        seen = seen.__cause__
+    return None
 
 
 if __name__ == "__main__":

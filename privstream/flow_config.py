@@ -73,6 +73,8 @@ class KafkaSection:
     stall_warning_seconds: float = 30.0
     clock: str = "markers"
     trust_input_clock: bool = False
+    grow_partitions: bool = False
+    input_topic_recreated: bool = False
 
 
 @dataclass(frozen=True)
@@ -348,6 +350,8 @@ def _kafka(t: _Table) -> KafkaSection:
             "properties",
             "clock",
             "trust_input_clock",
+            "grow_partitions",
+            "input_topic_recreated",
         )
     )
     bootstrap = t.text("bootstrap", what="HOST:PORT[,...] (a non-empty string)")
@@ -377,7 +381,17 @@ def _kafka(t: _Table) -> KafkaSection:
         max_event_bytes=t.integer("max_event_bytes", 1, default=MAX_EVENT_BYTES),
         stall_warning_seconds=t.number("stall_warning_seconds", 30.0, positive=True),
         **_clock(t),
+        grow_partitions=_flag(t, "grow_partitions"),
+        input_topic_recreated=_flag(t, "input_topic_recreated"),
     )
+
+
+def _flag(t: _Table, key: str) -> bool:
+    """An optional true/false key (false when absent)."""
+    value = t.data.get(key, False)
+    if not isinstance(value, bool):
+        raise t.error(key, f"must be true or false, got {_show(value)}")
+    return value
 
 
 def check_input_clock(clock: str, trusted: bool) -> None:

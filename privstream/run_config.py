@@ -26,6 +26,17 @@ log = logging.getLogger("privstream")
 SUPPRESS = argparse.SUPPRESS
 
 
+def add_topic_change_flags(p: argparse.ArgumentParser, default: Any = False) -> None:
+    """The flags that accept a changed input topic on resume (family runs and ``--config``;
+    a flow file's ``kafka.grow_partitions`` / ``kafka.input_topic_recreated`` do the same)."""
+    p.add_argument("--grow-partitions", action="store_true", default=default,
+                   help="resume a recovery store written for fewer input partitions: the new "
+                   "ones start at each stream's last released slot, every budget is kept")  # fmt: skip
+    p.add_argument("--input-topic-recreated", action="store_true", default=default,
+                   help="resume on an input topic that was deleted and re-created: read it from "
+                   "its beginning (events for released slots are late_event dead letters)")  # fmt: skip
+
+
 def add_config_flags(run: argparse.ArgumentParser) -> None:
     """The ``run --config`` flags (defaults from the file's ``[run]`` section)."""
     flag = run.add_argument
@@ -63,6 +74,7 @@ def add_config_flags(run: argparse.ArgumentParser) -> None:
     flag("--internal-metrics-port", type=int, metavar="PORT", default=SUPPRESS,
          help="internal metrics (process i of a cluster: PORT + i)")  # fmt: skip
     flag("--internal-metrics-addr", metavar="ADDR", default=SUPPRESS, help="default 127.0.0.1")
+    add_topic_change_flags(run, SUPPRESS)
     flag("--no-progress", action="store_true", default=SUPPRESS,
          help="accepted for symmetry with a family's run: a flow file's run shows no bar")  # fmt: skip
 
@@ -105,6 +117,9 @@ def _run_process(args: argparse.Namespace, config: Any) -> int:
         kafka,
         stop_file=_get(args, "stop_file", None),
         new_population=bool(_get(args, "new_population", False)),
+        grow_partitions=kafka.grow_partitions or _get(args, "grow_partitions", False),
+        input_topic_recreated=kafka.input_topic_recreated
+        or _get(args, "input_topic_recreated", False),
     )
     secret_file = _get(args, "secret_file", config.run.secret_file)
     secret = resolve_noise_key(

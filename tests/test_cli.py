@@ -314,7 +314,9 @@ def test_run_refuses_a_delta_of_at_least_one_over_n(
     assert {e["details"]["delta"] for e in read(ledger)} == {1e-5}
 
 
-def test_the_clock_catches_up_from_a_flow_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_clock_catches_up_from_a_flow_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A clock writer that was down must not jump (the flow refuses a jump past
     ``max_clock_jump``): it starts ``--catch-up`` slots back and marks one slot at a time.
     With ``--config`` the flow file names the topic, the streams and the brokers."""
@@ -323,7 +325,9 @@ def test_the_clock_catches_up_from_a_flow_file(tmp_path: Path, monkeypatch: pyte
     calls: list[dict[str, Any]] = []
 
     def fake_write_clock(settings: Any, topic: str, streams: Any, key: bytes, **kw: Any) -> int:
-        calls.append({"topic": topic, "streams": list(streams), "bootstrap": settings.bootstrap, **kw})
+        calls.append(
+            {"topic": topic, "streams": list(streams), "bootstrap": settings.bootstrap, **kw}
+        )
         return int(kw["through"] or 0)
 
     monkeypatch.setattr(producer, "write_clock", fake_write_clock)

@@ -194,7 +194,7 @@ def _only(stream: dict[str, Any], **fields: Any) -> Callable[[dict[str, Any]], o
     [
         # unknown keys, at every level
         (lambda d: d.update(stream=1), ["stream: unknown key; allowed: kafka, population, run, streams"]),
-        (_set("kafka", bootstrap_servers="x"), ["kafka.bootstrap_servers: unknown key; allowed: bootstrap, clock, dead_letter_topic, input_topic"]),
+        (_set("kafka", bootstrap_servers="x"), ["kafka.bootstrap_servers: unknown key; allowed: bootstrap, clock, dead_letter_topic, grow_partitions, input_topic"]),
         (_set("kafka", clock="data"), ["kafka.clock: the data clock", "--trust-input-clock"]),
         (_set("kafka", clock="wall"), ["kafka.clock: must be one of markers, data"]),
         (_set("population", n=5), ["population.n: unknown key; allowed: allow_large_delta, delta, epsilon, registrations, retired, users, window"]),

@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from privstream.events import EventBatch
+from privstream.events import EventBatch, marker_tag
 from privstream.mechanisms.ldp_ids import LdpIdsConfig
 from privstream.mechanisms.registry import LDP_IDS
+from privstream.mechanisms.seeding import NoiseKey
 from privstream.operators.family import family_mechanisms
 from privstream.operators.metrics import INTERNAL
 from privstream.operators.slotting import SlottingConfig
@@ -112,3 +113,143 @@ def test_vector_values_for_a_histogram_stream_are_dead_letters_not_a_crash() -> 
     assert [d.reason for d in out["dead_letters"]] == ["out_of_domain"] * N
     assert [r["slot"] for r in out["releases"]] == [1, 2, 3]
     assert not [e for e in out["ledger"] if e.get("kind") == "halt"]
+
+
+# -- issue 27 item 4: stale events in the stream's first poll, on every clock ---------------------
+
+PARTS = 4
+KEY = NoiseKey.coerce(3)
+
+
+def rows(t: int, partition: int = 0, parts: int = 1, tagged: int | None = None) -> EventBatch:
+    """Slot ``t``'s reports of the users of ``partition`` (user ``i`` on ``i mod parts``),
+    with a marker through ``tagged`` signed with the clock key when given."""
+    rng = np.random.default_rng(t)
+    values = (rng.random(N) < 0.5).astype(float)
+    users = np.arange(partition, N, parts)
+    tag = None if tagged is None else marker_tag(KEY.clock_key(), "s", tagged)
+    return EventBatch(
+        "s", np.full(users.size, t), users, values[users], None, tagged, partition=partition,
+        marker_tag=tag,
+    )  # fmt: skip
+
+
+def poll(*batches: EventBatch) -> EventBatch:
+    """One poll of one partition holding ``batches`` in order (the last one's marker)."""
+    first, last = batches[0], batches[-1]
+    return EventBatch(
+        "s", np.concatenate([b.slots for b in batches]),
+        np.concatenate([b.users for b in batches]), np.concatenate([b.values for b in batches]),
+        None, last.complete_through, partition=first.partition, marker_tag=last.marker_tag,
+    )  # fmt: skip
+
+
+def run_clock(items: list[Any], clock: str, partitions: int = 1, gap: int = GAP) -> Outputs:
+    """The operator under ``clock`` (``gap`` 0: the clock's default gap limit)."""
+    config = LdpIdsConfig(epsilon=1.0, window=4, population=N)
+    slotting = SlottingConfig(
+        max_slot_gap=gap,
+        close_on_eof=False,
+        partitions=partitions,
+        clock=clock,  # type: ignore[arg-type]
+    )
+
+    def operator(keyed: Any) -> Any:
+        return family_mechanisms(
+            "mech", keyed, family=LDP_IDS, mechanism="LBU", config=config, secret=KEY,
+            slotting=slotting,
+        )  # fmt: skip
+
+    return run_operator(items, operator)
+
+
+def late_letters(out: Outputs) -> list[Any]:
+    return [d for d in out["dead_letters"] if d.reason == "late_event"]
+
+
+def test_stale_events_in_the_same_poll_as_the_first_events_are_late_data_clock() -> None:
+    """One poll: slots 1000 and 1001, then stale slots 10–12 (the data clock, one partition).
+    Before: the stale rows were buffered and the first close stepped from slot 10 (991 extra
+    releases, no dead letter). Now each row is judged against its partition's watermark in the
+    partition's own order, so the stale rows are ``late_event`` whatever the poll sizes."""
+    first = [rows(t) for t in range(1000, 1004)]
+    clean = run_clock(first, "data")
+    stale = [rows(t) for t in (10, 11, 12)]
+    hostile = run_clock([poll(first[0], first[1], *stale), first[2], first[3]], "data")
+    assert [r["slot"] for r in clean["releases"]] == [1000, 1001]
+    assert hostile["releases"] == clean["releases"]
+    dead = hostile["dead_letters"]
+    assert len(dead) == 3 * N and {d.reason for d in dead} == {"late_event"}
+    assert "watermark" in dead[0].detail
+
+
+def four_partitions(t: int, tagged: bool = False) -> list[EventBatch]:
+    return [rows(t, p, PARTS, t if tagged else None) for p in range(PARTS)]
+
+
+def test_stale_events_first_on_one_partition_of_four_do_not_move_the_start_data_clock() -> None:
+    """Partition 0 delivers stale slots 10–12 before its share of slot 1000; the other three
+    start at 1000. Before: the first close started at slot 10 (991 extra releases, no dead
+    letter). Now the stream starts where every partition has started (the largest of the
+    partitions' first slots), and what was buffered before it becomes ``late_event``."""
+    first = [b for t in range(1000, 1004) for b in four_partitions(t)]
+    clean = run_clock(first, "data", PARTS, gap=0)
+    stale = [rows(t, 0, PARTS) for t in (10, 11, 12)]
+    hostile = run_clock([*stale, *first], "data", PARTS, gap=0)
+    assert [r["slot"] for r in clean["releases"]] == [1000, 1001]
+    assert hostile["releases"] == clean["releases"]
+    dead = late_letters(hostile)
+    assert len(dead) == len(hostile["dead_letters"]) == 3 * N // PARTS
+    assert "before the stream's first slot 1000" in dead[0].detail
+
+
+def signed(t: int, partition: int = 0) -> EventBatch:
+    """An empty batch carrying the marker through ``t`` signed with the clock key."""
+    empty = np.zeros(0, dtype=np.int64)
+    tag = marker_tag(KEY.clock_key(), "s", t)
+    return EventBatch("s", empty, empty, np.zeros(0), None, t, partition=partition, marker_tag=tag)
+
+
+def test_stale_events_in_the_first_poll_are_counted_markers_clock() -> None:
+    """The markers clock, one partition: one poll holds slot 1000's events, stale slots
+    990–992 and the signed marker through 1000. The first marker already capped the first
+    advance (no extra release), but dropped the stale reports silently; they are now
+    ``late_event`` dead letters."""
+    first = [rows(t, tagged=t) for t in range(1000, 1003)]
+    clean = run_clock(first, "markers")
+    stale = [rows(t) for t in (990, 991, 992)]
+    hostile = run_clock([poll(rows(1000), *stale, signed(1000)), *first[1:]], "markers")
+    assert [r["slot"] for r in clean["releases"]] == [1000, 1001, 1002]
+    assert hostile["releases"] == clean["releases"]
+    dead = hostile["dead_letters"]
+    assert len(dead) == 3 * N and {d.reason for d in dead} == {"late_event"}
+    assert "before the stream's first slot 1000" in dead[0].detail
+
+
+def test_stale_events_first_on_one_partition_of_four_are_counted_markers_clock() -> None:
+    """The markers clock, four partitions: partition 0 delivers stale slots 990–992 first."""
+    first = [b for t in range(1000, 1003) for b in four_partitions(t, tagged=True)]
+    clean = run_clock(first, "markers", PARTS)
+    stale = [rows(t, 0, PARTS) for t in (990, 991, 992)]
+    hostile = run_clock([*stale, *first], "markers", PARTS)
+    assert [r["slot"] for r in clean["releases"]] == [1000, 1001, 1002]
+    assert hostile["releases"] == clean["releases"]
+    dead = hostile["dead_letters"]
+    assert len(dead) == 3 * N // PARTS and {d.reason for d in dead} == {"late_event"}
+
+
+def test_a_clock_started_before_the_producers_makes_far_stale_events_late() -> None:
+    """Far older stale events (slots 10–12) written before the stream's first events and
+    before any marker make the first slot's honest events ``far_future_slot`` (the gap counts
+    from the oldest buffered slot until the first marker: what events alone buffer stays
+    bounded). With the clock started first (a signed marker on every partition before the
+    producers write, as the README says), they are ``late_event`` and nothing changes."""
+    start = [signed(999, p) for p in range(PARTS)]
+    first = [b for t in range(1000, 1003) for b in four_partitions(t, tagged=True)]
+    clean = run_clock([*start, *first], "markers", PARTS)
+    stale = [rows(t, 0, PARTS) for t in (10, 11, 12)]
+    hostile = run_clock([*start, *stale, *first], "markers", PARTS)
+    assert [r["slot"] for r in clean["releases"]] == [1000, 1001, 1002]
+    assert hostile["releases"] == clean["releases"]
+    dead = hostile["dead_letters"]
+    assert len(dead) == 3 * N // PARTS and {d.reason for d in dead} == {"late_event"}

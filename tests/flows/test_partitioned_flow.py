@@ -156,7 +156,50 @@ def test_resume_with_another_partition_count_is_refused(tmp_path: Path) -> None:
     assert first["releases"]
     with pytest.raises(IncompatibleState) as info:  # refused at start: the store is bound
         run(items, SlottingConfig(partitions=4, close_on_eof=False), recovery)
-    assert "partitions=3, now" in str(info.value) and "partitions=4" in str(info.value)
+    assert "written for 3 input partitions" in str(info.value) and "has 4 now" in str(info.value)
+    assert "--grow-partitions" in str(info.value)
+    with pytest.raises(IncompatibleState) as info:  # Kafka never removes partitions
+        run(items, SlottingConfig(partitions=2, grow_partitions=True, close_on_eof=False), recovery)
+    assert "written for 3 input partitions" in str(info.value) and "re-created" in str(info.value)
+
+
+def marker_of(p: int, t: int) -> EventBatch:
+    """An empty batch of partition ``p`` with the end-of-slot marker through ``t``."""
+    empty = np.zeros(0, dtype=np.int64)
+    return EventBatch("s", empty, empty, np.zeros(0), complete_through=t, partition=p)
+
+
+def test_input_partitions_grow_with_every_budget_kept(tmp_path: Path) -> None:
+    """Issue 27 item 5: adding input partitions had no path but a fresh store (every budget
+    reset). With ``grow_partitions`` the store resumes: the new partition starts at the stream's
+    last released slot (its event for a released slot is ``late_event``) and the releases are
+    byte for byte those of a run that had the fourth partition from the start."""
+    init_db_dir(tmp_path, 1)
+    recovery = RecoveryConfig(str(tmp_path))
+    items: list[Any] = slot_major()
+    items.insert(10, TestingSource.ABORT())
+    first = run(items, SlottingConfig(partitions=P, close_on_eof=False), recovery)
+    released = {json.loads(line)["slot"] for line in first["releases"]}
+    assert released and max(released) < T
+    grown = SlottingConfig(partitions=P + 1, grow_partitions=True, close_on_eof=False)
+    stale = replace(partition_batch(0, max(released), marker=False), partition=P)
+    second = run([*items[:11], stale, *_with_markers(items[11:])], grown, recovery)
+    assert [d.reason for d in second["dead_letters"]] == ["late_event"] * len(stale)
+    whole = run(_with_markers(slot_major()), SlottingConfig(partitions=P + 1, close_on_eof=False))
+    assert by_id(first["releases"]) | by_id(second["releases"]) == by_id(whole["releases"])
+    assert not by_id(first["releases"]).keys() & by_id(second["releases"]).keys()
+    assert len(by_id(whole["releases"])) == T
+
+
+def _with_markers(items: list[Any]) -> list[Any]:
+    """``items`` with the marker of each slot also on the fourth partition (after the slot's
+    last batch: partition 0 comes last in ``slot_major``)."""
+    out: list[Any] = []
+    for item in items:
+        out.append(item)
+        if isinstance(item, EventBatch) and item.partition == 0:
+            out.append(marker_of(P, int(item.complete_through or 0)))
+    return out
 
 
 def test_named_users_register_independently_of_the_interleaving() -> None:

@@ -204,7 +204,7 @@ def test_the_ready_flow_takes_a_registration_table(tmp_path: Path) -> None:
     events.write_text(
         "\n".join(event(f"u{u}", t, (u * t) % 2) for t in range(1, 9) for u in range(10))
         + "\n"
-        + event("u10", 3, 1)  # not registered
+        + event("u10", 8, 1)  # not registered (slot 8: a slot-3 event after slot 8 is late)
         + "\n"
     )
     out, ledger, dead = tmp_path / "r.jsonl", tmp_path / "l.jsonl", tmp_path / "d.jsonl"

@@ -13,7 +13,12 @@ One round of ``run_chaos``:
    built, mid-run — and restarted each time, with broker freezes and cuts between kills, until
    it has been killed ``kills`` times; then it runs to completion;
 4. an undisturbed reference run of the same flow, same secret, into its own topics;
-5. ``privstream audit`` over the disturbed run's topics, and a release-by-release comparison
+5. a replay of the same input with other poll sizes (``PRIVSTREAM_POLL_MAX``: 333 messages a
+   poll instead of 5,000), compared with the reference byte for byte (issue 27 item 1);
+6. a stream rename on the disturbed run's recovery store (``--stream`` another name): it must
+   be refused loudly, and nothing is released under the new name (issue 27 item 3: a renamed
+   stream would start a fresh budget for the same users);
+7. ``privstream audit`` over the disturbed run's topics, and a release-by-release comparison
    with the reference run.
 
 The report counts kills, restarts, lost slots, conflicting duplicates, releases that differ
@@ -90,6 +95,8 @@ class Report:
     windows_over_budget: int = 0
     population_over_budget: int = 0
     audit_ok: bool = False
+    poll_replay_differing: int = 0
+    rename_refused: bool = False
     seconds: float = 0.0
 
     def failures(self) -> dict[str, int]:
@@ -101,6 +108,8 @@ class Report:
             "windows_over_budget": self.windows_over_budget,
             "population_over_budget": self.population_over_budget,
             "audit_failed": int(not self.audit_ok),
+            "poll_replay_differing": self.poll_replay_differing,
+            "rename_not_refused": int(not self.rename_refused),
         }
         return {k: v for k, v in bad.items() if v}
 
@@ -316,6 +325,37 @@ def compare(bootstrap: str, reference: Topics, disturbed: Topics) -> tuple[int, 
     return len(seen), conflicts, differing
 
 
+POLL_REPLAY = "333"
+"""Messages per poll of the replay (the flow's default is 5,000; 333 cuts every slot)."""
+
+
+def poll_size_replay(
+    bootstrap: str, events: str, plan: Plan, key: list[str], reference: Topics, tag: str
+) -> int:
+    """Replay the input with ``POLL_REPLAY`` messages a poll: releases differing from the
+    reference run (or missing, or conflicting) — the same input must give the same bytes."""
+    replay = Topics(bootstrap, f"polls-{tag}")
+    env = cli_env(PRIVSTREAM_POLL_MAX=POLL_REPLAY)
+    run_to_end(flow_command(bootstrap, events, replay, plan, key), env)
+    released, conflicts, differing = compare(bootstrap, reference, replay)
+    expected = len(read_all(KafkaSettings((bootstrap,)), reference.releases))
+    return differing + conflicts + abs(expected - released)
+
+
+def rename_refused(bootstrap: str, command: list[str], disturbed: Topics) -> bool:
+    """Resume the disturbed run's store with the stream renamed: refused loudly (an error
+    naming the stream), and nothing released under the new name."""
+    renamed = "sin-renamed"
+    try:
+        done = subprocess.run([*command, "--stream", renamed], capture_output=True, text=True,
+                              timeout=60, env=cli_env())  # fmt: skip
+    except subprocess.TimeoutExpired:  # accepted: it waits for events of the new name
+        return False
+    releases = read_all(KafkaSettings((bootstrap,)), disturbed.releases)
+    fresh = [m for m in releases if m.key().decode().startswith(f"{renamed}/")]
+    return done.returncode != 0 and "sin" in done.stderr and not fresh
+
+
 def run_chaos(plan: Plan, workdir: Path) -> Report:
     """One chaos round (see the module docstring); the report of what happened."""
     started = time.monotonic()
@@ -349,6 +389,12 @@ def run_chaos(plan: Plan, workdir: Path) -> Report:
         reference = Topics(broker.bootstrap, f"ref-{tag}")
         run_to_end(flow_command(broker.bootstrap, events, reference, plan, key), cli_env())
         plan.log("reference run (undisturbed, same secret) done")
+        report.poll_replay_differing = poll_size_replay(
+            broker.bootstrap, events, plan, key, reference, tag
+        )
+        plan.log(f"poll-size replay: {report.poll_replay_differing} releases differ")
+        report.rename_refused = rename_refused(broker.bootstrap, command, disturbed)
+        plan.log(f"stream rename on the store refused: {report.rename_refused}")
         result = audit(broker.bootstrap, disturbed, plan, workdir / "audit.json")
         counts = result["counts"]
         report.audit_ok = bool(result["ok"])

@@ -1,6 +1,7 @@
 """The chaos suite in its short form (``make chaos`` runs the long one): 20 SIGKILLs at start,
 during the recovery store's creation and mid-run, broker freezes and cuts, hostile messages and
-continuous scrapes, then ``privstream audit`` and a comparison with an undisturbed run."""
+continuous scrapes, then a replay with other poll sizes, a stream rename on the store (refused),
+``privstream audit`` and a comparison with an undisturbed run."""
 
 from __future__ import annotations
 
@@ -16,4 +17,5 @@ def test_chaos_loses_nothing_and_duplicates_nothing(tmp_path: Path) -> None:
     assert report.kills >= 20 and report.store_kills >= 1 and report.early_kills >= 1
     assert report.outages >= 1 and report.scrapes > 0
     assert report.releases == 2 * 60  # two mechanisms, every slot
+    assert report.poll_replay_differing == 0 and report.rename_refused
     assert report.failures() == {}, vars(report)
