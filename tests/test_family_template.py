@@ -175,7 +175,8 @@ def test_the_cli_offers_the_family_with_its_defaults(
     with pytest.raises(SystemExit):
         cli.main(["run", "toy", "--help"])
     text = capsys.readouterr().out
-    assert "--client-path" in text and "--registrations" not in text and "EVERY" in text
+    # LDP families take a registration table too (a closed population, issue 18 §4)
+    assert "--client-path" in text and "--registrations" in text and "EVERY" in text
 
 
 def test_an_unknown_family_is_refused_by_name() -> None:

@@ -122,7 +122,11 @@ def test_sigterm_stops_a_scraped_kafka_run_within_seconds(
     for attempt in range(3):
         port, workdir = free_port(), tmp_path / f"run-{attempt}"
         workdir.mkdir()
-        command = flow_command(topics, kafka, secret_file)
+        # each attempt is a new incarnation (no store): it writes to release topics of its own,
+        # since a new incarnation never publishes a release id already on its topic
+        outputs = Topics(kafka)
+        outputs.events = topics.events
+        command = flow_command(outputs, kafka, secret_file)
         with (
             FlowProcess(command, port, workdir, cli_env()) as flow,
             Scrapers(f"http://127.0.0.1:{port}/metrics").running() as scrapers,
