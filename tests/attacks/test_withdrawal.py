@@ -21,15 +21,26 @@ from __future__ import annotations
 import json
 import secrets
 import shutil
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import bytewax.operators as op
 import numpy as np
 import pytest
+from bytewax.dataflow import Dataflow
+from bytewax.recovery import RecoveryConfig, init_db_dir
+from bytewax.testing import TestingSink, TestingSource, run_main
 
 from privstream.cli import main
+from privstream.connectors.jsonl import to_json
+from privstream.events import EventBatch
 from privstream.incarnation import read
-from privstream.operators.registration import Registration
+from privstream.mechanisms.registry import LDP_IDS
+from privstream.mechanisms.seeding import NoiseKey
+from privstream.mechanisms.tasks import FrequencyTask
+from privstream.operators.family import family_mechanisms
+from privstream.operators.registration import Preferences, Registration
 
 USERS, FIRST, LATER, D = 40, 20, 20, 4
 VICTIM = "u7"
@@ -145,7 +156,7 @@ def test_a_withdrawn_user_stops_counting_from_the_resume(setup: Setup) -> None:
     resume are unchanged, and the store records the withdrawal (a digest, never the id)."""
     without = _table(setup.tmp / "without.csv", skip=VICTIM)
     a, reasons_a, text_a = setup.resume(without, victim=0)
-    b, reasons_b, text_b = setup.resume(without, victim=3)
+    _b, reasons_b, text_b = setup.resume(without, victim=3)
     assert text_a == text_b  # byte-identical: nothing after the resume depends on the user
     assert text_a.startswith(setup.first)  # the releases before the resume are unchanged
     assert sorted(_later(a)) == list(range(FIRST + 1, FIRST + LATER + 1))
@@ -217,3 +228,74 @@ def test_an_added_user_is_refused_by_kind_and_count(setup: Setup, capsys: Any) -
     assert setup.run(table) == 2
     err = capsys.readouterr().err
     assert "registration table: 1 user(s) added" in err and "newcomer" not in err
+
+
+# -- a closed LDP population (operator level, Bytewax recovery) --------------------------------
+
+N_LDP, T_LDP = 200, 20
+LDP_KEY = NoiseKey.from_text(secrets.token_hex(32))
+LDP_USERS = [f"user-{i:04d}" for i in range(N_LDP)]
+LDP_VICTIM = LDP_USERS[7]
+
+
+def _ldp_items(abort: Any, victim: float) -> list[Any]:
+    """Every user reports at every slot; from the second half on the victim reports
+    ``victim``; the first run stops half way (``abort``, fired once)."""
+    rng = np.random.default_rng(27)
+    out: list[Any] = []
+    ids = np.array(LDP_USERS, dtype=object)
+    for t in range(1, T_LDP + 1):
+        values = (rng.random(N_LDP) < 0.3).astype(float)
+        if t > T_LDP // 2:
+            values[7] = victim
+        out.append(EventBatch("s", np.full(N_LDP, t), ids, values, None, t))
+    out.insert(T_LDP // 2, abort)
+    return out
+
+
+def _ldp_run(store: Path, source: list[Any], users: list[str]) -> tuple[list[str], list[str]]:
+    flow = Dataflow("withdraw")
+    keyed = op.key_on("k", op.input("in", flow, TestingSource(source)), lambda b: b.stream)
+    config = LDP_IDS.make_config(epsilon=4.0, window=4, population=N_LDP, task=FrequencyTask(2))
+    out = family_mechanisms(
+        "l", keyed, family=LDP_IDS, mechanism="LBU", config=config, secret=LDP_KEY,
+        registration=Preferences(by_user={u: (4.0, 4) for u in users}),
+    )  # fmt: skip
+    releases: list[str] = []
+    letters: list[Any] = []
+    op.output("out", op.map("json", out.releases, to_json), TestingSink(releases))
+    op.output("dead", out.dead_letters, TestingSink(letters))
+    run_main(flow, epoch_interval=timedelta(0), recovery_config=RecoveryConfig(str(store)))
+    return releases, [d.reason for d in letters]
+
+
+def _ldp_resumes(tmp_path: Path, users: list[str]) -> list[tuple[list[str], list[str]]]:
+    """One first run into a store, then two resumes of copies of it with ``users`` as the
+    table, differing only in the victim's later values (0 or 1)."""
+    (tmp_path / "a").mkdir()
+    init_db_dir(tmp_path / "a", 1)
+    abort = TestingSource.ABORT()
+    first, _ = _ldp_run(tmp_path / "a", _ldp_items(abort, 0.0), LDP_USERS)
+    assert len(first) == T_LDP // 2
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    return [
+        _ldp_run(tmp_path / store, _ldp_items(abort, victim), users)
+        for store, victim in (("a", 0.0), ("b", 1.0))
+    ]
+
+
+def test_a_withdrawn_member_of_a_closed_ldp_population_stops_counting(tmp_path: Path) -> None:
+    """LDP stream with a registration table: after the resume without the victim the later
+    releases are byte-identical whatever the victim sends, each of the victim's later events
+    is a ``withdrawn_user`` dead letter (their seat stays: the population's count does not
+    change)."""
+    without = [u for u in LDP_USERS if u != LDP_VICTIM]
+    (a, reasons_a), (b, reasons_b) = _ldp_resumes(tmp_path, without)
+    assert len(a) == T_LDP - T_LDP // 2 and a == b
+    assert reasons_a == reasons_b == ["withdrawn_user"] * (T_LDP - T_LDP // 2)
+
+
+def test_a_kept_member_of_a_closed_ldp_population_still_counts(tmp_path: Path) -> None:
+    """Control: with the victim kept, the same two resumes differ."""
+    (a, reasons), (b, _) = _ldp_resumes(tmp_path, LDP_USERS)
+    assert len(a) == len(b) == T_LDP - T_LDP // 2 and a != b and not reasons
