@@ -328,7 +328,7 @@ def _registration_changes(stored: Manifest, now: Manifest) -> list[str]:
     user), each with its reason and what to do."""
     plan = registration_plan(stored, now)
     return [
-        f"registration table: {count} user(s) {kind} ({REFUSED_WHY[kind]})"
+        f"registration table: {kind}, {count} user(s): {REFUSED_WHY[kind]}"
         for kind, count in plan.refused
     ]
 

@@ -200,7 +200,7 @@ def test_a_withdrawal_survives_later_resumes_and_the_user_cannot_come_back(
     capsys.readouterr()
     assert setup.run(setup.full) == 2
     err = capsys.readouterr().err
-    assert "1 user(s) back after withdrawal" in err and VICTIM not in err
+    assert "registration table: back after withdrawal, 1 user(s)" in err and VICTIM not in err
 
 
 @pytest.mark.parametrize(
@@ -218,7 +218,7 @@ def test_a_changed_requirement_is_refused_by_kind_and_count(
     capsys.readouterr()
     assert setup.run(_table(setup.tmp / "changed.csv", change=change)) == 2
     err = capsys.readouterr().err
-    assert f"registration table: 1 user(s) {kind}" in err and VICTIM not in err
+    assert f"registration table: {kind}, 1 user(s)" in err and VICTIM not in err
 
 
 def test_an_added_user_is_refused_by_kind_and_count(setup: Setup, capsys: Any) -> None:
@@ -227,7 +227,7 @@ def test_an_added_user_is_refused_by_kind_and_count(setup: Setup, capsys: Any) -
     capsys.readouterr()
     assert setup.run(table) == 2
     err = capsys.readouterr().err
-    assert "registration table: 1 user(s) added" in err and "newcomer" not in err
+    assert "registration table: added, 1 user(s)" in err and "newcomer" not in err
 
 
 # -- a closed LDP population (operator level, Bytewax recovery) --------------------------------
@@ -299,3 +299,53 @@ def test_a_kept_member_of_a_closed_ldp_population_still_counts(tmp_path: Path) -
     """Control: with the victim kept, the same two resumes differ."""
     (a, reasons), (b, _) = _ldp_resumes(tmp_path, LDP_USERS)
     assert len(a) == len(b) == T_LDP - T_LDP // 2 and a != b and not reasons
+
+
+# -- config check --recovery-dir ----------------------------------------------------------------
+
+
+def _flow(tmp_path: Path, rows: dict[str, tuple[float, int]]) -> Path:
+    """A flow file with one personalized stream over the registration table ``rows``."""
+    table = "".join(f"{u},{e},{w}\n" for u, (e, w) in rows.items())
+    (tmp_path / "registrations.csv").write_text("user,epsilon,window\n" + table)
+    flow = tmp_path / "flow.toml"
+    flow.write_text(
+        '[kafka]\nbootstrap = "localhost:9092"\ninput_topic = "in"\noutput_topic = "out"\n'
+        "[population]\nusers = 50\nepsilon = 2.0\nwindow = 6\n"
+        'registrations = "registrations.csv"\n'
+        '[[streams]]\nname = "visits"\nfamily = "personalized"\nmechanisms = "PBD"\n'
+        "domain = 2\nshare = 1.0\n"
+    )
+    return flow
+
+
+def test_config_check_reports_what_a_resume_would_do(tmp_path: Path, capsys: Any) -> None:
+    """Withdrawals and refused changes by kind and count, never a user id; exit 2 when a
+    resume would be refused; without --recovery-dir as before."""
+    from privstream.flow_config import load
+    from privstream.incarnation import begin
+    from privstream.run_config import flow_manifest
+
+    key = tmp_path / "noise.key"
+    key.write_text(secrets.token_hex(32))
+    rows = {f"zq-{i}": (1.0, 12) for i in range(10)}
+    flow = _flow(tmp_path, rows)
+    secret = NoiseKey.from_text(key.read_text())
+    begin(secret, tmp_path / "store", flow_manifest(load(flow), secret))  # the store's manifest
+    check = ["config", "check", str(flow), "--recovery-dir", str(tmp_path / "store"),
+             "--secret-file", str(key)]  # fmt: skip
+    del rows["zq-3"], rows["zq-4"]  # two withdrawals
+    _flow(tmp_path, rows)
+    capsys.readouterr()
+    assert main(check) == 0
+    out = capsys.readouterr().out
+    assert "withdrawals 2" in out and "stricter requirements 0" in out and "accepted" in out
+    rows["zq-5"], rows["zq-6"], rows["stranger"] = (0.5, 12), (2.0, 12), (1.0, 12)
+    _flow(tmp_path, rows)
+    assert main(check) == 2
+    out = capsys.readouterr().out
+    assert "withdrawals 2" in out and "stricter requirements 1" in out
+    assert "added (1), stricter requirement (1), looser requirement (1)" in out
+    assert "zq-" not in out and "stranger" not in out  # never a user id
+    assert main(["config", "check", str(flow)]) == 0
+    assert "resume of" not in capsys.readouterr().out
