@@ -19,7 +19,10 @@ data. Releases never state the nonce; the short public ``incarnation_id`` (a dig
 
 **Binding.** The file also holds the store's *manifest*: the population's ε and window, every
 stream's share, the retired streams' shares and a keyed digest of each registered user's
-requirement. A resume that changes any of them is refused naming the change, except:
+requirement, and the digests of users withdrawn from it. A user removed from the table is
+withdrawn (``registration_plan``: counted no more from each stream's next slot, seat kept,
+never back under the same id); any other change of the table is refused by kind and count.
+A resume that changes anything else is refused naming the change, except:
 a stream gone from the flow file and listed in ``[population] retired`` (its share stays spent
 for as long as the store lives: conservative, never returned), and a new stream whose share
 fits with the live and retired shares under 1. A retired name never comes back (its old
