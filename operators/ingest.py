@@ -25,6 +25,7 @@ from privstream.events import (
     REQUIREMENT_CHANGED,
     UNREGISTERED,
     USER_ID_KIND,
+    WITHDRAWN,
     DeadLetter,
     EventBatch,
 )
@@ -112,6 +113,7 @@ class Ingest(Registration):
             code[self._far_future(state, slots, pending)] = CODE[FAR_FUTURE]
         code[self._late_rows(state, batch, code == 0)] = CODE[LATE]  # its partition's order
         idx, kind = self._user_index(state, batch, code == 0)
+        self._withdrawn_rows(state, slots, idx, code)
         held = np.zeros(size, dtype=bool)
         if kind == "named" and not self.trust.fixed_population:
             held = (code == 0) & (idx < 0)  # new users enrol when their slot closes
@@ -235,6 +237,8 @@ class Ingest(Registration):
             "(epsilon, window); it cannot change within a stream",
             USER_ID_KIND: "user ids must be all strings or all dense indices within a stream",
             UNREGISTERED: "the user is not in the stream's registration table",
+            WITHDRAWN: "the user was withdrawn from the stream's registration table: their "
+            "events are not counted from the first slot after the resume that withdrew them",
         }
 
     def _late_rows(

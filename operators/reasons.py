@@ -14,11 +14,12 @@ from privstream.events import (
     REQUIREMENT_CHANGED,
     UNREGISTERED,
     USER_ID_KIND,
+    WITHDRAWN,
 )
 
 Output = tuple[str, Any]  # ("release" | "ledger" | "dead_letter", event)
 REASON: Final = (
     "", USER_ID_KIND, OUT_OF_DOMAIN, LATE, FAR_FUTURE, POPULATION_FULL, REQUIREMENT_CHANGED,
-    DUPLICATE, UNREGISTERED,
+    DUPLICATE, UNREGISTERED, WITHDRAWN,
 )  # fmt: skip
 CODE: Final = {reason: code for code, reason in enumerate(REASON)}

@@ -10,10 +10,17 @@ order of the run's secret (``EnrolmentOrder``), so every user's dense index — 
 a mechanism samples — is independent of how the input partitions interleave, and no sender can
 choose ids that take the seats first. An LDP stream given a registration table is a closed
 population: only its users are enrolled, anybody else's events are ``unregistered_user``.
+
+Withdrawal (issue 18 §4): a user removed from the table of a resumed store
+(``privstream.incarnation.registration_plan``) keeps their seat — the ledgers, class sizes and
+public counts do not change, as for a user who never reports again — but from the first slot
+after the restored state's last released slot their value is blank (the carried one too) and
+their events are ``withdrawn_user`` dead letters.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -26,6 +33,7 @@ from privstream.events import (
     POPULATION_FULL,
     REQUIREMENT_CHANGED,
     UNREGISTERED,
+    WITHDRAWN,
     DeadLetter,
     EventBatch,
 )
@@ -36,10 +44,12 @@ from privstream.mechanisms.tasks import EstimationTask
 from privstream.mechanisms.validation import MIN_EPSILON, check_fraction, check_requirement
 from privstream.operators.metrics import BOARD
 from privstream.operators.reasons import CODE, Output
-from privstream.operators.stream_state import StreamState
+from privstream.operators.stream_state import NOT_WITHDRAWN, StreamState
 
 if TYPE_CHECKING:
     from privstream.operators.ports import Ports
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -144,8 +154,14 @@ class Registration:
         target = state.open_slots.get(slot)
         if target is None:
             target = state.open_slots[slot] = self._blank()
+        members = self.trust.members
         for user in self.order.sort(state.stream, held):
             value, text, original = held[user]
+            if members is not None and user not in members:  # held before its withdrawal
+                detail = "the user was withdrawn from the stream's registration table"
+                out.append(("dead_letter", DeadLetter(WITHDRAWN, state.stream, text, detail,
+                                                      original)))  # fmt: skip
+                continue
             j = directory.get(user, -1)
             if j < 0 and len(directory) >= self.n:
                 detail = f"the stream's population of {self.n} users is full"
@@ -156,6 +172,70 @@ class Registration:
                 j = directory[user] = len(directory)
             target[j] = value  # held first: it wins over a later report of the same slot
         self._show_enrolment(state)
+
+    def _table_users(self) -> frozenset[str] | None:
+        """The users of this run's registration table (a ``cdp`` table naming users, or an LDP
+        stream's closed population); None without one (nothing can be withdrawn)."""
+        members = self.trust.members
+        if members is not None:
+            return members
+        preferences = getattr(self.trust, "preferences", None)
+        if isinstance(preferences, Preferences) and preferences.by_user:
+            return frozenset(preferences.by_user)
+        return None
+
+    def _withdraw(self, state: StreamState, step_id: str) -> None:
+        """On a resume: withdraw the seats of the restored ``state`` whose users this run's
+        table no longer lists, from the first slot after its last released slot (a seat
+        withdrawn earlier keeps its first slot). The seat, its requirement and its class stay
+        (the ledgers and public counts do not change); its value is blanked at every later
+        slot (``_unwithdrawn``) and its events are ``withdrawn_user`` dead letters (ingest).
+        Logs one line per stream with the count, never an id."""
+        table = self._table_users()
+        if table is None or state.id_kind == "dense" or not state.directory:
+            return
+        gone = [seat for user, seat in state.directory.items() if user not in table]
+        if not gone:
+            return
+        if state.withdrawn_from is None:
+            state.withdrawn_from = np.full(self.n, NOT_WITHDRAWN, dtype=np.int64)
+        seats = np.asarray(gone, dtype=np.int64)
+        new = seats[state.withdrawn_from[seats] == NOT_WITHDRAWN]
+        if not new.size:
+            return
+        first = np.iinfo(np.int64).min if state.last_closed is None else state.last_closed + 1
+        state.withdrawn_from[new] = first
+        log.warning(
+            "step %s: stream %r: %d user(s) withdrawn from the registration table, from slot %s "
+            "on (their seats stay; their events are withdrawn_user dead letters)",
+            step_id, state.stream, new.size, "the first" if state.last_closed is None else first,
+        )  # fmt: skip
+
+    def _unwithdrawn(
+        self, state: StreamState, slot: int, values: NDArray[np.float64]
+    ) -> NDArray[np.float64]:
+        """``values`` with every seat withdrawn at or before ``slot`` blank (in place: a
+        carried value is blanked for good)."""
+        withdrawn = state.withdrawn_from
+        if withdrawn is not None:
+            values[withdrawn <= slot] = np.nan
+        return values
+
+    def _withdrawn_rows(
+        self,
+        state: StreamState,
+        slots: NDArray[np.int64],
+        idx: NDArray[np.int64],
+        code: NDArray[np.int8],
+    ) -> None:
+        """Mark the accepted rows of withdrawn seats at or after their withdrawal's first
+        slot as ``withdrawn_user``."""
+        withdrawn = state.withdrawn_from
+        if withdrawn is None:
+            return
+        hit = (code == 0) & (idx >= 0)
+        hit[hit] = slots[hit] >= withdrawn[idx[hit]]
+        code[hit] = CODE[WITHDRAWN]
 
     def _show_enrolment(self, state: StreamState) -> None:
         """Show how full the population of named users is (``BOARD.update_enrolment``): the

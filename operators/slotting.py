@@ -228,6 +228,7 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
             check_binding(step_id, resume, self.binding)
             for name, mechanism in self.mechanisms.items():
                 mechanism.check_state(resume.mechanisms[name])
+            self._withdraw(resume, step_id)
         self.state: StreamState | None = resume
         if resume is not None:
             for name in self.mechanisms:
@@ -554,10 +555,11 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
 
         A value is carried at most ``carry`` slots after the slot it was reported in (default
         ``w − 1``: it feeds at most ``w`` consecutive slots, one window); after that its user is
-        absent until they report again."""
+        absent until they report again. A withdrawn user is absent from their withdrawal on."""
         reported = state.open_slots.pop(slot, None)
         if self.cfg.missing == "absent":
-            return reported if reported is not None else self._blank()
+            return self._unwithdrawn(state, slot, reported if reported is not None else
+                                     self._blank())  # fmt: skip
         values = state.current
         if state.reported_at is None:
             state.reported_at = np.full(self.n, np.iinfo(np.int64).min // 2, dtype=np.int64)
@@ -566,7 +568,7 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
             values[fresh] = reported[fresh]
             state.reported_at[fresh] = slot
         values[state.reported_at < slot - self._carry(state)] = np.nan
-        return values
+        return self._unwithdrawn(state, slot, values)
 
     def _carry(self, state: StreamState) -> int | NDArray[np.int64]:
         """Slots each user's value is carried: the plan's ``carry``, or with registered

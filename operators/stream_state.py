@@ -25,6 +25,8 @@ from privstream.mechanisms.contract import LedgerEntry, Release
 from privstream.mechanisms.errors import IncompatibleState
 from privstream.operators.watermark import PartitionWatermarks
 
+NOT_WITHDRAWN: Final = np.iinfo(np.int64).max
+"""``StreamState.withdrawn_from`` of a seat whose user is still registered."""
 STREAM_STATE_VERSION: Final = 5
 """2: per-mechanism tallies; 3: users' privacy requirements; 4: binding to the noise key and
 the privacy parameters, the population accountant, per-partition watermarks; 5: the release
@@ -105,6 +107,10 @@ class StreamState:
     clients: dict[str, Any] = field(default_factory=dict)
     reported_at: NDArray[np.int64] | None = None
     """Per user, the slot their carried value was reported in (``carry_slots`` bound)."""
+    withdrawn_from: NDArray[np.int64] | None = None
+    """Per seat, the first slot at which its user is withdrawn from the registration table
+    (``NOT_WITHDRAWN`` for the others; None while nobody is): from it on the seat's value is
+    blank and its events are ``withdrawn_user`` dead letters (``operators.registration``)."""
 
     def __deepcopy__(self, memo: dict[int, Any]) -> StreamState:
         """The copy a snapshot takes (``SlottedLogic.snapshot``): everything deep, except the

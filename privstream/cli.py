@@ -603,6 +603,14 @@ def _config_tools(commands: Any) -> None:
         "file, the key and what is allowed when a field is invalid",
     )
     check.add_argument("file", metavar="FILE", help="the configuration file (TOML)")
+    check.add_argument(
+        "--recovery-dir", metavar="DIR",
+        help="also report what a resume of this recovery store would do with the flow: "
+        "withdrawals from the registration table (count), stricter requirements (count) and "
+        "every refused change (kind, count); needs the secret (--secret-file or "
+        "$PRIVSTREAM_SECRET) for the keyed digests. Exit 2 when a resume would be refused",
+    )  # fmt: skip
+    check.add_argument("--secret-file", help="file holding the noise secret (for --recovery-dir)")
 
 
 def _kafka_settings(args: argparse.Namespace) -> Any:
@@ -989,9 +997,42 @@ def config_check(args: argparse.Namespace) -> int:
     (a ``ValueError``) exits 2 through ``main``."""
     from privstream.flow_config import describe, load
 
-    for line in describe(load(args.file)):
+    config = load(args.file)
+    for line in describe(config):
         print(line)
-    return 0
+    if getattr(args, "recovery_dir", None) is None:
+        return 0
+    lines, refused = _resume_report(config, args.recovery_dir, args.secret_file)
+    for line in lines:
+        print(line)
+    return 2 if refused else 0
+
+
+def _resume_report(
+    config: Any, recovery_dir: str, secret_file: str | None
+) -> tuple[list[str], bool]:
+    """What a resume of the store ``recovery_dir`` would do with the flow ``config``
+    (``config check --recovery-dir``): its registration changes by kind and count
+    (``incarnation.registration_plan``) and every refused change; never a user id."""
+    from privstream.flows.secret import resolve_noise_key
+    from privstream.incarnation import changes, read, registration_plan
+    from privstream.run_config import flow_manifest
+
+    stored = read(Path(recovery_dir))
+    if stored is None:
+        return [f"recovery store {recovery_dir}: no incarnation yet (a run would make it)"], False
+    now = flow_manifest(config, resolve_noise_key(secret_file=secret_file))
+    plan = registration_plan(stored.manifest, now)
+    refusals = changes(stored.manifest, now, frozenset(config.population.retired))
+    kinds = ", ".join(f"{kind} ({count})" for kind, count in plan.refused) or "none"
+    lines = [
+        f"resume of {recovery_dir}: registration table: withdrawals {len(plan.withdrawn)} "
+        f"(from each stream's next slot), stricter requirements {plan.stricter} (refused in "
+        f"this version), refused changes: {kinds}",
+        *(f"  refused: {reason}" for reason in refusals),
+    ]
+    lines.append(f"resume of {recovery_dir}: " + ("refused" if refusals else "accepted"))
+    return lines, bool(refusals)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

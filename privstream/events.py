@@ -47,11 +47,12 @@ UNREGISTERED: Final = "unregistered_user"
 UNAUTHENTICATED_MARKER: Final = "unauthenticated_marker"
 ALREADY_PUBLISHED: Final = "already_published"  # a slot an earlier incarnation published
 INCARNATION_COOLDOWN: Final = "incarnation_cooldown"  # a new incarnation's deliberate gap
+WITHDRAWN: Final = "withdrawn_user"  # a user withdrawn from the registration table on resume
 REASONS: Final = (
     MALFORMED,
     MALFORMED_CSV, MISSING_FIELD, INVALID_TYPE, NEGATIVE_SLOT, OVERSIZED, UNKNOWN_STREAM, OUT_OF_DOMAIN,
     DUPLICATE, LATE, FAR_FUTURE, POPULATION_FULL, USER_ID_KIND, REQUIREMENT_CHANGED, STREAM_HALTED,
-    UNREGISTERED, UNAUTHENTICATED_MARKER, ALREADY_PUBLISHED, INCARNATION_COOLDOWN,
+    UNREGISTERED, UNAUTHENTICATED_MARKER, ALREADY_PUBLISHED, INCARNATION_COOLDOWN, WITHDRAWN,
 )  # fmt: skip
 
 

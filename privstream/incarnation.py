@@ -19,7 +19,10 @@ data. Releases never state the nonce; the short public ``incarnation_id`` (a dig
 
 **Binding.** The file also holds the store's *manifest*: the population's ε and window, every
 stream's share, the retired streams' shares and a keyed digest of each registered user's
-requirement. A resume that changes any of them is refused naming the change, except:
+requirement, and the digests of users withdrawn from it. A user removed from the table is
+withdrawn (``registration_plan``: counted no more from each stream's next slot, seat kept,
+never back under the same id); any other change of the table is refused by kind and count.
+A resume that changes anything else is refused naming the change, except:
 a stream gone from the flow file and listed in ``[population] retired`` (its share stays spent
 for as long as the store lives: conservative, never returned), and a new stream whose share
 fits with the live and retired shares under 1. A retired name never comes back (its old
@@ -63,6 +66,9 @@ class Manifest:
     streams: Mapping[str, float]
     retired: Mapping[str, float] = field(default_factory=dict)
     registration: Mapping[str, tuple[float, int]] = field(default_factory=dict)
+    withdrawn: frozenset[str] = frozenset()
+    """Keyed digests of the users withdrawn from the registration table on a resume: their
+    seats stay, they never count again and never come back under the same id."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -71,6 +77,7 @@ class Manifest:
             "streams": dict(self.streams),
             "retired": dict(self.retired),
             "registration": {k: list(v) for k, v in sorted(self.registration.items())},
+            "withdrawn": sorted(self.withdrawn),
         }
 
     @classmethod
@@ -80,6 +87,7 @@ class Manifest:
             float(data["epsilon"]), int(data["window"]),
             {str(k): float(v) for k, v in data["streams"].items()},
             {str(k): float(v) for k, v in data["retired"].items()}, reg,
+            frozenset(str(k) for k in data.get("withdrawn", ())),
         )  # fmt: skip
 
 
@@ -260,33 +268,71 @@ def changes(stored: Manifest, now: Manifest, retiring: frozenset[str]) -> list[s
             f"stream {name!r} was retired and cannot come back (its slots while absent would "
             "be published from stale values); give the stream a new name"
         )
-    refused += _registration_changes(stored.registration, now.registration)
+    refused += _registration_changes(stored, now)
     return refused
 
 
-def _registration_changes(
-    stored: Mapping[str, tuple[float, int]], now: Mapping[str, tuple[float, int]]
-) -> list[str]:
-    """The registration table's changes by kind and count (never naming a user)."""
-    removed = len(stored.keys() - now.keys())
-    added = len(now.keys() - stored.keys())
-    changed = sum(1 for k in stored.keys() & now.keys() if stored[k] != now[k])
-    if not (removed or added or changed):
-        return []
-    parts = [
-        f"{count} user(s) {what}"
-        for count, what in (
-            (removed, "removed"),
-            (added, "added"),
-            (changed, "with another requirement"),
-        )
-        if count
-    ]
+@dataclass(frozen=True)
+class RegistrationPlan:
+    """What a resume does with the changes of the registration table (issue 18 §4), by kind
+    and count, never by user: ``withdrawn`` (keyed digests of the users removed now: they
+    stop counting from each stream's next slot, ``operators.registration``), ``stricter``
+    (users asking a smaller ε_i or a larger w_i) and ``refused`` (kind, count)."""
+
+    withdrawn: frozenset[str] = frozenset()
+    stricter: int = 0
+    refused: tuple[tuple[str, int], ...] = ()
+
+
+REFUSED_WHY: Final = {
+    "table removed": "the store was made with a registration table and this run has none; "
+    "keep the table (remove only the users to withdraw)",
+    "added": "a running store cannot take a new user: its seats, class sizes and ledgers are "
+    "fixed when the store is made",
+    "back after withdrawal": "a withdrawal lasts as long as the store: the user cannot come "
+    "back under the same id",
+    "stricter requirement": "a stricter ε_i or w_i cannot be honoured in a running store in this "
+    "version (the per-class ledgers cannot move one user's spend to another class); withdraw "
+    "the user (remove them from the table) instead",
+    "looser requirement": "a larger ε_i or a smaller w_i would spend more than the user agreed "
+    "to in windows already charged",
+}
+
+
+def registration_plan(stored: Manifest, now: Manifest) -> RegistrationPlan:
+    """Classify the registration table's changes since the store was made: a removed user is
+    a withdrawal (honoured: the ledgers keep their seat); everything else is refused by kind
+    and count (``REFUSED_WHY`` says why)."""
+    before, after = stored.registration, now.registration
+    removed = frozenset(before.keys() - after.keys())
+    stricter = looser = 0
+    for k in before.keys() & after.keys():
+        (eps0, win0), (eps1, win1) = before[k], after[k]
+        if (eps0, win0) == (eps1, win1):
+            continue
+        if eps1 <= eps0 and win1 >= win0:
+            stricter += 1
+        else:
+            looser += 1
+    counts = {
+        "table removed": len(removed) if before and not after else 0,
+        "added": len(after.keys() - before.keys() - stored.withdrawn),
+        "back after withdrawal": len(after.keys() & stored.withdrawn),
+        "stricter requirement": stricter,
+        "looser requirement": looser,
+    }
+    refused = tuple((kind, count) for kind, count in counts.items() if count)
+    withdrawn = frozenset() if counts["table removed"] else removed
+    return RegistrationPlan(withdrawn, stricter, refused)
+
+
+def _registration_changes(stored: Manifest, now: Manifest) -> list[str]:
+    """The refused changes of the registration table by kind and count (never naming a
+    user), each with its reason and what to do."""
+    plan = registration_plan(stored, now)
     return [
-        "the registration table changed since the store was made: " + ", ".join(parts) + ". A "
-        "running store cannot honour it (a class that shrinks halts the personalized ledger, a "
-        "stricter class is refused by it): keep the table, or start a new recovery directory, "
-        "which draws fresh noise and starts after the slots already published"
+        f"registration table: {kind}, {count} user(s): {REFUSED_WHY[kind]}"
+        for kind, count in plan.refused
     ]
 
 
@@ -325,7 +371,13 @@ def reconcile(
             where,
             retired[name],
         )
-    return replace(now, retired=retired)
+    withdrawn = registration_plan(stored, now).withdrawn
+    if withdrawn:
+        log.warning(
+            "%d user(s) withdrawn from the registration table of the store %s: they stop "
+            "counting from each stream's next slot; their seats stay", len(withdrawn), where,
+        )  # fmt: skip
+    return replace(now, retired=retired, withdrawn=stored.withdrawn | withdrawn)
 
 
 def start(

@@ -143,22 +143,24 @@ def test_a_store_with_snapshots_but_no_nonce_is_refused(tmp_path: Path) -> None:
         begin(NoiseKey.from_text(key.read_text()), store, Manifest(1.0, 10, {"s": 1.0}))
 
 
-def test_a_changed_registration_table_is_refused_by_name(tmp_path: Path, capsys: Any) -> None:
-    """Issue 18 §4: a withdrawn user was still counted on resume; now the change is named."""
+def test_a_withdrawal_from_the_registration_table_is_recorded(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 18 §4: a withdrawn user was still counted on resume; the store now records the
+    withdrawal (a keyed digest, never the id; its effect: tests/attacks/test_withdrawal.py)
+    and the log counts it."""
     events, full, without, _victim = _inputs(tmp_path)
     key = tmp_path / "noise.key"
     key.write_text(secrets.token_hex(32))
     store = tmp_path / "store"
     _run(tmp_path, "first", events, full, key, store)
-    out = tmp_path / "second.jsonl"
-    argv = ["run", "personalized", "--mechanism", "Uniform", "--dataset", f"file:{events}",
-            "--stream", "s", "--domain", str(D), "--users", str(USERS), "--epsilon", "1",
-            "--window", "10", "--preferences", str(without), "--out", str(out),
-            "--recovery-dir", str(store), "--secret-file", str(key), "--no-progress"]  # fmt: skip
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert "registration table changed" in err and "1 user(s) removed" in err
+    caplog.clear()
+    _run(tmp_path, "first", events, without, key, store)
+    err = caplog.text
+    assert "1 user(s) withdrawn from the registration table" in err
     assert VICTIM not in err  # never names a user
+    stored = read(store)
+    assert stored is not None and len(stored.manifest.withdrawn) == 1
 
 
 def test_a_secure_output_is_not_overwritten_by_a_new_incarnation(
