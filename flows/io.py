@@ -129,6 +129,9 @@ class KafkaIO:
             its ``Gap`` records go to the ledger output once.
         new_population: the operator states that a new incarnation's population is a new one
             (a whole-stream guarantee may then start afresh after the published slots).
+        released: each stream's last slot on the release topic when a resume withdrew users
+            (``Incarnation.released``): the withdrawal starts after it
+            (``SlottingConfig.released``).
         grow_partitions: accept a recovery store written for fewer input partitions
             (``SlottingConfig.grow_partitions``): the added partitions start at each stream's
             last released slot and every budget is kept.
@@ -151,6 +154,7 @@ class KafkaIO:
     clock: str = "markers"
     trust_input_clock: bool = False
     published: Mapping[str, int] = field(default_factory=dict)
+    released: Mapping[str, int] = field(default_factory=dict)
     gaps: tuple[Gap, ...] = ()
     new_population: bool = False
     grow_partitions: bool = False
@@ -458,4 +462,5 @@ def slotting_for(kafka: KafkaIO | None, lateness: int, client_path: str) -> Slot
         partitions=1 if kafka is None else kafka.partitions,
         clock="data" if kafka is None else kafka.clock,  # type: ignore[arg-type]
         grow_partitions=kafka is not None and kafka.grow_partitions,
+        released=() if kafka is None else tuple(sorted(kafka.released.items())),
     )

@@ -48,6 +48,7 @@ from privstream.operators.stream_state import NOT_WITHDRAWN, StreamState
 
 if TYPE_CHECKING:
     from privstream.operators.ports import Ports
+    from privstream.operators.slotting import SlottingConfig
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,7 @@ class Registration:
     task: EstimationTask
     trust: Ports
     order: EnrolmentOrder
+    cfg: SlottingConfig
 
     def _blank(self) -> NDArray[np.float64]:
         """Every user's value unknown: NaN, one row of ``d`` per user for a vector task."""
@@ -186,7 +188,10 @@ class Registration:
 
     def _withdraw(self, state: StreamState, step_id: str) -> None:
         """On a resume: withdraw the seats of the restored ``state`` whose users this run's
-        table no longer lists, from the first slot after its last released slot (a seat
+        table no longer lists, from the first slot after its last released slot, or after the
+        last slot already on the release topic when that is later (``SlottingConfig.released``:
+        after a crash the slots since the snapshot are replayed, and must be recomputed with the
+        user, as they were published, never as an exact difference) (a seat
         withdrawn earlier keeps its first slot). The seat, its requirement and its class stay
         (the ledgers and public counts do not change); its value is blanked at every later
         slot (``_unwithdrawn``) and its events are ``withdrawn_user`` dead letters (ingest).
@@ -204,6 +209,9 @@ class Registration:
         if not new.size:
             return
         first = np.iinfo(np.int64).min if state.last_closed is None else state.last_closed + 1
+        published = dict(self.cfg.released).get(state.stream)
+        if published is not None:  # a replay recomputes published slots as they were published
+            first = max(first, published + 1)
         state.withdrawn_from[new] = first
         log.warning(
             "step %s: stream %r: %d user(s) withdrawn from the registration table, from slot %s "

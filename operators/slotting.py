@@ -112,6 +112,10 @@ class SlottingConfig:
             again. None (default): ``w − 1`` of the user's window (the smallest window of the
             stream's mechanisms, or the user's own ``w_i``), so one report feeds at most ``w``
             consecutive slots — at most ε over its lifetime.
+        released: each stream's last slot already on the release topic when this run started
+            (read only when a resume withdraws users): a withdrawal starts after it, so the
+            replay of published slots after a crash recomputes them as they were published
+            (not part of the binding).
         grow_partitions: accept a resume whose input topic has more partitions than the
             recovery store was written for (``--grow-partitions``, ``kafka.grow_partitions``):
             the new partitions start at each stream's clock (its last released slot), so
@@ -130,6 +134,7 @@ class SlottingConfig:
     max_clock_jump: int = 1
     carry_slots: int | None = None
     grow_partitions: bool = False
+    released: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.clock not in ("data", "markers"):

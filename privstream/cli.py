@@ -705,7 +705,9 @@ def _run_family(args: argparse.Namespace) -> int:
     incarnation = _family_incarnation(args, secret, kafka, args.window or slots)
     secret = incarnation.key
     if kafka is not None:
-        kafka = dataclasses.replace(kafka, published=incarnation.floors)
+        kafka = dataclasses.replace(
+            kafka, published=incarnation.floors, released=incarnation.released
+        )
     synthetic = kafka is None and not args.dataset.startswith("file:")
     total = slots if synthetic or (kafka is not None and args.slots) else None
     bar = None if args.no_progress else _progress_bar(total * len(names) if total else None,

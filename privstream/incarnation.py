@@ -113,6 +113,10 @@ class Incarnation:
     key: NoiseKey
     new: bool
     floors: Mapping[str, int] = field(default_factory=dict)
+    withdrawing: bool = False
+    """This run withdraws users the store had not withdrawn yet (``Manifest.withdrawn``)."""
+    released: Mapping[str, int] = field(default_factory=dict)
+    """With ``withdrawing`` on Kafka: each stream's last slot on the release topic now."""
     created: bool = True
     """The nonce was made by this run (no store, or a store without one yet): nothing it
     computes was computed before; otherwise a replay recomputes the same bytes."""
@@ -160,7 +164,11 @@ def begin(
     updated = reconcile(stored.manifest, manifest, where=str(path), retiring=retiring)
     if updated != stored.manifest:
         _write(path, replace(stored, manifest=updated), replace_existing=True)
-    found = Incarnation(key.with_incarnation(stored.nonce), not snapshots, stored.floors, created)
+    withdrawing = bool(set(updated.withdrawn) - set(stored.manifest.withdrawn))
+    found = Incarnation(
+        key.with_incarnation(stored.nonce), not snapshots, stored.floors,
+        withdrawing=withdrawing, created=created,
+    )  # fmt: skip
     return _announce(found, f"store {path}")
 
 
@@ -397,6 +405,8 @@ def start(
     incarnation = begin(key, recovery_dir, manifest, retiring)
     if incarnation.new and releases is not None:
         incarnation = with_floors(incarnation, recovery_dir, last_published(*releases))
+    elif incarnation.withdrawing and releases is not None:  # withdraw after what is published
+        incarnation = replace(incarnation, released=last_published(*releases))
     announce(incarnation.floors, list(manifest.streams))
     return incarnation
 

@@ -128,7 +128,7 @@ def _run_process(args: argparse.Namespace, config: Any) -> int:
     )
     recovery = _get(args, "recovery_dir", config.run.recovery_dir)
     incarnation = flow_incarnation(config, secret, recovery, kafka)
-    kafka = dataclasses.replace(kafka, published=incarnation.floors)
+    kafka = dataclasses.replace(kafka, published=incarnation.floors, released=incarnation.released)
     flow = build_streams(config, kafka, incarnation.key)
     control.install_signal_handlers()
     internal_port = _get(args, "internal_metrics_port", None)

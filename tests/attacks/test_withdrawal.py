@@ -349,3 +349,73 @@ def test_config_check_reports_what_a_resume_would_do(tmp_path: Path, capsys: Any
     assert "zq-" not in out and "stranger" not in out  # never a user id
     assert main(["config", "check", str(flow)]) == 0
     assert "resume of" not in capsys.readouterr().out
+
+
+class _Seats(Registration):
+    """Just enough of the operator to call ``_withdraw``: a table, a population, a slotting."""
+
+    def __init__(self, members: frozenset[str], released: tuple[tuple[str, int], ...]) -> None:
+        from types import SimpleNamespace
+
+        from privstream.operators.slotting import SlottingConfig
+
+        self.n = 3
+        self.trust = SimpleNamespace(members=members)  # type: ignore[assignment]
+        self.cfg = SlottingConfig(released=released)
+
+
+def test_a_withdrawal_after_a_crash_starts_after_the_published_slots() -> None:
+    """After a crash the slots since the last snapshot are replayed. Had the withdrawal started
+    right after the snapshot, those already published slots would be recomputed without the
+    user under the same noise: old − new = the user's values. On Kafka the run reads the
+    release topic's last slot when it withdraws (``Incarnation.released``) and the withdrawal
+    starts after it, so the replay recomputes the published slots as they were."""
+    from privstream.operators.stream_state import StreamState
+
+    def withdrawn_from(released: tuple[tuple[str, int], ...]) -> int:
+        state = StreamState(stream="s", mechanisms={}, current=np.zeros(3))
+        state.directory, state.last_closed = {"a": 0, "b": 1, VICTIM: 2}, 10  # snapshot at 10
+        _Seats(frozenset({"a", "b"}), released)._withdraw(state, "step")
+        assert state.withdrawn_from is not None
+        return int(state.withdrawn_from[2])
+
+    assert withdrawn_from(()) == 11  # a clean stop: the snapshot is the last release
+    assert withdrawn_from((("s", 15),)) == 16  # slots 11..15 were published before the crash
+    assert withdrawn_from((("other", 30),)) == 11
+
+
+def test_a_resume_that_withdraws_reads_the_release_topic(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The slots published before a crash come from the release topic, read only when the
+    resume withdraws someone new (``incarnation.start``)."""
+    import privstream.republish as republish
+    from privstream.connectors.kafka import KafkaSettings
+    from privstream.incarnation import Manifest, registration_digests, start
+
+    key = NoiseKey.from_text(secrets.token_hex(32))
+    table = {"a": (1.0, 10), "b": (1.0, 10), VICTIM: (1.0, 10)}
+    reads: list[str] = []
+
+    def last_published(_settings: Any, topic: str) -> dict[str, int]:
+        reads.append(topic)
+        return {"s": 15}
+
+    monkeypatch.setattr(republish, "last_published", last_published)
+    releases = (KafkaSettings(("127.0.0.1:1",)), "releases")
+
+    def manifest(users: dict[str, tuple[float, int]]) -> Manifest:
+        return Manifest(1.0, 10, {"s": 1.0}, registration=registration_digests(users, key))
+
+    start(key, tmp_path / "store", manifest(table))  # the store, made by a first run
+    (tmp_path / "store" / "part-0.sqlite3").write_bytes(b"")  # ... with a snapshot in it
+    monkeypatch.setattr(
+        "privstream.incarnation.check_store", lambda _p: type("C", (), {"empty": False})()
+    )
+    kept = start(key, tmp_path / "store", manifest(table), releases=releases)
+    assert not kept.withdrawing and kept.released == {} and reads == []
+    withdrawn = {u: r for u, r in table.items() if u != VICTIM}
+    resumed = start(key, tmp_path / "store", manifest(withdrawn), releases=releases)
+    assert resumed.withdrawing and resumed.released == {"s": 15} and reads == ["releases"]
+    again = start(key, tmp_path / "store", manifest(withdrawn), releases=releases)
+    assert not again.withdrawing  # recorded: later resumes keep its first slot
