@@ -51,10 +51,13 @@ def flow_args(topics: Topics) -> list[str]:
     ]  # fmt: skip
 
 
-def produce(kafka: KafkaSettings, topics: Topics, first: int, last: int) -> None:
+def produce(kafka: KafkaSettings, topics: Topics, first: int, last: int, key: Path) -> None:
+    """Events and their end-of-slot markers, tagged with the flow's clock key (the deployed
+    flow runs the markers clock: untagged markers close nothing)."""
     run_cli(
         "produce", "--bootstrap", kafka.bootstrap, "--topic", topics.events, "--dataset", "sin",
         "--users", str(USERS), "--first-slot", str(first), "--slots", str(last), "--no-progress",
+        "--secret-file", str(key),
     )  # fmt: skip
 
 
@@ -92,7 +95,7 @@ def test_a_flow_runs_stops_on_sigterm_resumes_and_passes_the_audit(
         public = scrape(env["PRIVSTREAM_METRICS_PORT"], flow)
         internal = scrape(env["PRIVSTREAM_INTERNAL_METRICS_PORT"], flow)
         command = Path(f"/proc/{flow.pid}/cmdline").read_bytes().split(b"\0")
-        produce(kafka, topics, 1, 3)
+        produce(kafka, topics, 1, 3, key)
         read_json(kafka, topics.releases, 3)
     finally:
         out, err = stop(flow)
@@ -103,7 +106,7 @@ def test_a_flow_runs_stops_on_sigterm_resumes_and_passes_the_audit(
     assert b"run" in command and not any(b"entrypoint" in arg for arg in command)  # exec'd
     assert list((tmp_path / "recovery").glob("*.sqlite3"))
 
-    produce(kafka, topics, 4, 5)
+    produce(kafka, topics, 4, 5, key)
     resumed = subprocess.run(
         [str(ENTRYPOINT), *flow_args(topics), "--slots", "5"],
         env=env, capture_output=True, text=True, timeout=300,
@@ -184,10 +187,12 @@ def test_a_flow_file_runs_every_stream(
 ) -> None:
     """``PRIVSTREAM_CONFIG``: the StatefulSet's form, every stream of the file in one flow."""
     topics = Topics(kafka)
+    key = write_secret(tmp_path / "noise.key")
     for stream in ("country", "device"):
         run_cli(
             "produce", "--bootstrap", kafka.bootstrap, "--topic", topics.events, "--dataset",
             "sin", "--stream", stream, "--users", str(USERS), "--slots", "4", "--no-progress",
+            "--secret-file", str(key),
         )  # fmt: skip
     config = tmp_path / "flow.toml"
     config.write_text(
@@ -200,8 +205,7 @@ def test_a_flow_file_runs_every_stream(
             for name in ("country", "device")
         )
     )
-    env = entrypoint_env(tmp_path, write_secret(tmp_path / "noise.key"),
-                         PRIVSTREAM_CONFIG=str(config))  # fmt: skip
+    env = entrypoint_env(tmp_path, key, PRIVSTREAM_CONFIG=str(config))
     del env["PRIVSTREAM_FAMILY"]
     done = subprocess.run(
         [str(ENTRYPOINT), "--slots", "3"], env=env, capture_output=True, text=True, timeout=300
@@ -213,3 +217,60 @@ def test_a_flow_file_runs_every_stream(
     }
     assert {r["guarantee"]["epsilon"] for r in releases} == {0.5}  # each stream's share of ε
     assert list((tmp_path / "recovery").glob("*.sqlite3"))
+
+
+def test_the_clock_deployment_closes_the_flows_slots(
+    broker: EmbeddedBroker, kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    """The deployed pair: producers write events whose markers nobody trusts (a sender's
+    markers are dead letters), and the clock Deployment (``entrypoint.sh clock``, holding only
+    the clock key printed by ``privstream clock-key``) closes the slots."""
+    topics = Topics(kafka)
+    key = write_secret(tmp_path / "noise.key")
+    run_cli(
+        "produce", "--bootstrap", kafka.bootstrap, "--topic", topics.events, "--dataset", "sin",
+        "--stream", "country", "--users", str(USERS), "--slots", "3", "--no-progress",
+        "--insecure-seed", "5",  # markers tagged with another key: closing nothing
+    )  # fmt: skip
+    config = tmp_path / "flow.toml"
+    config.write_text(
+        f'[kafka]\nbootstrap = "{kafka.bootstrap}"\ninput_topic = "{topics.events}"\n'
+        f'output_topic = "{topics.releases}"\nledger_topic = "{topics.ledger}"\n'
+        f'dead_letter_topic = "{topics.dlq}"\n'
+        f"[population]\nusers = {USERS}\nepsilon = 1.0\nwindow = {WINDOW}\n"
+        '[[streams]]\nname = "country"\nfamily = "ldp-ids"\nmechanisms = ["LBU"]\n'
+        "domain = 2\nshare = 1.0\n"
+    )
+    clock_key = tmp_path / "clock.key"
+    printed = subprocess.run(
+        [sys.executable, "-m", "privstream.cli", "clock-key", "--secret-file", str(key)],
+        capture_output=True, text=True, timeout=60, env=cli_env(),
+    )  # fmt: skip
+    assert printed.returncode == 0, printed.stderr
+    clock_key.write_text(printed.stdout)
+    assert key.read_text().strip() not in printed.stdout  # the clock never holds the secret
+    env = entrypoint_env(tmp_path, key, PRIVSTREAM_CONFIG=str(config))
+    del env["PRIVSTREAM_FAMILY"]
+    clock_env = {**env, "PRIVSTREAM_CLOCK_KEY_FILE": str(clock_key)}
+    del clock_env["PRIVSTREAM_SECRET_FILE"]
+    marked = subprocess.run(
+        [str(ENTRYPOINT), "clock", "--now", "--first-slot", "1", "--through", "3"],
+        env=clock_env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert marked.returncode == 0, marked.stderr[-3000:]
+    done = subprocess.run(
+        [str(ENTRYPOINT), "--slots", "3"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    releases = read_json(kafka, topics.releases, 3)
+    assert sorted(r["slot"] for r in releases) == [1, 2, 3]
+    assert "unauthenticated_marker" in _reasons(kafka, topics)  # the producer's closed nothing
+
+
+def _reasons(kafka: KafkaSettings, topics: Topics) -> set[str]:
+    from privstream.connectors.kafka import DEAD_LETTER_REASON_HEADER
+    from tests.integration.conftest import read_all
+
+    return {
+        dict(m.headers())[DEAD_LETTER_REASON_HEADER].decode() for m in read_all(kafka, topics.dlq)
+    }
