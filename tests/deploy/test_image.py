@@ -57,8 +57,9 @@ def test_the_image_runs_a_flow_against_the_embedded_broker(
     image: str, broker: EmbeddedBroker, kafka: KafkaSettings, tmp_path: Path
 ) -> None:
     topics = Topics(kafka)
-    produce(kafka, topics, 1, SLOTS)
-    key = _owned_by_the_image_user(write_secret(tmp_path / "noise.key"), 0o400)
+    key = write_secret(tmp_path / "noise.key")
+    produce(kafka, topics, 1, SLOTS, key)  # markers tagged with the flow's clock key
+    key = _owned_by_the_image_user(key, 0o400)
     state = tmp_path / "state"
     state.mkdir()
     _owned_by_the_image_user(state, 0o700)
