@@ -93,7 +93,8 @@ def _flow_file(directory: Path, settings: KafkaSettings, topic: str, streams: in
         f'[kafka]\nbootstrap = "{settings.bootstrap}"\ninput_topic = "{topic}"\n'
         f'output_topic = "{releases}"\n'
         # the benchmark writes every message of the topic itself: its events may drive the clock
-        'clock = "data"\ntrust_input_clock = true\n[population]\nusers = {users}\nepsilon = 1.0\n'
+        'clock = "data"\ntrust_input_clock = true\n'
+        f'[population]\nusers = {users}\nepsilon = 1.0\n'
         "window = 20\n" + "".join(
             f'[[streams]]\nname = "s{k}"\nfamily = "ldp-ids"\nmechanisms = ["LPA"]\n'
             f"domain = 2\nshare = {share}\n" for k in range(streams)
