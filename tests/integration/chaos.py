@@ -58,7 +58,7 @@ from privstream.connectors.producer import slot_messages
 from privstream.connectors.synthetic import SyntheticStream
 from privstream.mechanisms.seeding import NoiseKey
 
-from .conftest import PRIVSTREAM, cli_env, read_all
+from .conftest import PRIVSTREAM, cli_env, read_all, same_incarnation
 from .proxy import ProxiedBroker
 
 MECHANISMS = "LBU,LPA"
@@ -387,10 +387,14 @@ def run_chaos(plan: Plan, workdir: Path) -> Report:
             disturbed_run(broker, command, store, plan, report, rest)
         report.scrapes = scrapers.scrapes
         reference = Topics(broker.bootstrap, f"ref-{tag}")
-        run_to_end(flow_command(broker.bootstrap, events, reference, plan, key), cli_env())
-        plan.log("reference run (undisturbed, same secret) done")
+        # the undisturbed runs share the disturbed store's incarnation (its nonce): runs of
+        # different stores draw independent noise by design (privstream.incarnation)
+        ref_key = [*key, "--recovery-dir", str(same_incarnation(store, workdir / f"ref-{tag}"))]
+        run_to_end(flow_command(broker.bootstrap, events, reference, plan, ref_key), cli_env())
+        plan.log("reference run (undisturbed, same secret and incarnation) done")
+        polls_key = [*key, "--recovery-dir", str(same_incarnation(store, workdir / f"polls-{tag}"))]
         report.poll_replay_differing = poll_size_replay(
-            broker.bootstrap, events, plan, key, reference, tag
+            broker.bootstrap, events, plan, polls_key, reference, tag
         )
         plan.log(f"poll-size replay: {report.poll_replay_differing} releases differ")
         report.rename_refused = rename_refused(broker.bootstrap, command, disturbed)
