@@ -307,11 +307,20 @@ def outputs(
         if dead_letter_out:
             jsonl_output("dead_letters_out", dead, dead_letter_out)
         return
-    # Releases and ledger entries are delivered or the epoch fails; dead letters best effort.
+    _kafka_outputs(kafka, releases, mech.ledger, dead)
+    if kafka.until_slot is not None:
+        assert stop is not None, "until_slot needs a stop signal"
+        _stop_at(kafka, stop, pairs, _release_progress(releases, mech.ledger))
+
+
+def _kafka_outputs(
+    kafka: KafkaIO, releases: Stream[Release], ledger: Stream[Any], dead: Stream[DeadLetter]
+) -> None:
+    """Releases and ledger entries (with a new incarnation's gap records) are delivered or the
+    epoch fails; dead letters best effort, or logged without a dead-letter topic."""
     stall = kafka.stall_warning_seconds
     kafka_output("releases_out", releases, kafka.settings, kafka.output_topic, record_message,
                  stall_seconds=stall)  # fmt: skip
-    ledger: Stream[Any] = mech.ledger
     if kafka.gaps and kafka.ledger_topic:
         ledger = op.merge("ledger_and_gaps", ledger, gap_records(ledger.flow(), kafka.gaps))
     if kafka.ledger_topic:
@@ -328,19 +337,24 @@ def outputs(
                 "dead letter (%s) dropped: no --dead-letter-topic", letter.reason
             ),
         )
-    if kafka.until_slot is not None:
-        assert stop is not None, "until_slot needs a stop signal"
-        progress_of = _release_progress(releases, mech.ledger)
-        last, stop_file = kafka.until_slot, kafka.stop_file
 
-        def released() -> bool:
-            if progress_of.through(pairs, last):
-                if stop_file is not None:
-                    Path(stop_file).touch()
-                return True
-            return stop_file is not None and os.path.exists(stop_file)
 
-        stop.when(released, f"slot {last} released")
+def _stop_at(
+    kafka: KafkaIO, stop: StopSignal, pairs: Sequence[tuple[str, str]], progress_of: Any
+) -> None:
+    """Stop once every (stream, mechanism) of ``pairs`` released ``kafka.until_slot`` (or
+    another member of the cluster said so through the stop file)."""
+    last, stop_file = kafka.until_slot, kafka.stop_file
+    assert last is not None
+
+    def released() -> bool:
+        if progress_of.through(pairs, last):
+            if stop_file is not None:
+                Path(stop_file).touch()
+            return True
+        return stop_file is not None and os.path.exists(stop_file)
+
+    stop.when(released, f"slot {last} released")
 
 
 HALTED: Final = 2**62

@@ -1151,7 +1151,27 @@ def audit(
         "count": read,
         "detail": "releases and ledger entries read" if read else "nothing was read",
     }
-    counts = {
+    return {
+        "ok": all(c["ok"] for c in checks.values()),
+        "checks": checks,
+        "counts": _report_counts(collector, pub, slots, windows, accountant, claims, checks),
+        "problems": findings.problems,
+        "notes": findings.notes,
+    }
+
+
+def _report_counts(
+    collector: Collector,
+    pub: Published,
+    slots: SlotCounts,
+    windows: WindowCounts,
+    accountant: AccountantCounts,
+    claims: ClaimCounts,
+    checks: dict[str, Any],
+) -> dict[str, int]:
+    """The report's counts: what was read and what each check found."""
+    distinct = collector.distinct
+    return {
         "releases": distinct["release"],
         "ledger_entries": distinct["ledger"],
         "streams": len({stream for stream, _ in pub.pairs}),
@@ -1170,13 +1190,6 @@ def audit(
         "unfaithful_repeats": claims.repeats,
         "stated_mismatches": claims.stated,
         "over_expected_budget": claims.budget,
-    }
-    return {
-        "ok": all(c["ok"] for c in checks.values()),
-        "checks": checks,
-        "counts": counts,
-        "problems": findings.problems,
-        "notes": findings.notes,
     }
 
 

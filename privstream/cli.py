@@ -410,6 +410,11 @@ def _kafka_tools(commands: Any) -> None:
     )
     _kafka_flags(produce, required=True)
     _clock_key_flags(produce)
+    _clock_tools(commands)
+
+
+def _clock_tools(commands: Any) -> None:
+    """``privstream clock`` and ``clock-key``: the authenticated slot clock of Kafka runs."""
     clock = commands.add_parser(
         "clock",
         help="write the authenticated end-of-slot markers of a markers-clock run, one per slot "
@@ -522,7 +527,11 @@ def _demo_audit(commands: Any) -> None:
     demo.add_argument("--epsilon", type=_positive_float, default=1.0)
     demo.add_argument("--window", type=_positive_int, default=20)
     demo.add_argument("--seed", type=int, default=1)
+    _audit_parser(commands)
 
+
+def _audit_parser(commands: Any) -> None:
+    """``privstream audit``: its inputs, then what it expects (``_audit_expectations``)."""
     audit = commands.add_parser(
         "audit",
         help="check what a flow published (files or topics): every slot present, no conflicting "
@@ -551,6 +560,15 @@ def _demo_audit(commands: Any) -> None:
         metavar="T",
         help="every (stream, mechanism) runs to slot T unless halted (default: its last slot)",
     )
+    _audit_expectations(audit)
+    audit.add_argument("--json", metavar="FILE", help="also write the report to this file")
+    audit.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+    _audit_metrics(audit)
+
+
+def _audit_expectations(audit: argparse.ArgumentParser) -> None:
+    """What the audit checks the outputs against: the expected budget, the flow file, and
+    whether insecure or evaluation outputs are expected."""
     audit.add_argument(
         "--max-epsilon", type=_positive_float, metavar="E",
         help="the expected budget: every guarantee, and all streams composed per window, within "
@@ -574,8 +592,10 @@ def _demo_audit(commands: Any) -> None:
         "--allow-evaluation", action="store_true",
         help="expect the outputs of an evaluation (--compare: the full ε each, together more)",
     )  # fmt: skip
-    audit.add_argument("--json", metavar="FILE", help="also write the report to this file")
-    audit.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+
+
+def _audit_metrics(audit: argparse.ArgumentParser) -> None:
+    """Serving the audit's verdict as metrics for a periodic job."""
     audit.add_argument(
         "--metrics-port", type=int, metavar="PORT",
         help="after the audit, serve its verdict as Prometheus metrics (privstream_audit_*) on "
