@@ -37,8 +37,8 @@ lint: $(STAMP) ## ruff and mypy
 demo: $(STAMP) ## Run the main job: embedded Kafka broker, synthetic events, all seven LDP-IDS mechanisms over Kafka with metrics
 	$(BIN)/privstream demo --out demo-out
 
-chaos: $(STAMP) ## Long chaos round: 60 kills, outages and hostile messages, audited (writes chaos-out/)
-	$(BIN)/python -m tests.integration.chaos --kills 60 --users 5000 --slots 200 --workdir chaos-out
+chaos: $(STAMP) ## Long chaos round: 60 kills, outages, hostile messages, 9 cluster disturbances, audited (writes chaos-out/)
+	$(BIN)/python -m tests.integration.chaos --kills 60 --users 5000 --slots 200 --cluster-kills 9 --workdir chaos-out
 
 image: $(STAMP) ## Build the container image localhost/privstream:latest, no registry needed (deploy/build-image.sh)
 	deploy/build-image.sh
