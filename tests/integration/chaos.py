@@ -74,7 +74,7 @@ from privstream.connectors.producer import slot_messages
 from privstream.connectors.synthetic import SyntheticStream
 from privstream.mechanisms.seeding import NoiseKey
 
-from .conftest import PRIVSTREAM, cli_env, read_all, same_incarnation
+from .conftest import PRIVSTREAM, THREE_STREAMS, cli_env, read_all, same_incarnation
 from .proxy import ProxiedBroker
 
 MECHANISMS = "LBU,LPA"
@@ -442,7 +442,8 @@ def cluster_flow_file(
     table.write_text("user,epsilon,window\n" + "".join(
         f"u{u},{2.0 if u % 3 else 1.0},5\n" for u in range(users)))  # fmt: skip
     path = directory / f"flow-{name}.toml"
-    path.write_text(f"""
+    path.write_text(
+        f"""
 [kafka]
 bootstrap = "{bootstrap}"
 input_topic = "{events}"
@@ -459,28 +460,9 @@ epsilon = 2.0
 window = 5
 registrations = "{table}"
 
-[[streams]]
-name = "country"
-family = "ldp-ids"
-mechanisms = ["LBU", "LPA"]
-budget_split = "equal"
-domain = 2
-share = 0.4
-
-[[streams]]
-name = "device"
-family = "ldp-ids"
-mechanisms = ["LBA"]
-domain = 2
-share = 0.3
-
-[[streams]]
-name = "visits"
-family = "personalized"
-mechanisms = ["PBD"]
-domain = 2
-share = 0.3
-""")
+"""
+        + THREE_STREAMS
+    )
     return path
 
 

@@ -27,6 +27,31 @@ from privstream.connectors.kafka import (
 
 PRIVSTREAM = [sys.executable, "-m", "privstream.cli"]
 
+THREE_STREAMS = """
+[[streams]]
+name = "country"
+family = "ldp-ids"
+mechanisms = ["LBU", "LPA"]
+budget_split = "equal"
+domain = 2
+share = 0.4
+
+[[streams]]
+name = "device"
+family = "ldp-ids"
+mechanisms = ["LBA"]
+domain = 2
+share = 0.3
+
+[[streams]]
+name = "visits"
+family = "personalized"
+mechanisms = ["PBD"]
+domain = 2
+share = 0.3
+"""
+"""The streams of the cluster tests' and the chaos round's flow files (shares 0.4 + 0.3 + 0.3)."""
+
 
 @pytest.fixture(scope="session")
 def broker() -> Iterator[EmbeddedBroker]:

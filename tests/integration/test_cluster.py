@@ -26,7 +26,15 @@ from privstream.connectors.kafka import (
     wait_for_messages,
 )
 
-from .conftest import PRIVSTREAM, cli_env, read_all, run_cli, same_incarnation, write_secret
+from .conftest import (
+    PRIVSTREAM,
+    THREE_STREAMS,
+    cli_env,
+    read_all,
+    run_cli,
+    same_incarnation,
+    write_secret,
+)
 
 USERS, SLOTS, LAST = 1500, 12, 11  # slot 12 has no later event to close it before --slots 11
 STREAMS = (("country", "sin"), ("device", "log"), ("visits", "sin"))
@@ -42,7 +50,8 @@ def _config(directory: Path, kafka: KafkaSettings, events: str, tag: str) -> Pat
         f"u{u},{2.0 if u % 3 else 1.0},5\n" for u in range(USERS)))  # fmt: skip
     topics = "".join(f'{key} = "{name}"\n' for key, name in outputs.items())
     path = directory / f"flow-{tag}.toml"
-    path.write_text(f"""
+    path.write_text(
+        f"""
 [kafka]
 bootstrap = "{kafka.bootstrap}"
 input_topic = "{events}"
@@ -55,28 +64,9 @@ epsilon = 2.0
 window = 5
 registrations = "registrations.csv"
 
-[[streams]]
-name = "country"
-family = "ldp-ids"
-mechanisms = ["LBU", "LPA"]
-budget_split = "equal"
-domain = 2
-share = 0.4
-
-[[streams]]
-name = "device"
-family = "ldp-ids"
-mechanisms = ["LBA"]
-domain = 2
-share = 0.3
-
-[[streams]]
-name = "visits"
-family = "personalized"
-mechanisms = ["PBD"]
-domain = 2
-share = 0.3
-""")
+"""
+        + THREE_STREAMS
+    )
     return path
 
 
