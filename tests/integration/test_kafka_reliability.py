@@ -132,6 +132,11 @@ def test_huge_input_messages_become_capped_dead_letters_and_the_run_completes(
 TIMEOUTS = [
     "--kafka-config", "message.timeout.ms=1500", "--kafka-config", "reconnect.backoff.ms=50",
     "--kafka-config", "reconnect.backoff.max.ms=200", "--kafka-config", "socket.timeout.ms=1500",
+    # the consumer holds the whole input (480,000 small events), so the flow keeps releasing
+    # through the outage and the sink has deliveries to fail: the memory-bounded default
+    # (consumer_buffers) pre-fetches less, and a flow that has drained its buffer just waits
+    "--kafka-config", "queued.min.messages=1000000",
+    "--kafka-config", "queued.max.messages.kbytes=262144",
 ]  # fmt: skip
 USERS, SLOTS = 3000, 160
 
