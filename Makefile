@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # The strict editable install links each module file, so a new or changed module reinstalls.
-SOURCES := $(wildcard privstream/*.py mechanisms/*.py operators/*.py connectors/*.py flows/*.py)
+SOURCES := $(wildcard privstream/*.py privstream/*/*.py mechanisms/*.py operators/*.py connectors/*.py flows/*.py)
 
 .DEFAULT_GOAL := help
 

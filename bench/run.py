@@ -59,27 +59,27 @@ from scipy.stats import f as f_distribution
 from state import format_state, run_state  # bench/state.py, beside this script
 from tqdm import tqdm
 
-from privstream import harness
-from privstream.bench_kafka import bench_kafka, format_result
-from privstream.bench_noise import bench_noise, format_noise
 from privstream.connectors.datasets import SlotSource
 from privstream.connectors.numeric_synthetic import NumericStream, numeric_dataset
-from privstream.mechanisms.cgm import CgmClients, CgmConfig, CgmMechanism, grid_steps
-from privstream.mechanisms.cgm_math import cgm_schedule, schedule_step
-from privstream.mechanisms.client import ClientPath, SimulatedClientPort
-from privstream.mechanisms.contract import Slot
-from privstream.mechanisms.noise import discrete_gaussian
-from privstream.mechanisms.registry import CGM, LDP_IDS, PERSONALIZED
-from privstream.mechanisms.seeding import SlotRandomness
-from privstream.mechanisms.tasks import FrequencyTask, MeanTask
-from privstream.mechanisms.utility import Run, reductions
-from privstream.paper_results import (
+from privstream.experiments import harness
+from privstream.experiments.kafka import bench_kafka, format_result
+from privstream.experiments.noise import bench_noise, format_noise
+from privstream.experiments.paper_results import (
     MECHANISM_ORDER,
     PAPER_HEADLINES,
     PAPER_TABLE2_BITS,
     SPEC_CROSSCHECK_MRE,
 )
-from privstream.runner import run_dataflow
+from privstream.experiments.scores import Run, reductions
+from privstream.families.registry import CGM, LDP_IDS, PERSONALIZED
+from privstream.mechanisms.cgm import CgmClients, CgmConfig, CgmMechanism, grid_steps
+from privstream.mechanisms.cgm_math import cgm_schedule, schedule_step
+from privstream.mechanisms.client import ClientPath, SimulatedClientPort
+from privstream.mechanisms.contract import Slot
+from privstream.mechanisms.noise import discrete_gaussian
+from privstream.mechanisms.seeding import SlotRandomness
+from privstream.mechanisms.tasks import FrequencyTask, MeanTask
+from privstream.runtime.runner import run_dataflow
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ALL = list(MECHANISM_ORDER)

@@ -13,7 +13,7 @@ bench/results/state.json; ``--quick`` uses 10⁵ users).
 2. The pause snapshots cause a real flow: the family's operator under Bytewax's runner with a
    recovery store and a 1 s snapshot interval against the same run without a store.
 
-See ``privstream.bench_state`` for what is measured and bench/README.md for the numbers.
+See ``privstream.experiments.state`` for what is measured and bench/README.md for the numbers.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from privstream.bench_state import Case, build_state, flow_pause, measure, only
+from privstream.experiments.state import Case, build_state, flow_pause, measure, only
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LDP_IDS = ("LBU", "LBD", "LBA", "LSP", "LPU", "LPD", "LPA")

@@ -20,7 +20,7 @@ from privstream.connectors.parsing import (
     invalid_utf8,
     parse_lines,
 )
-from privstream.events import MALFORMED_CSV, MAX_EVENT_BYTES, DeadLetter, EventBatch
+from privstream.schema.events import MALFORMED_CSV, MAX_EVENT_BYTES, DeadLetter, EventBatch
 
 
 def parse_csv_lines(

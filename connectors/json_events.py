@@ -34,7 +34,7 @@ from privstream.connectors.parsing import (
     parse_lines,
     too_deep,
 )
-from privstream.events import MALFORMED, MAX_EVENT_BYTES, DeadLetter, EventBatch
+from privstream.schema.events import MALFORMED, MAX_EVENT_BYTES, DeadLetter, EventBatch
 
 
 class _Row(msgspec.Struct, gc=False):

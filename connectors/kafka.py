@@ -64,7 +64,7 @@ from privstream.connectors.kafka_health import (
 )
 from privstream.connectors.kafka_health import TopicMissing as TopicMissing  # re-exported
 from privstream.connectors.kafka_log import KAFKA_LOG
-from privstream.events import MALFORMED, MAX_EVENT_BYTES, DeadLetter, EventBatch, line_text
+from privstream.schema.events import MALFORMED, MAX_EVENT_BYTES, DeadLetter, EventBatch, line_text
 
 log = logging.getLogger(__name__)
 

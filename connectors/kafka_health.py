@@ -32,7 +32,7 @@ from typing import Any, Final
 from confluent_kafka import KafkaError, KafkaException
 from prometheus_client import Counter, Gauge
 
-from privstream.exposition import INTERNAL, INTERNAL_PREFIX, PREFIX
+from privstream.schema.exposition import INTERNAL, INTERNAL_PREFIX, PREFIX
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from typing import Any, Final, TypeGuard
 
 import numpy as np
 
-from privstream.events import (
+from privstream.schema.events import (
     INVALID_TYPE,
     MALFORMED,
     MISSING_FIELD,

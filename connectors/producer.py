@@ -20,7 +20,7 @@ from confluent_kafka import Producer
 
 from privstream.connectors.datasets import SlotStream
 from privstream.connectors.kafka import KafkaSettings, require_topics
-from privstream.events import marker_tag
+from privstream.schema.events import marker_tag
 
 
 class ProduceError(RuntimeError):

@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 from privstream.connectors.csv_events import parse_csv_lines
 from privstream.connectors.json_events import parse_json_lines
 from privstream.connectors.sources import detect_format
-from privstream.events import DeadLetter, EventBatch
+from privstream.schema.events import DeadLetter, EventBatch
 
 
 @dataclass(frozen=True)

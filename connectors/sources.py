@@ -14,7 +14,7 @@ import numpy as np
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 
 from privstream.connectors.datasets import SlotStream
-from privstream.events import EventBatch
+from privstream.schema.events import EventBatch
 
 
 class _SyntheticPartition(StatefulSourcePartition[EventBatch, int]):

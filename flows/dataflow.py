@@ -8,7 +8,7 @@ Run it with Bytewax's runner, e.g.::
 with ``PRIVSTREAM_SECRET`` set in the environment, or through ``privstream run <family>``.
 Several mechanisms can run over the same input in one flow, each with its own ledgers and its
 share of ε (``budget_split``), or side by side with the full ε each as an evaluation
-(``compare``). Guarantee: each mechanism's declared one (``mechanisms.registry``), composed over
+(``compare``). Guarantee: each mechanism's declared one (``families.registry``), composed over
 the mechanisms of a production run. A secret noise key is required (``$PRIVSTREAM_SECRET``), or
 an explicit ``insecure_seed``.
 
@@ -52,6 +52,7 @@ from typing import Any
 
 from bytewax.dataflow import Dataflow
 
+from privstream.families.registry import Family, family
 from privstream.flows.io import (
     KafkaIO,
     Source,
@@ -63,7 +64,6 @@ from privstream.flows.io import (
 from privstream.flows.secret import resolve_noise_key
 from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.contract import Release
-from privstream.mechanisms.registry import Family, family
 from privstream.mechanisms.seeding import NoiseKey
 from privstream.mechanisms.tasks import FrequencyTask
 from privstream.operators.family import family_mechanisms
@@ -99,7 +99,7 @@ def build(
     compare: bool = False,
     **options: Any,
 ) -> Dataflow:
-    """The dataflow of the family ``family_name`` (``mechanisms.registry.FAMILIES``); the
+    """The dataflow of the family ``family_name`` (``families.registry.FAMILIES``); the
     parameters are described in the module docstring."""
     entry = family(family_name)
     names = entry.names(mechanisms or entry.default)

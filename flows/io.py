@@ -37,15 +37,15 @@ from privstream.connectors.kafka import (
 )
 from privstream.connectors.kafka_sink import kafka_output
 from privstream.connectors.sources import SyntheticSource, detect_format, file_source
-from privstream.events import MAX_EVENT_BYTES, DeadLetter, EventBatch
-from privstream.flow_config import check_input_clock
+from privstream.families.registry import Family, FamilyConfig
+from privstream.flows.config import check_input_clock
 from privstream.mechanisms.contract import Gap, Halt, Release
-from privstream.mechanisms.registry import Family, FamilyConfig
 from privstream.mechanisms.tasks import BallTask, EstimationTask, FrequencyTask, MeanTask
 from privstream.operators.metrics import BOARD, count_dead_letter
 from privstream.operators.registration import Preferences
 from privstream.operators.slotting import MechanismOut, SlottingConfig
-from privstream.republish import StreamPlan, gap_records, plan_gaps, skip_published
+from privstream.runtime.republish import StreamPlan, gap_records, plan_gaps, skip_published
+from privstream.schema.events import MAX_EVENT_BYTES, DeadLetter, EventBatch
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class KafkaIO:
             it needs ``trust_input_clock``.
         trust_input_clock: the operator vouches for every writer of the input topic (``data``).
         published: each stream's last slot published by an earlier incarnation (the store's
-            floors, ``privstream.republish``): events of those slots are ``already_published``
+            floors, ``privstream.runtime.republish``): events of those slots are ``already_published``
             dead letters, so no release id is computed twice.
         gaps: each mechanism's cooldown after its stream's floor (``republish.plan_gaps``,
             set by ``with_gaps``): its events are ``incarnation_cooldown`` dead letters and

@@ -5,7 +5,7 @@ and slotting → the shared outputs.
 
 Guarantee: every stream's mechanisms compose under the stream's share ``s·ε`` of the
 population's budget (its own population accountant, enforced before release), and the shares
-sum to at most 1 (``privstream.flow_config``), so a user present in every stream spends at most
+sum to at most 1 (``privstream.flows.config``), so a user present in every stream spends at most
 ε in any window of the population's ``window`` slots. A central-DP stream scales every
 registered user's own ε_i by its share.
 
@@ -28,18 +28,18 @@ from bytewax.operators import KeyedStream
 
 from privstream.connectors import control
 from privstream.connectors.kafka import KafkaSettings
-from privstream.events import EventBatch
-from privstream.flow_config import FlowConfig, StreamSection, estimation_task
+from privstream.families.registry import Family, family
+from privstream.flows.config import FlowConfig, StreamSection, estimation_task
 from privstream.flows.io import KafkaIO, kafka_events, outputs, slotting_for, stream_plan
 from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.contract import Release
-from privstream.mechanisms.registry import Family, family
 from privstream.mechanisms.seeding import NoiseKey
 from privstream.operators.family import family_mechanisms
 from privstream.operators.metrics import BOARD
 from privstream.operators.registration import Preferences
 from privstream.operators.slotting import MechanismOut
-from privstream.republish import StreamPlan
+from privstream.runtime.republish import StreamPlan
+from privstream.schema.events import EventBatch
 
 __all__ = ["build_streams", "kafka_io", "registration_for"]
 

@@ -251,7 +251,7 @@ class Gap:
     """A mechanism deliberately releases nothing for the slots ``first..last`` of a stream.
 
     Written to the ledger output (``kind = "gap"``) by a new incarnation that starts after slots
-    an earlier one published (``privstream.republish``): the slots of its cooldown are skipped
+    an earlier one published (``privstream.runtime.republish``): the slots of its cooldown are skipped
     so that no window holds the spend of both incarnations. An auditor does not count them as
     lost; anything released inside them is a problem. ``reason`` names why, never a user.
     """
@@ -278,7 +278,7 @@ def finite_or_none(x: float) -> float | None:
 
 @dataclass(frozen=True)
 class Conformance:
-    """What a mechanism tells the conformance checks (``privstream.checks``) about itself:
+    """What a mechanism tells the conformance checks (``privstream.conformance.checks``) about itself:
     config changes its validation must refuse (field, bad value), checks that do not apply to
     it with the reason, and the size of the example population and run."""
 

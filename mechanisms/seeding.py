@@ -48,7 +48,7 @@ class NoiseKey:
     material: bytes = field(repr=False)
     insecure: bool = False
     incarnation: bytes = field(default=b"", repr=False)
-    """The incarnation nonce mixed into every derivation (``privstream.incarnation``): a
+    """The incarnation nonce mixed into every derivation (``privstream.runtime.incarnation``): a
     recovery store's own, a fresh one per run without a store; empty (the fixed public
     incarnation) for an insecure seed, whose noise is public anyway."""
 

@@ -1,5 +1,5 @@
 """The one Bytewax operator of every mechanism family (design §3–§5): a family's registry entry
-(``mechanisms.registry``) and its config are all it needs.
+(``families.registry``) and its config are all it needs.
 
 Example::
 
@@ -7,8 +7,8 @@ Example::
     from bytewax.dataflow import Dataflow
     from bytewax.testing import TestingSink, TestingSource, run_main
     import numpy as np
-    from privstream.events import EventBatch
-    from privstream.mechanisms.registry import LDP_IDS
+    from privstream.schema.events import EventBatch
+    from privstream.families.registry import LDP_IDS
     from privstream.mechanisms.tasks import FrequencyTask
     from privstream.operators.family import family_mechanisms
 
@@ -32,12 +32,12 @@ from collections.abc import Sequence
 from bytewax.dataflow import operator
 from bytewax.operators import KeyedStream
 
-from privstream.events import EventBatch
+from privstream.families.registry import Family, FamilyConfig, family
 from privstream.mechanisms.accountant import BudgetSplit
-from privstream.mechanisms.registry import Family, FamilyConfig, family
 from privstream.mechanisms.seeding import NoiseKey
 from privstream.operators.registration import Preferences, check_closed_population
 from privstream.operators.slotting import MechanismOut, SlottingConfig, slotted_mechanism
+from privstream.schema.events import EventBatch
 
 
 @operator

@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from privstream.events import (
+from privstream.mechanisms.tasks import EstimationTask
+from privstream.operators.metrics import EVENTS
+from privstream.operators.reasons import CODE, REASON, Output
+from privstream.operators.registration import Preferences, Registration
+from privstream.operators.stream_state import StreamState
+from privstream.schema.events import (
     DUPLICATE,
     FAR_FUTURE,
     LATE,
@@ -29,11 +34,6 @@ from privstream.events import (
     DeadLetter,
     EventBatch,
 )
-from privstream.mechanisms.tasks import EstimationTask
-from privstream.operators.metrics import EVENTS
-from privstream.operators.reasons import CODE, REASON, Output
-from privstream.operators.registration import Preferences, Registration
-from privstream.operators.stream_state import StreamState
 
 if TYPE_CHECKING:
     from privstream.operators.ports import Ports

@@ -69,12 +69,12 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from privstream.events import LATE, DeadLetter
-from privstream.exposition import INTERNAL, INTERNAL_PREFIX, PREFIX
 from privstream.mechanisms.contract import LedgerEntry
 from privstream.mechanisms.guarantees import Guarantee
 from privstream.mechanisms.ledger import budget_limit
 from privstream.operators.stream_state import Tally
+from privstream.schema.events import LATE, DeadLetter
+from privstream.schema.exposition import INTERNAL, INTERNAL_PREFIX, PREFIX
 
 LABELS: Final = ("stream", "mechanism")  # plus "class" on the privacy class gauges
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from privstream.events import (
+from privstream.schema.events import (
     DUPLICATE,
     FAR_FUTURE,
     LATE,

@@ -12,7 +12,7 @@ choose ids that take the seats first. An LDP stream given a registration table i
 population: only its users are enrolled, anybody else's events are ``unregistered_user``.
 
 Withdrawal (issue 18 §4): a user removed from the table of a resumed store
-(``privstream.incarnation.registration_plan``) keeps their seat — the ledgers, class sizes and
+(``privstream.runtime.incarnation.registration_plan``) keeps their seat — the ledgers, class sizes and
 public counts do not change, as for a user who never reports again — but from the first slot
 after the restored state's last released slot their value is blank (the carried one too) and
 their events are ``withdrawn_user`` dead letters.
@@ -28,15 +28,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from privstream.events import (
-    DUPLICATE,
-    POPULATION_FULL,
-    REQUIREMENT_CHANGED,
-    UNREGISTERED,
-    WITHDRAWN,
-    DeadLetter,
-    EventBatch,
-)
 from privstream.mechanisms.guarantees import Guarantee, PeriodScope
 from privstream.mechanisms.ledger import budget_limit
 from privstream.mechanisms.seeding import EnrolmentOrder
@@ -45,6 +36,15 @@ from privstream.mechanisms.validation import MIN_EPSILON, check_fraction, check_
 from privstream.operators.metrics import BOARD
 from privstream.operators.reasons import CODE, Output
 from privstream.operators.stream_state import NOT_WITHDRAWN, StreamState
+from privstream.schema.events import (
+    DUPLICATE,
+    POPULATION_FULL,
+    REQUIREMENT_CHANGED,
+    UNREGISTERED,
+    WITHDRAWN,
+    DeadLetter,
+    EventBatch,
+)
 
 if TYPE_CHECKING:
     from privstream.operators.ports import Ports

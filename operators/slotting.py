@@ -37,15 +37,6 @@ from bytewax.dataflow import Stream, operator
 from bytewax.operators import KeyedStream, StatefulBatchLogic
 from numpy.typing import NDArray
 
-from privstream.events import (
-    FAR_FUTURE,
-    LATE,
-    STREAM_HALTED,
-    UNAUTHENTICATED_MARKER,
-    DeadLetter,
-    EventBatch,
-    marker_authentic,
-)
 from privstream.mechanisms.accountant import (
     BudgetSplit,
     PopulationAccountant,
@@ -70,6 +61,15 @@ from privstream.operators.stream_state import (
     failure,
 )
 from privstream.operators.watermark import PartitionWatermarks
+from privstream.schema.events import (
+    FAR_FUTURE,
+    LATE,
+    STREAM_HALTED,
+    UNAUTHENTICATED_MARKER,
+    DeadLetter,
+    EventBatch,
+    marker_authentic,
+)
 
 log = logging.getLogger(__name__)
 

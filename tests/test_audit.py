@@ -22,9 +22,9 @@ from bytewax.testing import run_main
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from privstream.audit import CHECKS
-from privstream.audit_checks import window_sums
-from privstream.cli import main
+from privstream.audit.checks import window_sums
+from privstream.audit.main import CHECKS
+from privstream.cli.commands import main
 from privstream.flows import dataflow, ldp_ids, personalized
 
 LDP = "LBU,LSP,LPU,LBD,LBA,LPD,LPA"
@@ -372,10 +372,10 @@ def test_a_mechanism_charging_beyond_its_declared_share_is_caught(tmp_path: Path
 def test_a_uniform_baseline_gaining_a_class_is_summed_as_one_mechanism(tmp_path: Path) -> None:
     """Uniform serves one class (the stream default) until a second requirement registers at
     slot 6: its first class's window sums run across the change."""
+    from privstream.families.registry import PERSONALIZED
     from privstream.mechanisms.client import Requirements, SimulatedCurator
     from privstream.mechanisms.contract import Slot
     from privstream.mechanisms.personalized import PersonalizedConfig
-    from privstream.mechanisms.registry import PERSONALIZED
     from privstream.mechanisms.seeding import SlotRandomness
 
     n = 6
@@ -675,7 +675,7 @@ def test_input_errors_exit_2(tmp_path: Path, ldp: Run, capsys: pytest.CaptureFix
 
 
 def test_the_audit_shares_no_code_with_what_it_audits() -> None:
-    code = "import sys, privstream.audit; print(sorted(m for m in sys.modules if m.startswith('privstream')))"
+    code = "import sys, privstream.audit.main; print(sorted(m for m in sys.modules if m.startswith('privstream')))"
     loaded = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
@@ -1054,7 +1054,7 @@ def test_a_gaussian_guarantee_needs_an_expected_delta(tmp_path: Path, cgm: Run) 
 
 def test_the_readme_and_deploy_docs_list_every_check() -> None:
     """The README's table of checks and deploy/README's ``check`` label values are
-    ``privstream.audit.CHECKS``."""
+    ``privstream.audit.main.CHECKS``."""
     root = Path(__file__).resolve().parent.parent
     section = (root / "README.md").read_text().split("\n## Auditing a run\n", 1)[1]
     table = [

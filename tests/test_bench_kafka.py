@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from privstream import cli
-from privstream.bench_kafka import format_result
+from privstream.cli import commands as cli
 from privstream.connectors import kafka
 from privstream.connectors.kafka import KafkaEventSource, KafkaSettings, consumer_config
+from privstream.experiments.kafka import format_result
 
 USERS, SLOTS = 2000, 10
 
@@ -79,7 +79,7 @@ def test_bench_kafka_over_several_partitions_reads_each_with_its_own_consumer(
 
 
 def test_partition_counts_follow_the_round_robin_of_produce_spread() -> None:
-    from privstream.bench_kafka import partition_counts
+    from privstream.experiments.kafka import partition_counts
 
     assert partition_counts(10, 3, 1) == [33]
     assert partition_counts(10, 3, 3) == [3 * (4 + 1), 3 * (3 + 1), 3 * (3 + 1)]
@@ -106,7 +106,7 @@ def test_the_raw_reader_uses_the_flow_sources_consumer_configuration(
 
 
 def test_the_offline_stage_timing_runs_several_mechanisms() -> None:
-    from privstream.bench_kafka import stage_times
+    from privstream.experiments.kafka import stage_times
     from privstream.flows.io import resolve_source
 
     source = resolve_source("sin", 500, 4, 1)

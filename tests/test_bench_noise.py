@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from privstream.cli import main
+from privstream.cli.commands import main
 
 
 def test_bench_noise_reports_every_measurement(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from privstream.cli import main
+from privstream.cli.commands import main
 
 RELEASE_FIELDS = {
     "schema", "release_id", "stream", "mechanism", "slot", "strategy", "estimate", "source_slot",
@@ -281,7 +281,7 @@ def test_bench_personalized_writes_the_documented_json(
 def test_run_needs_a_family_or_a_flow_file_and_not_both(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from privstream.cli import main
+    from privstream.cli.commands import main
 
     assert main(["run"]) == 2
     assert "name a family" in capsys.readouterr().err

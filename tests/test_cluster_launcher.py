@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from privstream.cluster import _supervise, die_with_parent
+from privstream.runtime.cluster import _supervise, die_with_parent
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux prctl")
 
@@ -53,7 +53,7 @@ def test_members_die_with_a_sigkilled_launcher(tmp_path: Path) -> None:
     pid_file = tmp_path / "member.pid"
     launcher = textwrap.dedent(f"""
         import subprocess, sys, time
-        from privstream.cluster import die_with_parent
+        from privstream.runtime.cluster import die_with_parent
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                                  preexec_fn=die_with_parent)
         open({str(pid_file)!r}, "w").write(str(child.pid))
@@ -107,7 +107,7 @@ def test_a_frozen_member_is_reported_and_fails_the_cluster(
     """Before: a member frozen for 60 s (SIGSTOP) stalled the cluster with no log line and the
     launcher waited for ever. Now it logs the member after STALL_WARNING s, and at the limit
     kills it, stops the others and exits EXIT_STALLED."""
-    from privstream import cluster
+    from privstream.runtime import cluster
 
     monkeypatch.setattr(cluster, "STALL_WARNING", 1.0)
     members = [_beating(tmp_path, 0), _beating(tmp_path, 1)]
@@ -135,18 +135,18 @@ def test_the_launcher_names_the_member_that_failed_first_and_why(
     """Before: every failure read "lost the cluster ... restart every process", a refused
     configuration included. Now the summary names the member whose own failure stopped the
     cluster, with its recorded reason, and says that restarting will not help (exit 2)."""
-    from privstream import cluster, heartbeat
+    from privstream.runtime import cluster, heartbeat
 
     lost = textwrap.dedent(f"""
         import sys, time
-        from privstream.heartbeat import write_reason
+        from privstream.runtime.heartbeat import write_reason
         time.sleep(0.3)
         write_reason({str(tmp_path)!r}, 0, 3, "lost the cluster: another member stopped")
         sys.exit(3)
     """)
     refused = textwrap.dedent(f"""
         import sys
-        from privstream.heartbeat import write_reason
+        from privstream.runtime.heartbeat import write_reason
         write_reason({str(tmp_path)!r}, 1, 2, "refused: the stream set changed (visits added)")
         sys.exit(2)
     """)
@@ -164,7 +164,7 @@ def test_the_launcher_names_the_member_that_failed_first_and_why(
 
 
 def test_a_killed_member_is_named_with_its_signal() -> None:
-    from privstream.cluster import first_failure
+    from privstream.runtime.cluster import first_failure
 
     assert first_failure([3, -9], None) == (1, -9, "killed by SIGKILL")
     assert first_failure([0, 0], None) is None
@@ -179,9 +179,9 @@ def test_a_member_records_its_own_reason(
 
     from bytewax.errors import BytewaxRuntimeError
 
-    from privstream.heartbeat import read_reason
+    from privstream.cli.run_config import _member_failed
     from privstream.mechanisms.errors import IncompatibleState
-    from privstream.run_config import _member_failed
+    from privstream.runtime.heartbeat import read_reason
 
     args = argparse.Namespace(cluster_dir=str(tmp_path))
     try:
@@ -213,7 +213,7 @@ def test_overlapping_metrics_port_ranges_are_refused(
 ) -> None:
     """Before: with the entrypoint's 9100/9101, member 1's public port was member 0's internal
     one, and 3 of 3 cluster starts failed. Now the launcher refuses before starting anyone."""
-    from privstream.cluster import check_ports
+    from privstream.runtime.cluster import check_ports
 
     argv = ["run", "--config", "f.toml", f"--metrics-port={public}",
             "--internal-metrics-port", str(internal)]  # fmt: skip
@@ -225,7 +225,7 @@ def test_overlapping_metrics_port_ranges_are_refused(
 
 
 def test_each_member_gets_its_own_ports() -> None:
-    from privstream.cluster import _port_plus
+    from privstream.runtime.cluster import _port_plus
 
     argv = ["run", "--metrics-port", "9100", "--internal-metrics-port=9200", "--no-progress"]
     argv = _port_plus(_port_plus(argv, "--metrics-port", 2), "--internal-metrics-port", 2)

@@ -1,5 +1,5 @@
 """One conformance suite over every registered mechanism of every family (design §10 item 4):
-the library's ``privstream.checks``, mechanism- and flow-level, river-style."""
+the library's ``privstream.conformance.checks``, mechanism- and flow-level, river-style."""
 
 from __future__ import annotations
 
@@ -7,17 +7,17 @@ import dataclasses
 
 import pytest
 
-from privstream.checks import (
+from privstream.conformance.checks import (
     Check,
     CheckFailed,
     check_config_validation,
     check_declared_cost,
     yield_checks,
 )
+from privstream.families.registry import FAMILIES, LDP_IDS, REGISTRY, Registered
 from privstream.mechanisms.contract import Conformance
 from privstream.mechanisms.guarantees import WindowScope
 from privstream.mechanisms.ldp_ids import LBU
-from privstream.mechanisms.registry import FAMILIES, LDP_IDS, REGISTRY, Registered
 from privstream.mechanisms.tasks import FrequencyTask
 
 CHECKS = [check for registered in REGISTRY for check in yield_checks(registered)]

@@ -16,9 +16,10 @@ from typing import ClassVar
 
 import pytest
 
-from privstream import cli
-from privstream.checks import yield_checks
-from privstream.mechanisms import registry, utility
+from privstream.cli import commands as cli
+from privstream.conformance.checks import yield_checks
+from privstream.experiments import scores as utility
+from privstream.families import registry
 from privstream.mechanisms.contract import (
     ClassSpend,
     Conformance,

@@ -1,4 +1,4 @@
-"""Flow configuration files (``privstream.flow_config``): the example loads; every field is
+"""Flow configuration files (``privstream.flows.config``): the example loads; every field is
 validated with a message naming the file, the key and what is allowed; ``privstream config
 check`` prints the streams or exits 2 with that message."""
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from privstream.cli import main
-from privstream.flow_config import ConfigError, estimation_task, load, task_keywords
+from privstream.cli.commands import main
+from privstream.flows.config import ConfigError, estimation_task, load, task_keywords
 from privstream.mechanisms.tasks import BallTask, FrequencyTask, MeanTask
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"

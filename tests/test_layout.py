@@ -42,10 +42,10 @@ def test_an_import_from_the_checkout_sees_the_same_modules() -> None:
 
 FORBIDDEN = {
     "mechanisms": ("privstream.operators", "privstream.connectors", "privstream.flows", "bytewax",
-                   "privstream.events", "privstream.cli"),
+                   "privstream.schema.events", "privstream.cli.commands"),
     "connectors": ("privstream.mechanisms", "privstream.operators", "privstream.flows"),
     "operators": ("privstream.connectors", "privstream.flows"),
-    "flows": ("privstream.harness", "privstream.checks", "privstream.cli"),
+    "flows": ("privstream.experiments.harness", "privstream.conformance.checks", "privstream.cli.commands"),
 }  # fmt: skip
 
 
@@ -72,5 +72,7 @@ def test_dependencies_point_one_way(package: str) -> None:
 
 def test_the_event_schema_is_neutral() -> None:
     assert not {
-        n for n in _imports(ROOT / "privstream" / "events.py") if n.startswith("privstream")
+        n
+        for n in _imports(ROOT / "privstream" / "schema" / "events.py")
+        if n.startswith("privstream")
     }

@@ -92,7 +92,7 @@ def test_readme_documents_every_exported_metric() -> None:
     from prometheus_client import REGISTRY
 
     import privstream.connectors.kafka_health
-    import privstream.heartbeat  # noqa: F401  (defines the cluster members' progress)
+    import privstream.runtime.heartbeat  # noqa: F401  (defines the cluster members' progress)
     from privstream.operators.metrics import INTERNAL, PUBLIC_METRICS
     from tests.metric_names import exposed_name
 

@@ -1,5 +1,5 @@
 """The recovery store is made atomically, kept when complete, rebuilt only when provably empty,
-and refused with a clear message when it may hold snapshots (``privstream/recovery.py``)."""
+and refused with a clear message when it may hold snapshots (``privstream/runtime/recovery.py``)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from bytewax.dataflow import Dataflow
 from bytewax.recovery import NoPartitionsError, RecoveryConfig, init_db_dir
 from bytewax.testing import TestingSink, TestingSource, run_main
 
-from privstream.cli import main
-from privstream.recovery import (
+from privstream.cli.commands import main
+from privstream.runtime.recovery import (
     STAGING,
     RecoveryStoreError,
     check_store,
@@ -105,7 +105,7 @@ def test_a_zero_byte_partition_is_rebuilt(tmp_path: Path, caplog: pytest.LogCapt
     store.mkdir()
     (store / "part-0.sqlite3").touch()  # a kill right after the old init_db_dir created it
     (store / "part-0.sqlite3-wal").write_bytes(b"\0" * 100)  # SQLite drops it: no pages
-    with caplog.at_level(logging.WARNING, "privstream.recovery"):
+    with caplog.at_level(logging.WARNING, "privstream.runtime.recovery"):
         assert prepare_store(store) == "rebuilt"
     assert "part-0.sqlite3 is empty (0 bytes)" in caplog.text
     assert "held no snapshot" in caplog.text

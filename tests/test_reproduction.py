@@ -9,8 +9,8 @@ Default parameters (spec §5.4): n = 200,000 users, T = 800 slots, ε = 1, w = 2
   for LBU and LPU.
 * The §4.2 closed forms behind them: LBU's MSE is ``V(ε/w, n)`` and LPU's is ``V(ε, n/w)`` plus
   the sampling variance of its group (§2.5), within four standard errors.
-* Fast checks of the harness itself (``privstream.harness`` over the ``ldp-ids`` family, the
-  metrics of ``privstream.mechanisms.utility``): metrics, runners, the bench result format, the
+* Fast checks of the harness itself (``privstream.experiments.harness`` over the ``ldp-ids`` family, the
+  metrics of ``privstream.experiments.scores``): metrics, runners, the bench result format, the
   dataflow giving the same releases as the harness, and the plot.
 
 Each ``(dataset, seed)`` grid is computed once per session and shared by every test and, under
@@ -36,15 +36,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from privstream import harness
 from privstream.connectors.recorded import RecordedStream
 from privstream.connectors.synthetic import SyntheticStream
-from privstream.mechanisms import utility
-from privstream.mechanisms.registry import LDP_IDS
+from privstream.experiments import harness
+from privstream.experiments import scores as utility
+from privstream.experiments.paper_results import PAPER_TABLE2_BITS
+from privstream.experiments.plots import plot_releases
+from privstream.experiments.scores import Run
+from privstream.families.registry import LDP_IDS
 from privstream.mechanisms.tasks import FrequencyTask
-from privstream.mechanisms.utility import Run
-from privstream.paper_results import PAPER_TABLE2_BITS
-from privstream.plots import plot_releases
 
 N, T, EPS, W = 200_000, 800, 1.0, 20
 DATASETS = ("sin", "log")

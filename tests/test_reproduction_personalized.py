@@ -3,8 +3,8 @@ personalized-w-event §6, §10 items 6 and 8).
 
 * §10 item 6 — the generators: Sin stays in [0.025, 0.125], Log rises monotonically from
   ≈ 0.125 toward 0.25, TLNS stays in [0, 1] with increments of standard deviation 0.0025.
-* The harness itself (``privstream.harness`` over the ``personalized`` family, the metrics of
-  ``privstream.mechanisms.utility``): metrics, requirements, the Bernoulli streams and the
+* The harness itself (``privstream.experiments.harness`` over the ``personalized`` family, the metrics of
+  ``privstream.experiments.scores``): metrics, requirements, the Bernoulli streams and the
   bench result shape.
 * §6.5 at the defaults (ε = 0.6, w = 120, personalized requirements of §6.3, n = 10,000):
   PBD has less AMRE than BD and PBA less than BA on TLNS, Sin and Log (claim 3: PBD beats BD on
@@ -28,18 +28,18 @@ import math
 import numpy as np
 import pytest
 
-from privstream import harness
 from privstream.connectors.synthetic import (
     SyntheticStream,
     log_probabilities,
     sin_probabilities,
     tlns_probabilities,
 )
+from privstream.experiments import harness
+from privstream.experiments.paper_results import PAPER_HEADLINES
+from privstream.experiments.scores import ajsd, amre, reductions
+from privstream.families.registry import LDP_IDS, PERSONALIZED
 from privstream.mechanisms.client import Requirements
 from privstream.mechanisms.personalized import requirement_arrays
-from privstream.mechanisms.registry import LDP_IDS, PERSONALIZED
-from privstream.mechanisms.utility import ajsd, amre, reductions
-from privstream.paper_results import PAPER_HEADLINES
 
 Z = 4.0
 N, T, SEEDS = 10_000, 1_500, (1, 2, 3)

@@ -1,4 +1,4 @@
-"""``privstream.republish``: a new incarnation never computes a published release id again
+"""``privstream.runtime.republish``: a new incarnation never computes a published release id again
 (the Kafka side is tests/integration/test_kafka_flow.py::test_a_new_store_starts_after_the_release_topic)."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from privstream.events import ALREADY_PUBLISHED, INCARNATION_COOLDOWN, DeadLetter, EventBatch
 from privstream.mechanisms.contract import Gap
 from privstream.mechanisms.errors import IncompatibleState
 from privstream.mechanisms.guarantees import (
@@ -19,7 +18,7 @@ from privstream.mechanisms.guarantees import (
     StreamScope,
     WindowScope,
 )
-from privstream.republish import (
+from privstream.runtime.republish import (
     StreamPlan,
     _note,
     _split,
@@ -27,6 +26,7 @@ from privstream.republish import (
     plan_gaps,
     resume_slot,
 )
+from privstream.schema.events import ALREADY_PUBLISHED, INCARNATION_COOLDOWN, DeadLetter, EventBatch
 
 
 def test_last_published_reads_release_ids() -> None:

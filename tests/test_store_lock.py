@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from privstream.recovery import prepare_store
+from privstream.runtime.recovery import prepare_store
 
 ROOT = Path(__file__).resolve().parents[1]
 OPEN_STORE = """
 import sys
-from privstream.recovery import prepare_store
-from privstream.store_lock import lock_store
+from privstream.runtime.recovery import prepare_store
+from privstream.runtime.store_lock import lock_store
 try:
     lock_store(sys.argv[1], int(sys.argv[2]))
     prepare_store(sys.argv[1])
@@ -61,7 +61,7 @@ def test_a_second_run_on_a_held_store_is_refused(tmp_path: Path) -> None:
 
 
 def test_the_lock_is_taken_once_per_process(tmp_path: Path) -> None:
-    from privstream.store_lock import lock_store
+    from privstream.runtime.store_lock import lock_store
 
     lock_store(tmp_path / "s", 5)
     lock_store(tmp_path / "s", 5)  # the same process again (a second flow in one process)

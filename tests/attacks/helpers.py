@@ -13,8 +13,8 @@ from bytewax.operators import KeyedStream
 from bytewax.testing import TestingSink, TestingSource, run_main
 
 from privstream.connectors.jsonl import to_json
-from privstream.events import EventBatch
 from privstream.operators.slotting import MechanismOut
+from privstream.schema.events import EventBatch
 
 Outputs = dict[str, list[Any]]
 

@@ -17,17 +17,17 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from privstream.events import EventBatch
+from privstream.families.registry import LDP_IDS, PERSONALIZED
 from privstream.mechanisms.accountant import BudgetSplit, PopulationAccountant
 from privstream.mechanisms.errors import PrivacyBudgetExceeded
 from privstream.mechanisms.guarantees import Guarantee
 from privstream.mechanisms.ldp_ids import LBU, MECHANISMS, LdpIdsConfig
 from privstream.mechanisms.ledger import budget_limit
 from privstream.mechanisms.personalized import PersonalizedConfig
-from privstream.mechanisms.registry import LDP_IDS, PERSONALIZED
 from privstream.operators.family import family_mechanisms
 from privstream.operators.registration import Preferences
 from privstream.operators.slotting import slotted_mechanism
+from privstream.schema.events import EventBatch
 from tests.attacks.helpers import Outputs, run_operator
 
 N, T, W, EPS = 2000, 30, 5, 1.0

@@ -125,12 +125,12 @@ def test_the_audits_mechanisms_release_only_integers() -> None:
     reachable from both neighbouring counts (the pointwise ε bound is checked above)."""
     import math as _math
 
-    from privstream.events import EventBatch
+    from privstream.families.registry import PERSONALIZED
     from privstream.mechanisms.accountant import BudgetSplit
     from privstream.mechanisms.personalized import PersonalizedConfig
-    from privstream.mechanisms.registry import PERSONALIZED
     from privstream.operators.family import family_mechanisms
     from privstream.operators.registration import Preferences
+    from privstream.schema.events import EventBatch
     from tests.attacks.helpers import run_operator
 
     n, t_max, d = 500, 40, 4

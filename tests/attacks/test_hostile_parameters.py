@@ -18,14 +18,14 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from privstream.events import EventBatch
+from privstream.families.registry import LDP_IDS, PERSONALIZED
 from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.ldp_ids import LBU, LdpIdsConfig
 from privstream.mechanisms.personalized import MIN_SLOT_EPSILON, PersonalizedConfig
-from privstream.mechanisms.registry import LDP_IDS, PERSONALIZED
 from privstream.operators.family import family_mechanisms
 from privstream.operators.registration import Preferences
 from privstream.operators.slotting import slotted_mechanism
+from privstream.schema.events import EventBatch
 from tests.attacks.helpers import run_operator
 
 N, T, W = 400, 10, 4

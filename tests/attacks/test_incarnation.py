@@ -8,7 +8,7 @@ table, old − new was exactly that user's value at every slot (Uniform: 40 of 4
 store also resumed silently under a doubled population ε with halved shares and an added
 stream, and under a renamed stream (composed spend 3.0 against the population's 2.0).
 
-Fixed (``privstream.incarnation``): every store has its own random nonce, mixed into every
+Fixed (``privstream.runtime.incarnation``): every store has its own random nonce, mixed into every
 noise derivation; a store is bound to the population's ε, the shares, the set of streams and
 the registration table, and refuses a change by name unless it is explicit (``retired``).
 """
@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from privstream.cli import main
-from privstream.incarnation import FILE, Manifest, begin, read
+from privstream.cli.commands import main
 from privstream.mechanisms.errors import IncompatibleState
 from privstream.mechanisms.seeding import NoiseKey
+from privstream.runtime.incarnation import FILE, Manifest, begin, read
 
 USERS, SLOTS, D = 60, 40, 4
 VICTIM = "u7"

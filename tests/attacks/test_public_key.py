@@ -18,17 +18,17 @@ import pytest
 from prometheus_client import REGISTRY
 from randomgen import AESCounter
 
-from privstream.cli import main
-from privstream.events import EventBatch
+from privstream.cli.commands import main
+from privstream.families.registry import PERSONALIZED
 from privstream.flows import ldp_ids as ldp_flow
 from privstream.flows import personalized as pers_flow
 from privstream.flows.secret import resolve_noise_key
 from privstream.mechanisms import personalized
 from privstream.mechanisms.personalized import PersonalizedConfig
-from privstream.mechanisms.registry import PERSONALIZED
 from privstream.mechanisms.seeding import NoiseKey, SecretError, SlotRandomness, derive_rng
 from privstream.operators.family import family_mechanisms
 from privstream.operators.registration import Preferences
+from privstream.schema.events import EventBatch
 from tests.attacks.helpers import run_operator
 
 N, T, W, EPS = 300, 12, 4, 1.0

@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from privstream.events import UNREGISTERED, EventBatch
+from privstream.families.registry import PERSONALIZED
 from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.personalized import PersonalizedConfig
-from privstream.mechanisms.registry import PERSONALIZED
 from privstream.operators.family import family_mechanisms
 from privstream.operators.registration import Preferences
+from privstream.schema.events import UNREGISTERED, EventBatch
 from tests.attacks.helpers import Outputs, run_operator
 
 N, T, W, EPS = 60, 24, 6, 1.0

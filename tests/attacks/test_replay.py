@@ -23,11 +23,11 @@ from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.testing import TestingSink, TestingSource, run_main
 
 from privstream.connectors.jsonl import to_json
-from privstream.events import EventBatch
+from privstream.families.registry import LDP_IDS
 from privstream.mechanisms.ldp_ids import LdpIdsConfig
-from privstream.mechanisms.registry import LDP_IDS
 from privstream.mechanisms.seeding import NoiseKey
 from privstream.operators.family import family_mechanisms
+from privstream.schema.events import EventBatch
 
 N, T = 500, 20
 KEY = NoiseKey.from_text(secrets.token_hex(32))

@@ -17,21 +17,21 @@ from typing import Any
 import numpy as np
 import pytest
 
-from privstream.events import (
+from privstream.families.registry import PERSONALIZED
+from privstream.flows.config import check_input_clock
+from privstream.mechanisms.personalized import PersonalizedConfig
+from privstream.mechanisms.seeding import NoiseKey
+from privstream.mechanisms.tasks import FrequencyTask
+from privstream.operators.family import family_mechanisms
+from privstream.operators.metrics import BOARD
+from privstream.operators.slotting import SlottingConfig
+from privstream.schema.events import (
     FAR_FUTURE,
     UNAUTHENTICATED_MARKER,
     EventBatch,
     marker_authentic,
     marker_tag,
 )
-from privstream.flow_config import check_input_clock
-from privstream.mechanisms.personalized import PersonalizedConfig
-from privstream.mechanisms.registry import PERSONALIZED
-from privstream.mechanisms.seeding import NoiseKey
-from privstream.mechanisms.tasks import FrequencyTask
-from privstream.operators.family import family_mechanisms
-from privstream.operators.metrics import BOARD
-from privstream.operators.slotting import SlottingConfig
 
 from .helpers import Outputs, run_operator
 

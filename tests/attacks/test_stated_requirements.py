@@ -13,13 +13,13 @@ from pathlib import Path
 
 import numpy as np
 
-from privstream.events import REQUIREMENT_CHANGED, EventBatch
-from privstream.flow_config import FlowConfig, estimation_task, load
+from privstream.families.registry import PERSONALIZED
+from privstream.flows.config import FlowConfig, estimation_task, load
 from privstream.flows.streams import registration_for
 from privstream.mechanisms.accountant import BudgetSplit
-from privstream.mechanisms.registry import PERSONALIZED
 from privstream.operators.family import family_mechanisms
 from privstream.operators.registration import Preferences
+from privstream.schema.events import REQUIREMENT_CHANGED, EventBatch
 from tests.attacks.helpers import Outputs, run_operator
 
 N, T, SHARE = 300, 30, 0.5

@@ -7,7 +7,7 @@ with a fresh budget beside the old streams' ledgers (a rename pushed the compose
 against the population's 2.0). The first test shows that the per-stream bindings of the two
 configurations are equal (nothing refused them).
 
-Fixed (``privstream.incarnation``): the store keeps the flow's manifest — population ε and
+Fixed (``privstream.runtime.incarnation``): the store keeps the flow's manifest — population ε and
 window, every stream's share, the retired streams' shares — and refuses a change by name;
 ``retired = ["old"]`` removes a stream explicitly, its share stays spent, and its name never
 comes back.
@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-from privstream.flow_config import load
-from privstream.incarnation import begin, read
+from privstream.cli.run_config import flow_manifest
+from privstream.flows.config import load
 from privstream.mechanisms.errors import IncompatibleState
 from privstream.mechanisms.seeding import NoiseKey
-from privstream.run_config import flow_manifest
+from privstream.runtime.incarnation import begin, read
 from tests.test_flow_config import BASE, _toml
 
 KEY = NoiseKey.from_text(secrets.token_hex(32))

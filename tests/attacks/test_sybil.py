@@ -28,13 +28,13 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from privstream.events import POPULATION_FULL, UNREGISTERED, EventBatch
+from privstream.families.registry import LDP_IDS
 from privstream.mechanisms.guarantees import Guarantee, PeriodScope, PureDP, StreamScope
-from privstream.mechanisms.registry import LDP_IDS
 from privstream.mechanisms.seeding import EnrolmentOrder, NoiseKey
 from privstream.mechanisms.tasks import FrequencyTask
 from privstream.operators.family import family_mechanisms
 from privstream.operators.registration import Preferences, check_closed_population
+from privstream.schema.events import POPULATION_FULL, UNREGISTERED, EventBatch
 from tests.attacks.helpers import Outputs, run_operator
 
 N, T, EPS, W = 1000, 20, 4.0, 1

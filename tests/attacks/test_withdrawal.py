@@ -32,15 +32,15 @@ from bytewax.dataflow import Dataflow
 from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.testing import TestingSink, TestingSource, run_main
 
-from privstream.cli import main
+from privstream.cli.commands import main
 from privstream.connectors.jsonl import to_json
-from privstream.events import EventBatch
-from privstream.incarnation import read
-from privstream.mechanisms.registry import LDP_IDS
+from privstream.families.registry import LDP_IDS
 from privstream.mechanisms.seeding import NoiseKey
 from privstream.mechanisms.tasks import FrequencyTask
 from privstream.operators.family import family_mechanisms
 from privstream.operators.registration import Preferences, Registration
+from privstream.runtime.incarnation import read
+from privstream.schema.events import EventBatch
 
 USERS, FIRST, LATER, D = 40, 20, 20, 4
 VICTIM = "u7"
@@ -322,9 +322,9 @@ def _flow(tmp_path: Path, rows: dict[str, tuple[float, int]]) -> Path:
 def test_config_check_reports_what_a_resume_would_do(tmp_path: Path, capsys: Any) -> None:
     """Withdrawals and refused changes by kind and count, never a user id; exit 2 when a
     resume would be refused; without --recovery-dir as before."""
-    from privstream.flow_config import load
-    from privstream.incarnation import begin
-    from privstream.run_config import flow_manifest
+    from privstream.cli.run_config import flow_manifest
+    from privstream.flows.config import load
+    from privstream.runtime.incarnation import begin
 
     key = tmp_path / "noise.key"
     key.write_text(secrets.token_hex(32))
@@ -389,9 +389,9 @@ def test_a_resume_that_withdraws_reads_the_release_topic(
 ) -> None:
     """The slots published before a crash come from the release topic, read only when the
     resume withdraws someone new (``incarnation.start``)."""
-    import privstream.republish as republish
+    import privstream.runtime.republish as republish
     from privstream.connectors.kafka import KafkaSettings
-    from privstream.incarnation import Manifest, registration_digests, start
+    from privstream.runtime.incarnation import Manifest, registration_digests, start
 
     key = NoiseKey.from_text(secrets.token_hex(32))
     table = {"a": (1.0, 10), "b": (1.0, 10), VICTIM: (1.0, 10)}
@@ -410,7 +410,7 @@ def test_a_resume_that_withdraws_reads_the_release_topic(
     start(key, tmp_path / "store", manifest(table))  # the store, made by a first run
     (tmp_path / "store" / "part-0.sqlite3").write_bytes(b"")  # ... with a snapshot in it
     monkeypatch.setattr(
-        "privstream.incarnation.check_store", lambda _p: type("C", (), {"empty": False})()
+        "privstream.runtime.incarnation.check_store", lambda _p: type("C", (), {"empty": False})()
     )
     kept = start(key, tmp_path / "store", manifest(table), releases=releases)
     assert not kept.withdrawing and kept.released == {} and reads == []

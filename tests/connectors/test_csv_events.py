@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from privstream.connectors.csv_events import parse_csv_lines
-from privstream.events import DeadLetter, EventBatch
+from privstream.schema.events import DeadLetter, EventBatch
 
 
 def test_csv_with_header_and_default_stream() -> None:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from privstream.connectors.json_events import _fast_json, parse_json_lines
 from privstream.connectors.parsing import SlotClock
-from privstream.events import REASONS, DeadLetter, EventBatch
+from privstream.schema.events import REASONS, DeadLetter, EventBatch
 
 
 def split(items: list[EventBatch | DeadLetter]) -> tuple[dict[str, EventBatch], list[DeadLetter]]:

@@ -43,8 +43,8 @@ from privstream.connectors.kafka_sink import (
     producer_config,
     report_timeout,
 )
-from privstream.events import OVERSIZED, DeadLetter
 from privstream.operators.metrics import INTERNAL
+from privstream.schema.events import OVERSIZED, DeadLetter
 
 # -- dead letters -----------------------------------------------------------------------------
 
@@ -202,7 +202,7 @@ def test_the_consumer_lag_is_the_high_watermark_past_the_read_position(
     """Internal gauge: messages the broker holds beyond what the partition has read, once the
     broker reported a high watermark (absent before)."""
     from privstream.connectors.kafka_health import CONSUMER_LAG
-    from privstream.exposition import INTERNAL
+    from privstream.schema.exposition import INTERNAL
 
     def lag() -> float | None:
         return INTERNAL.get_sample_value(

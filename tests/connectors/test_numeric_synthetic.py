@@ -25,7 +25,7 @@ from privstream.connectors.numeric_synthetic import (
     WebTrafficStream,
     numeric_dataset,
 )
-from privstream.harness import task_for
+from privstream.experiments.harness import task_for
 from privstream.mechanisms.tasks import MeanTask
 
 

@@ -34,7 +34,7 @@ from privstream.connectors.json_events import _decode_line, parse_json_batch, pa
 from privstream.connectors.kafka import RawBatch, parse_raw_batch
 from privstream.connectors.parsing import MAX_DEPTH, UNREADABLE, parse_lines
 from privstream.connectors.registrations import load_preferences
-from privstream.events import MAX_EVENT_BYTES, DeadLetter, EventBatch, line_text
+from privstream.schema.events import MAX_EVENT_BYTES, DeadLetter, EventBatch, line_text
 
 STREAMS = ("a", "b", "v")
 SHAPES = {"a": 0, "b": 0, "v": 2}  # "v" takes 2-vectors, the others one number

@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 import yaml
 
-from privstream.audit_metrics import AuditMetrics
-from privstream.exposition import INTERNAL, INTERNAL_PREFIX
+from privstream.audit.metrics import AuditMetrics
+from privstream.families.registry import FAMILIES
 from privstream.mechanisms import personalized
-from privstream.mechanisms.registry import FAMILIES
 from privstream.operators.metrics import PUBLIC_METRICS
+from privstream.schema.exposition import INTERNAL, INTERNAL_PREFIX
 from tests.metric_names import exposed_name
 
 from ..integration.prometheus import ensure_alertmanager, ensure_prometheus
@@ -74,7 +74,7 @@ def exported_metrics() -> set[str]:
     """Every name privstream serves: the public allow-list, the internal registry (filled by
     the modules that define its metrics) and the audit job's verdict."""
     for module in (
-        "privstream.operators.metrics", "privstream.connectors.kafka_health", "privstream.heartbeat"
+        "privstream.operators.metrics", "privstream.connectors.kafka_health", "privstream.runtime.heartbeat"
     ):  # fmt: skip
         importlib.import_module(module)
     internal = {exposed_name(f) for f in INTERNAL.collect() if f.name.startswith(INTERNAL_PREFIX)}

@@ -143,7 +143,7 @@ def member_ports(processes: int) -> dict[str, int]:
 def test_the_entrypoint_port_defaults_let_a_cluster_start() -> None:
     """Issue 27: with 9100/9101 member 1's public port was member 0's internal one (3 of 3
     cluster starts failed). The launcher's check passes for the deployed process count."""
-    from privstream.cluster import check_ports
+    from privstream.runtime.cluster import check_ports
 
     argv = ["--metrics-port", entrypoint_default("PRIVSTREAM_METRICS_PORT"),
             "--internal-metrics-port", entrypoint_default("PRIVSTREAM_INTERNAL_METRICS_PORT")]  # fmt: skip
@@ -219,7 +219,7 @@ def test_the_flow_runs_deploy_flow_toml_from_its_configmap() -> None:
 
 
 def flow_file() -> Any:
-    from privstream.flow_config import load
+    from privstream.flows.config import load
 
     return load(DEPLOY / "flow.toml")
 

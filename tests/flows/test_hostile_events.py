@@ -16,13 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from privstream.events import EventBatch, marker_tag
+from privstream.families.registry import LDP_IDS
 from privstream.mechanisms.ldp_ids import LdpIdsConfig
-from privstream.mechanisms.registry import LDP_IDS
 from privstream.mechanisms.seeding import NoiseKey
 from privstream.operators.family import family_mechanisms
 from privstream.operators.metrics import INTERNAL
 from privstream.operators.slotting import SlottingConfig
+from privstream.schema.events import EventBatch, marker_tag
 from tests.attacks.helpers import Outputs, run_operator
 
 N, T, GAP = 300, 12, 50

@@ -15,12 +15,12 @@ from bytewax.testing import TestingSink, TestingSource, cluster_main, run_main
 
 from privstream.connectors.json_events import parse_json_lines
 from privstream.connectors.jsonl import to_json
-from privstream.events import EventBatch
+from privstream.families.registry import LDP_IDS
 from privstream.mechanisms.ldp_ids import LdpIdsConfig
-from privstream.mechanisms.registry import LDP_IDS
 from privstream.mechanisms.tasks import FrequencyTask
 from privstream.operators.family import family_mechanisms
 from privstream.operators.slotting import SlottingConfig
+from privstream.schema.events import EventBatch
 
 N, T, W = 300, 30, 5
 

@@ -18,13 +18,13 @@ from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.testing import TestingSink, TestingSource, run_main
 
 from privstream.connectors.jsonl import to_json
-from privstream.events import EventBatch
+from privstream.families.registry import LDP_IDS
 from privstream.mechanisms.errors import IncompatibleState
 from privstream.mechanisms.ldp_ids import LdpIdsConfig
-from privstream.mechanisms.registry import LDP_IDS
 from privstream.mechanisms.tasks import FrequencyTask
 from privstream.operators.family import family_mechanisms
 from privstream.operators.slotting import SlottingConfig
+from privstream.schema.events import EventBatch
 
 N, T, W, P = 300, 12, 4, 3
 

@@ -19,13 +19,13 @@ from bytewax.testing import TestingSink, TestingSource, run_main
 from privstream.connectors.json_events import parse_json_lines
 from privstream.connectors.jsonl import to_json
 from privstream.connectors.registrations import load_preferences
-from privstream.events import EventBatch
+from privstream.families.registry import PERSONALIZED
 from privstream.flows.personalized import build
 from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.personalized import MECHANISMS, PersonalizedConfig
-from privstream.mechanisms.registry import PERSONALIZED
 from privstream.operators.family import family_mechanisms
 from privstream.operators.registration import Preferences
+from privstream.schema.events import EventBatch
 
 N, T, W, EPS = 400, 40, 8, 1.0
 # Four user types, each at least as lenient as the stream's (ε, w) = (1, 8), so the uniform

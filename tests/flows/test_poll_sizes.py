@@ -22,12 +22,12 @@ from bytewax.testing import TestingSink, TestingSource, run_main
 
 from privstream.connectors.jsonl import to_json
 from privstream.connectors.kafka import RawBatch
-from privstream.events import DeadLetter
-from privstream.flow_config import estimation_task
+from privstream.families.registry import family
+from privstream.flows.config import estimation_task
 from privstream.flows.io import parse_polls
-from privstream.mechanisms.registry import family
 from privstream.operators.family import family_mechanisms
 from privstream.operators.slotting import MechanismOut, SlottingConfig
+from privstream.schema.events import DeadLetter
 
 N, T = 60, 6
 TASKS: dict[str, Any] = {"visits": 2, "pos": ((0.0, 0.0, 0.0), 1.0)}

@@ -409,8 +409,8 @@ CLUSTER_STALL_LIMIT = 10.0
 """``--stall-limit`` of a launcher whose member is frozen (seconds)."""
 SLOTS_PER_DISTURBANCE = 2
 """New slots written before each disturbance, so that each one lands on a cluster at work."""
-EXIT_STALLED = 4  # privstream.cluster.EXIT_STALLED
-EXIT_REFUSED = 2  # privstream.cluster.EXIT_REFUSED
+EXIT_STALLED = 4  # privstream.runtime.cluster.EXIT_STALLED
+EXIT_REFUSED = 2  # privstream.runtime.cluster.EXIT_REFUSED
 
 
 @dataclass
@@ -728,7 +728,7 @@ def run_chaos(plan: Plan, workdir: Path) -> Report:
         report.scrapes = scrapers.scrapes
         reference = Topics(broker.bootstrap, f"ref-{tag}")
         # the undisturbed runs share the disturbed store's incarnation (its nonce): runs of
-        # different stores draw independent noise by design (privstream.incarnation)
+        # different stores draw independent noise by design (privstream.runtime.incarnation)
         ref_key = [*key, "--recovery-dir", str(same_incarnation(store, workdir / f"ref-{tag}"))]
         run_to_end(flow_command(broker.bootstrap, events, reference, plan, ref_key), cli_env())
         plan.log("reference run (undisturbed, same secret and incarnation) done")

@@ -151,8 +151,8 @@ def read_all(settings: KafkaSettings, topic: str, settle: float = 1.0) -> list[A
 def same_incarnation(store: Path, into: Path) -> Path:
     """``into``: a new store of ``store``'s incarnation (its nonce and manifest, no floors), so a
     run from it draws the same noise: how a test compares a disturbed run with an undisturbed
-    one (runs of different stores draw independent noise, ``privstream.incarnation``)."""
-    from privstream.incarnation import FILE
+    one (runs of different stores draw independent noise, ``privstream.runtime.incarnation``)."""
+    from privstream.runtime.incarnation import FILE
 
     data = json.loads((store / FILE).read_text())
     data["published"] = {}

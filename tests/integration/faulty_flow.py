@@ -10,7 +10,7 @@ import dataclasses
 import os
 from typing import Any
 
-from privstream.mechanisms import registry
+from privstream.families import registry
 from privstream.mechanisms.ldp_ids import LBU
 
 HALT_AT = int(os.environ.get("PRIVSTREAM_TEST_HALT_AT", "5"))
@@ -31,7 +31,7 @@ def main() -> int:
     family = registry.FAMILIES["ldp-ids"]
     mechanisms = {**family.mechanisms, LBUHalts.name: LBUHalts}
     registry.FAMILIES["ldp-ids"] = dataclasses.replace(family, mechanisms=mechanisms)
-    from privstream.cli import main as cli
+    from privstream.cli.commands import main as cli
 
     return cli()
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from privstream.bench_scaling import bench_scaling, format_scaling
 from privstream.connectors.kafka import KafkaSettings
+from privstream.experiments.scaling import bench_scaling, format_scaling
 
 
 def test_the_scaling_table_holds_both_readers_for_every_process_count(

@@ -210,7 +210,7 @@ def test_a_frozen_member_is_named_and_fails_the_cluster(
     60 s, the launcher waiting for ever). The launcher now names it and fails (exit 4) after
     ``--stall-limit``; the other member reports its progress age as a public metric."""
     from privstream.connectors.broker import free_port
-    from privstream.heartbeat import BEAT
+    from privstream.runtime.heartbeat import BEAT
 
     topic = f"events-{uuid.uuid4().hex[:8]}"
     create_topics(kafka, [TopicSpec(topic, partitions=2)])

@@ -22,9 +22,9 @@ from privstream.connectors.kafka import (
     existing_topics,
     wait_for_messages,
 )
-from privstream.events import REASONS
 from privstream.flows.io import KafkaIO
 from privstream.flows.ldp_ids import build
+from privstream.schema.events import REASONS
 
 from .conftest import (
     PRIVSTREAM,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from privstream.cli import _parser, main
+from privstream.cli.commands import _parser, main
 from privstream.connectors.broker import free_port
 from privstream.connectors.kafka import KafkaSettings
 from privstream.operators.metrics import serve_metrics

@@ -38,7 +38,6 @@ from privstream.connectors.kafka import (
     wait_for_messages,
 )
 from privstream.connectors.synthetic import SyntheticStream
-from privstream.events import LATE, REASONS, DeadLetter
 from privstream.operators.metrics import (
     EVENTS,
     INTERNAL_PREFIX,
@@ -47,6 +46,7 @@ from privstream.operators.metrics import (
     count_dead_letter,
     serve_internal_metrics,
 )
+from privstream.schema.events import LATE, REASONS, DeadLetter
 from tests.metric_names import exposed_name
 
 from .conftest import PRIVSTREAM, Topics, cli_env, run_cli

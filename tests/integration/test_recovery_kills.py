@@ -15,7 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from privstream.incarnation import FILE as INCARNATION_FILE
+from privstream.runtime.incarnation import FILE as INCARNATION_FILE
 
 from .conftest import PRIVSTREAM, cli_env, same_incarnation
 

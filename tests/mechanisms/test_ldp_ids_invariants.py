@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
+from privstream.families.registry import LDP_IDS
 from privstream.mechanisms.client import ABSENT, Aggregate, SimulatedClientPort
 from privstream.mechanisms.contract import LedgerEntry, Release, Slot
 from privstream.mechanisms.errors import PrivacyBudgetExceeded
@@ -34,7 +35,6 @@ from privstream.mechanisms.ldp_ids import (
     LdpIdsRelease,
     LdpIdsState,
 )
-from privstream.mechanisms.registry import LDP_IDS
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import FrequencyTask
 

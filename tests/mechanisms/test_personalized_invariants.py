@@ -33,6 +33,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
+from privstream.families.registry import PERSONALIZED
 from privstream.mechanisms import personalized
 from privstream.mechanisms.client import ClassHistogram, Requirements, SimulatedCurator
 from privstream.mechanisms.contract import LedgerEntry, Release, Slot
@@ -46,7 +47,6 @@ from privstream.mechanisms.personalized import (
     PersonalizedMechanism,
     PersonalizedState,
 )
-from privstream.mechanisms.registry import PERSONALIZED
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import FrequencyTask
 from tests.mechanisms.ledger_rows import class_rows

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
+from privstream.families.registry import LDP_IDS, PERSONALIZED
 from privstream.mechanisms.client import (
     NO_CLASS,
     ClientPort,
@@ -26,7 +27,6 @@ from privstream.mechanisms.errors import PrivacyBudgetExceeded
 from privstream.mechanisms.ldp_ids import LdpIdsConfig
 from privstream.mechanisms.ledger import RELATIVE_TOLERANCE, PersonalizedLedger
 from privstream.mechanisms.personalized import PersonalizedConfig
-from privstream.mechanisms.registry import LDP_IDS, PERSONALIZED
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import FrequencyTask, MeanTask
 

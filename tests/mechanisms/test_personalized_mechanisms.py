@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
+from privstream.families.registry import PERSONALIZED
 from privstream.mechanisms.client import Requirements, SimulatedCurator
 from privstream.mechanisms.contract import LedgerEntry, Release, Slot
 from privstream.mechanisms.errors import PrivacyBudgetExceeded
@@ -35,7 +36,6 @@ from privstream.mechanisms.personalized import (
     PersonalizedRelease,
     PersonalizedState,
 )
-from privstream.mechanisms.registry import PERSONALIZED
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import FrequencyTask
 from tests.mechanisms.ledger_rows import Row, class_rows

@@ -9,9 +9,9 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
+from privstream.families.registry import LDP_IDS, PERSONALIZED
 from privstream.mechanisms.client import SimulatedClientPort
 from privstream.mechanisms.ldp_ids import LBU
-from privstream.mechanisms.registry import LDP_IDS, PERSONALIZED
 from privstream.mechanisms.tasks import FrequencyTask
 from privstream.mechanisms.trust import TrustMode
 from privstream.operators.ports import SimulatedClients, TrustedCurator, ports_for

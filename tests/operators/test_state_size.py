@@ -4,7 +4,7 @@ Every ledger keeps what its guarantee needs and no more: budget division charges
 alike, so one spend per slot of the window (O(w), nothing per user); population division one
 last-report slot per user (O(n), nothing per user and slot); personalized w-event one spend
 per class and slot (O(classes·w)); CGM two report counters per user (O(n), whatever its l).
-The states are the slotted operator's own (``privstream.bench_state``), after w + 5 slots.
+The states are the slotted operator's own (``privstream.experiments.state``), after w + 5 slots.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from privstream.bench_state import Case, Setup, build_state, scaling
+from privstream.experiments.state import Case, Setup, build_state, scaling
 
 N, W = 100_000, 20
 LDP_IDS = Case("ldp-ids", ("LBU", "LBD", "LBA", "LSP", "LPU", "LPD", "LPA"), W)

@@ -32,8 +32,8 @@ def run_dataflow(
     from bytewax.recovery import RecoveryConfig
     from bytewax.run import cli_main
 
-    from privstream.recovery import prepare_store
-    from privstream.store_lock import lock_store
+    from privstream.runtime.recovery import prepare_store
+    from privstream.runtime.store_lock import lock_store
 
     recovery = None
     if recovery_dir:

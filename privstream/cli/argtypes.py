@@ -1,4 +1,4 @@
-"""Argument types the command line's parsers share (``privstream.cli``, ``privstream.run_config``):
+"""Argument types the command line's parsers share (``privstream.cli.commands``, ``privstream.cli.run_config``):
 each turns a flag's text into a value or raises ``ArgumentTypeError`` naming the bad text."""
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ It reads the releases and ledger entries a flow wrote — JSON-lines files (``pr
    another schema is refused, naming it).
 
 Nothing of the operators, the mechanisms' ledgers or the population accountant is imported:
-the audit shares no code with what it audits (``privstream.audit_checks`` recomputes all).
+the audit shares no code with what it audits (``privstream.audit.checks`` recomputes all).
 The lines are decoded into this module's own minimal schema records, not into
 ``privstream.mechanisms.contract``'s classes, so a bug in how the flow builds or serialises
 them cannot hide itself. Only the Kafka client plumbing of ``privstream.connectors.kafka``
@@ -56,7 +56,7 @@ import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
-from privstream.audit_checks import (
+from privstream.audit.checks import (
     F64,
     I64,
     MAX_SLOT,
@@ -75,7 +75,7 @@ from privstream.audit_checks import (
     check_windows,
     close,
 )
-from privstream.audit_claims import (
+from privstream.audit.claims import (
     APPROXIMATE,
     NULLIFIED,
     PUBLISH,
@@ -1059,7 +1059,7 @@ def _checks(
 
 
 def _claim_checks(claims: ClaimCounts, expect: Expectation) -> dict[str, dict[str, Any]]:
-    """The verdicts of the checks on what the outputs claim (``privstream.audit_claims``)."""
+    """The verdicts of the checks on what the outputs claim (``privstream.audit.claims``)."""
     checks = {
         "secure_noise": _check(claims.insecure, (
             "insecure-seed outputs allowed (--allow-insecure-seed): a test run, not private"
@@ -1095,7 +1095,7 @@ def _claim_checks(claims: ClaimCounts, expect: Expectation) -> dict[str, dict[st
 def _judge_claims(
     pub: Published, accountant: AccountantCounts, expect: Expectation, findings: Findings
 ) -> ClaimCounts:
-    """Run the claim checks (``privstream.audit_claims``)."""
+    """Run the claim checks (``privstream.audit.claims``)."""
     claims = ClaimCounts()
     check_flags(pub, expect, findings, claims)
     check_sources(pub, findings, claims)
@@ -1217,7 +1217,7 @@ def collect(args: argparse.Namespace) -> Collector:
 def _flow_plan(path: str) -> tuple[FlowPlan, int]:
     """The flow file's population budget, streams' shares and n (``flow_config.load``,
     imported here only: the audit's checks share no code with the flows)."""
-    from privstream.flow_config import load
+    from privstream.flows.config import load
 
     flow = load(path)
     population = flow.population
@@ -1251,7 +1251,7 @@ def main(args: argparse.Namespace) -> int:
     holds, 1 when one fails (input errors raise: the CLI turns them into 2). With
     ``--metrics-port`` the verdict is served for ``--linger`` seconds afterwards (also when
     the inputs could not be read: then it says the audit failed)."""
-    from privstream.audit_metrics import AuditMetrics
+    from privstream.audit.metrics import AuditMetrics
 
     started = time.perf_counter()
     metrics = (

@@ -40,14 +40,14 @@ from pathlib import Path
 from typing import Any, Final
 
 from privstream.connectors.registrations import load_preferences
-from privstream.events import MAX_EVENT_BYTES
+from privstream.families.registry import FAMILIES, Family
 from privstream.mechanisms.accountant import BudgetSplit, compose_deltas
 from privstream.mechanisms.guarantees import PeriodScope, WindowScope
 from privstream.mechanisms.ledger import budget_limit
-from privstream.mechanisms.registry import FAMILIES, Family
 from privstream.mechanisms.tasks import BallTask, EstimationTask, FrequencyTask, MeanTask
 from privstream.mechanisms.validation import MAX_WINDOW, check_fraction, check_requirement
 from privstream.operators.registration import Preferences, check_closed_population
+from privstream.schema.events import MAX_EVENT_BYTES
 
 Task = int | tuple[float, float] | tuple[tuple[float, ...], float]
 """``d`` categories, the ``(lower, upper)`` range of numeric values, or the ``(centre, radius)``
@@ -94,7 +94,7 @@ class PopulationSection:
     allow_large_delta: bool = False
     """``population.allow_large_delta``: accept a δ ≥ 1/users."""
     retired: tuple[str, ...] = ()
-    """Streams removed from the flow on purpose (``privstream.incarnation``): their share of
+    """Streams removed from the flow on purpose (``privstream.runtime.incarnation``): their share of
     the budget stays spent in the recovery store, and their names never come back."""
     preferences: Mapping[str, tuple[float, int]] = field(
         default_factory=dict, repr=False, compare=False

@@ -5,7 +5,7 @@ trust mode over the population's values (``SimulatedClientPort`` for ``ldp-simul
 ``SimulatedCurator`` over the registration for ``cdp``; design §4) with
 ``SlotRandomness(seed, stream, t, scope=mechanism)``, and calls each mechanism's pure ``step``,
 so with the same seed and stream name it releases exactly what the family's dataflow releases.
-A family's registry entry (``mechanisms.registry``) says which datasets it takes, whether it
+A family's registry entry (``families.registry``) says which datasets it takes, whether it
 releases counts, and what its bench reports (``BenchSpec.score``).
 """
 
@@ -23,6 +23,8 @@ from tqdm import tqdm
 
 from privstream.connectors.datasets import SlotSource, SlotStream, synthetic_dataset
 from privstream.connectors.recorded import RecordedStream, load_records
+from privstream.experiments.scores import Run
+from privstream.families.registry import Family
 from privstream.mechanisms.client import (
     ClientPath,
     ClientPort,
@@ -32,10 +34,8 @@ from privstream.mechanisms.client import (
     SimulatedCurator,
 )
 from privstream.mechanisms.contract import Mechanism, Release, Slot
-from privstream.mechanisms.registry import Family
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import EstimationTask, FrequencyTask, MeanTask
-from privstream.mechanisms.utility import Run
 
 
 def task_for(source: SlotSource) -> EstimationTask:

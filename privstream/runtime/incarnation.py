@@ -47,7 +47,7 @@ from privstream.connectors.kafka import KafkaSettings
 from privstream.mechanisms.errors import IncompatibleState
 from privstream.mechanisms.ledger import budget_limit
 from privstream.mechanisms.seeding import NoiseKey
-from privstream.recovery import check_store, prepare_store
+from privstream.runtime.recovery import check_store, prepare_store
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def registration_digests(
 @dataclass(frozen=True)
 class Incarnation:
     """The run's key placed in its incarnation; ``new`` when no snapshot of an earlier run of
-    this incarnation exists (a new store or no store: ``privstream.republish`` applies);
+    this incarnation exists (a new store or no store: ``privstream.runtime.republish`` applies);
     ``floors``: each stream's last slot published before the incarnation began (kept in the
     store, so every run of the incarnation skips the same slots)."""
 
@@ -400,7 +400,7 @@ def start(
     (``begin``); for a new one on Kafka (``releases``: the settings and release topic), the
     slots already published (``republish.last_published``), kept with the store; and the log
     line per stream saying what is skipped."""
-    from privstream.republish import announce, last_published
+    from privstream.runtime.republish import announce, last_published
 
     incarnation = begin(key, recovery_dir, manifest, retiring)
     if incarnation.new and releases is not None:

@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 
-from privstream import harness, plots
 from privstream.connectors.broker import EmbeddedBroker, free_port
 from privstream.connectors.kafka import (
     RELEASE_TOPIC_CONFIG,
@@ -37,10 +36,11 @@ from privstream.connectors.kafka import (
 )
 from privstream.connectors.producer import produce_synthetic
 from privstream.connectors.synthetic import SyntheticStream
+from privstream.experiments import harness, plots
+from privstream.experiments import scores as utility
 from privstream.flows.dataflow import build
 from privstream.flows.io import KafkaIO
 from privstream.flows.secret import ENV_SECRET
-from privstream.mechanisms import utility
 from privstream.mechanisms.ldp_ids import MECHANISMS
 from privstream.mechanisms.seeding import NoiseKey
 

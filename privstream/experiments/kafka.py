@@ -54,15 +54,15 @@ from privstream.connectors.kafka import (
     parse_raw_batch,
 )
 from privstream.connectors.producer import produce_synthetic, slot_messages
-from privstream.events import EventBatch
-from privstream.exposition import INTERNAL
+from privstream.families.registry import LDP_IDS
 from privstream.flows.dataflow import build
 from privstream.flows.io import KafkaIO, Source, resolve_source
 from privstream.mechanisms.accountant import BudgetSplit
-from privstream.mechanisms.registry import LDP_IDS
 from privstream.mechanisms.seeding import NoiseKey
 from privstream.operators.metrics import BOARD
 from privstream.operators.slotting import SlottedLogic, SlottingConfig, make_plan
+from privstream.schema.events import EventBatch
+from privstream.schema.exposition import INTERNAL
 
 TARGET: Final = 0.90
 """The flow should reach this fraction of the raw consumers' rate on one worker."""

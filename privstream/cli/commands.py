@@ -17,13 +17,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from privstream.argtypes import positive_float as _positive_float
-from privstream.argtypes import positive_int as _positive_int
-from privstream.incarnation import Incarnation, refuse_overwrite
+from privstream.cli.argtypes import positive_float as _positive_float
+from privstream.cli.argtypes import positive_int as _positive_int
+from privstream.cli.run_config import add_config_flags, add_topic_change_flags, run_config
+from privstream.families.registry import FAMILIES, Family
 from privstream.mechanisms.accountant import check_delta_bound
-from privstream.mechanisms.registry import FAMILIES, Family
-from privstream.run_config import add_config_flags, add_topic_change_flags, run_config
-from privstream.runner import run_dataflow, serve
+from privstream.runtime.incarnation import Incarnation, refuse_overwrite
+from privstream.runtime.runner import run_dataflow, serve
 
 log = logging.getLogger("privstream")
 
@@ -766,10 +766,10 @@ def _run_family(args: argparse.Namespace) -> int:
 def _family_incarnation(
     args: argparse.Namespace, secret: Any, kafka: Any, window: int
 ) -> Incarnation:
-    """The incarnation of a family run (``privstream.incarnation.start``): its store bound to
+    """The incarnation of a family run (``privstream.runtime.incarnation.start``): its store bound to
     the stream's name, ε, window and registration table."""
     from privstream.connectors.registrations import load_preferences
-    from privstream.incarnation import Manifest, registration_digests, start
+    from privstream.runtime.incarnation import Manifest, registration_digests, start
 
     family = FAMILIES[args.family]
     stream = args.stream or ("file" if args.dataset.startswith("file:") else args.dataset)
@@ -863,7 +863,7 @@ def clock(args: argparse.Namespace) -> int:
 def _clock_target(args: argparse.Namespace) -> tuple[Any, str, list[str]]:
     """Where the clock writes: a flow file's input topic and streams, or the flags'."""
     if args.config is not None:
-        from privstream.flow_config import load
+        from privstream.flows.config import load
         from privstream.flows.streams import kafka_io
 
         config = load(args.config)
@@ -929,8 +929,8 @@ def _report(result: dict[str, Any], path: str | None) -> int:
 def bench_kafka(args: argparse.Namespace) -> int:
     if args.streams is not None or args.processes is not None:
         return _bench_scaling(args)
-    from privstream.bench_kafka import bench_kafka as run
-    from privstream.bench_kafka import format_result
+    from privstream.experiments.kafka import bench_kafka as run
+    from privstream.experiments.kafka import format_result
 
     settings = _kafka_settings(args) if args.bootstrap else None
     result = run(
@@ -951,9 +951,9 @@ def _bench_scaling(args: argparse.Namespace) -> int:
     """``bench kafka --streams S --processes 1,2,...`` (an embedded broker unless --bootstrap)."""
     import contextlib
 
-    from privstream.bench_scaling import bench_scaling, format_scaling
     from privstream.connectors.broker import EmbeddedBroker
     from privstream.connectors.kafka import KafkaSettings
+    from privstream.experiments.scaling import bench_scaling, format_scaling
 
     with contextlib.ExitStack() as stack:
         if args.bootstrap or os.environ.get("PRIVSTREAM_BOOTSTRAP"):
@@ -969,8 +969,8 @@ def _bench_scaling(args: argparse.Namespace) -> int:
 
 
 def bench_noise(args: argparse.Namespace) -> int:
-    from privstream.bench_noise import bench_noise as run
-    from privstream.bench_noise import format_noise
+    from privstream.experiments.noise import bench_noise as run
+    from privstream.experiments.noise import format_noise
 
     result = run(users=args.users, repeats=args.repeats)
     print(format_noise(result))
@@ -979,7 +979,7 @@ def bench_noise(args: argparse.Namespace) -> int:
 
 def bench_family(args: argparse.Namespace) -> int:
     """``privstream bench <family>``: the family's benchmark on the engine-free core."""
-    from privstream import harness
+    from privstream.experiments import harness
 
     family = FAMILIES[args.family]
     files = {"domain": args.domain, "numeric": args.numeric} if family.bench.files else {}
@@ -993,7 +993,7 @@ def bench_family(args: argparse.Namespace) -> int:
 
 
 def demo(args: argparse.Namespace) -> int:
-    from privstream.demo import run_demo
+    from privstream.cli.demo import run_demo
 
     return run_demo(
         out_dir=Path(args.out),
@@ -1009,7 +1009,7 @@ def demo(args: argparse.Namespace) -> int:
 
 def audit(args: argparse.Namespace) -> int:
     """``privstream audit``: the report on stdout (and ``--json``); 0 ok, 1 a check failed."""
-    from privstream.audit import main as run_audit
+    from privstream.audit.main import main as run_audit
 
     return run_audit(args)
 
@@ -1017,7 +1017,7 @@ def audit(args: argparse.Namespace) -> int:
 def config_check(args: argparse.Namespace) -> int:
     """``privstream config check FILE``: the file's streams, one line each; a ``ConfigError``
     (a ``ValueError``) exits 2 through ``main``."""
-    from privstream.flow_config import describe, load
+    from privstream.flows.config import describe, load
 
     config = load(args.file)
     for line in describe(config):
@@ -1036,9 +1036,9 @@ def _resume_report(
     """What a resume of the store ``recovery_dir`` would do with the flow ``config``
     (``config check --recovery-dir``): its registration changes by kind and count
     (``incarnation.registration_plan``) and every refused change; never a user id."""
+    from privstream.cli.run_config import flow_manifest
     from privstream.flows.secret import resolve_noise_key
-    from privstream.incarnation import changes, read, registration_plan
-    from privstream.run_config import flow_manifest
+    from privstream.runtime.incarnation import changes, read, registration_plan
 
     stored = read(Path(recovery_dir))
     if stored is None:

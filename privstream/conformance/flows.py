@@ -1,4 +1,4 @@
-"""Flow-level conformance checks (``privstream.checks``): a registered mechanism run through its
+"""Flow-level conformance checks (``privstream.conformance.checks``): a registered mechanism run through its
 family's generic operator under Bytewax, with its testing source and sink.
 
 Two streams of a drifting binary population over ``T`` slots, with an end-of-slot marker per
@@ -22,10 +22,10 @@ from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.testing import TestingSink, TestingSource, cluster_main, run_main
 
 from privstream.connectors.jsonl import to_json
-from privstream.events import EventBatch
-from privstream.mechanisms.registry import Registered
+from privstream.families.registry import Registered
 from privstream.operators.family import family_mechanisms
 from privstream.operators.registration import Preferences
+from privstream.schema.events import EventBatch
 
 N, T, SEED = 300, 16, 5
 STREAMS = ("a", "b")

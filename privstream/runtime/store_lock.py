@@ -20,7 +20,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from privstream.recovery import RecoveryStoreError
+from privstream.runtime.recovery import RecoveryStoreError
 
 LOCK_NAME = ".privstream-process-{}.lock"
 _HELD: dict[tuple[str, int], int] = {}  # (store, process id) -> open descriptor, never closed

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from privstream.argtypes import positive_float, positive_int
+from privstream.cli.argtypes import positive_float, positive_int
 
 log = logging.getLogger("privstream")
 
@@ -81,12 +81,12 @@ def add_config_flags(run: argparse.ArgumentParser) -> None:
 
 def run_config(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Run the file's streams: launch the cluster, or be one process of it (or the only one)."""
-    from privstream.flow_config import load
+    from privstream.flows.config import load
 
     config = load(args.config)
     processes = _get(args, "processes", config.run.processes)
     if processes > 1 and not hasattr(args, "process_id"):
-        from privstream.cluster import DEFAULT_STALL_LIMIT, launch
+        from privstream.runtime.cluster import DEFAULT_STALL_LIMIT, launch
 
         return launch(argv, processes, _get(args, "stall_limit", DEFAULT_STALL_LIMIT))
     if not hasattr(args, "process_id"):
@@ -108,7 +108,7 @@ def _run_process(args: argparse.Namespace, config: Any) -> int:
     from privstream.connectors.kafka import require_topics
     from privstream.flows.secret import resolve_noise_key
     from privstream.flows.streams import build_streams, kafka_io
-    from privstream.runner import run_dataflow, serve
+    from privstream.runtime.runner import run_dataflow, serve
 
     cluster = _cluster(args)  # before reaching Kafka: a wrong command line fails at once
     kafka = kafka_io(config, until_slot=_get(args, "slots", None))
@@ -155,10 +155,10 @@ def _run_process(args: argparse.Namespace, config: Any) -> int:
 
 
 def flow_incarnation(config: Any, secret: Any, recovery: Any, kafka: Any) -> Any:
-    """The incarnation of a flow file's run (``privstream.incarnation.start``): its store
+    """The incarnation of a flow file's run (``privstream.runtime.incarnation.start``): its store
     bound to the population's ε and window, every stream's share and the registration table;
     the file's ``retired`` streams leave it explicitly."""
-    from privstream.incarnation import start
+    from privstream.runtime.incarnation import start
 
     return start(
         secret, None if recovery is None else str(recovery), flow_manifest(config, secret),
@@ -168,8 +168,8 @@ def flow_incarnation(config: Any, secret: Any, recovery: Any, kafka: Any) -> Any
 
 
 def flow_manifest(config: Any, secret: Any) -> Any:
-    """What a flow file binds its store to (``privstream.incarnation.Manifest``)."""
-    from privstream.incarnation import Manifest, registration_digests
+    """What a flow file binds its store to (``privstream.runtime.incarnation.Manifest``)."""
+    from privstream.runtime.incarnation import Manifest, registration_digests
 
     pop = config.population
     return Manifest(
@@ -186,8 +186,8 @@ def _watch_member(args: argparse.Namespace, flow: Any, cluster: dict[str, Any]) 
         return
     import bytewax.operators as op
 
-    from privstream import heartbeat
     from privstream.connectors import control
+    from privstream.runtime import heartbeat
 
     member = cluster["process_id"]
     heartbeat.beat(heartbeat.alive_file(directory, member))
@@ -202,9 +202,9 @@ def _member_failed(args: argparse.Namespace, member: int, exc: BaseException) ->
     because another member stopped (Bytewax's panic), 1 otherwise."""
     import traceback
 
-    from privstream.cluster import EXIT_LOST, EXIT_REFUSED
     from privstream.connectors.kafka import TopicMissing
     from privstream.mechanisms.errors import IncompatibleState
+    from privstream.runtime.cluster import EXIT_LOST, EXIT_REFUSED
 
     root = _root_cause(exc)
     if type(exc).__name__ == "PanicException" and root is exc:
@@ -221,7 +221,7 @@ def _member_failed(args: argparse.Namespace, member: int, exc: BaseException) ->
     print(f"privstream: error: cluster member {member} {reason}; {advice}", file=sys.stderr)
     directory = _get(args, "cluster_dir", None)
     if directory is not None:
-        from privstream.heartbeat import write_reason
+        from privstream.runtime.heartbeat import write_reason
 
         write_reason(directory, member, code, reason)
     return code

@@ -18,7 +18,8 @@ from typing import Any, Final, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from privstream.mechanisms import cgm, ldp_ids, personalized, utility
+from privstream.experiments import scores as utility
+from privstream.mechanisms import cgm, ldp_ids, personalized
 from privstream.mechanisms.contract import Mechanism
 from privstream.mechanisms.tasks import EstimationTask, FrequencyTask, MeanTask
 from privstream.mechanisms.trust import TrustMode

@@ -37,7 +37,6 @@ from bytewax.dataflow import Dataflow, Stream
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 
 from privstream.connectors.kafka import KafkaSettings, existing_topics
-from privstream.events import ALREADY_PUBLISHED, INCARNATION_COOLDOWN, DeadLetter, EventBatch
 from privstream.mechanisms.contract import Gap
 from privstream.mechanisms.errors import IncompatibleState
 from privstream.mechanisms.guarantees import (
@@ -48,6 +47,7 @@ from privstream.mechanisms.guarantees import (
     StreamScope,
     WindowScope,
 )
+from privstream.schema.events import ALREADY_PUBLISHED, INCARNATION_COOLDOWN, DeadLetter, EventBatch
 
 log = logging.getLogger(__name__)
 

@@ -106,7 +106,7 @@ def _flow_file(directory: Path, settings: KafkaSettings, topic: str, streams: in
 def flow_rate(flow: Path, processes: int, slots: int, messages: int, key: Path) -> float:
     """Messages per second of ``privstream run --config flow --processes P --slots T``."""
     done = subprocess.run(
-        [sys.executable, "-m", "privstream.cli", "run", "--config", str(flow), "--processes",
+        [sys.executable, "-m", "privstream.cli.commands", "run", "--config", str(flow), "--processes",
          str(processes), "--slots", str(slots), "--secret-file", str(key)],
         capture_output=True, text=True, timeout=1800,
     )  # fmt: skip
@@ -122,9 +122,9 @@ def produce_streams(settings: KafkaSettings, topic: str, streams: int, users: in
                     slots: int, partitions: int) -> list[int]:  # fmt: skip
     """Produce the streams spread over the topic; the messages per partition (each stream's
     events round-robin from partition 0, its markers on every partition)."""
-    from privstream.bench_kafka import partition_counts
     from privstream.connectors.datasets import synthetic_dataset
     from privstream.connectors.producer import produce_synthetic
+    from privstream.experiments.kafka import partition_counts
 
     for k in range(streams):
         produce_synthetic(settings, topic, synthetic_dataset("sin", users, slots, k + 1),
@@ -177,7 +177,7 @@ def format_scaling(result: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - ad-hoc runs
-    """``python -m privstream.bench_scaling BOOTSTRAP`` (an existing broker)."""
+    """``python -m privstream.experiments.scaling BOOTSTRAP`` (an existing broker)."""
     args = list(sys.argv[1:] if argv is None else argv)
     settings = KafkaSettings((args[0],))
     result = bench_scaling(settings, partitions=8, streams=8, processes=(1, 2),

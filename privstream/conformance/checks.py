@@ -14,8 +14,8 @@ whole flow is identical.
 
 Example::
 
-    from privstream.checks import yield_checks
-    from privstream.mechanisms.registry import REGISTRY
+    from privstream.conformance.checks import yield_checks
+    from privstream.families.registry import REGISTRY
 
     for check in yield_checks(REGISTRY[0], flows=False):
         check()
@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from privstream import flow_checks
+from privstream.conformance import flows as flow_checks
+from privstream.families.registry import Registered
 from privstream.mechanisms.client import Requirements, SimulatedClientPort, SimulatedCurator
 from privstream.mechanisms.contract import (
     ClassSpend,
@@ -45,7 +46,6 @@ from privstream.mechanisms.contract import (
 )
 from privstream.mechanisms.errors import IncompatibleState
 from privstream.mechanisms.guarantees import WindowScope
-from privstream.mechanisms.registry import Registered
 from privstream.mechanisms.seeding import SlotRandomness
 
 SEED = 11

@@ -5,7 +5,7 @@ deadlocked call, a paging host) stalls all of them while the others still look h
 Kafka clients connected, their metrics served). Every member of a launcher's cluster therefore
 runs ``HeartbeatSource``: an input on every worker that touches ``member-I.alive`` each second
 from the worker's own loop, so the file ages exactly when that member's dataflow stops running.
-The launcher (``privstream.cluster``) reads the ages; every member exposes them as the public
+The launcher (``privstream.runtime.cluster``) reads the ages; every member exposes them as the public
 gauge ``privstream_cluster_member_progress_age_seconds{member}`` (``ProgressCollector``): the age
 of a file depends on scheduling only, never on the data.
 

@@ -38,9 +38,8 @@ from bytewax.dataflow import Dataflow
 from bytewax.testing import TestingSink, TestingSource
 from numpy.typing import NDArray
 
-from privstream.events import EventBatch
+from privstream.families.registry import family
 from privstream.mechanisms.accountant import BudgetSplit
-from privstream.mechanisms.registry import family
 from privstream.mechanisms.seeding import NoiseKey
 from privstream.mechanisms.tasks import FrequencyTask
 from privstream.operators import slotting
@@ -48,6 +47,7 @@ from privstream.operators.family import family_mechanisms
 from privstream.operators.registration import Preferences
 from privstream.operators.slotting import SlottedLogic, make_plan
 from privstream.operators.stream_state import StreamState
+from privstream.schema.events import EventBatch
 
 SEED: Final = 1
 REPORTING: Final = 0.1
@@ -316,7 +316,7 @@ def stream_flow(setup: Setup, batches: list[EventBatch]) -> Dataflow:
 def _run_flow(
     setup: Setup, batches: list[EventBatch], store: str | None, interval: float
 ) -> tuple[float, Timeline]:
-    from privstream.runner import run_dataflow
+    from privstream.runtime.runner import run_dataflow
 
     with timed_logic() as timeline:
         flow = stream_flow(setup, batches)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import log_ndtr, ndtr
 
-from privstream.audit_checks import (
+from privstream.audit.checks import (
     F64,
     I64,
     RELATIVE,

@@ -10,7 +10,7 @@ fails (a cluster cannot go on without a member): the restarted cluster resumes f
 store. Each process serves its metrics on the given port plus its process id, so the public and
 the internal ranges ``[PORT, PORT + P)`` must not overlap (refused at start).
 
-The launcher watches its members (``privstream.heartbeat``): a member whose dataflow loop has
+The launcher watches its members (``privstream.runtime.heartbeat``): a member whose dataflow loop has
 not run for ``STALL_WARNING`` seconds is logged ("member i made no progress for N s"), and after
 ``--stall-limit`` seconds the cluster is stopped and fails (exit ``EXIT_STALLED``), so the
 orchestrator restarts it. When a member fails, the launcher names the member that failed first
@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from privstream import heartbeat
 from privstream.connectors.broker import free_port
+from privstream.runtime import heartbeat
 
 log = logging.getLogger("privstream")
 
@@ -117,7 +117,7 @@ def launch(argv: Sequence[str], processes: int, stall_limit: float = DEFAULT_STA
             args = base
             for flag in PORT_FLAGS:
                 args = _port_plus(args, flag, i)
-            command = [sys.executable, "-m", "privstream.cli", *args, "--process-id", str(i),
+            command = [sys.executable, "-m", "privstream.cli.commands", *args, "--process-id", str(i),
                        "--addresses", addresses, "--stop-file", stop_file,
                        "--cluster-dir", work]  # fmt: skip
             children.append(

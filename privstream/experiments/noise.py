@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
+from privstream.families.registry import PERSONALIZED
 from privstream.mechanisms.client import Requirements, SimulatedCurator
 from privstream.mechanisms.contract import Slot
 from privstream.mechanisms.noise import discrete_laplace, public_scale
 from privstream.mechanisms.personalized import PersonalizedConfig
-from privstream.mechanisms.registry import PERSONALIZED
 from privstream.mechanisms.seeding import NoiseKey, SlotRandomness, derive_rng
 
 

@@ -1,0 +1,1 @@
+"""Conformance checks: every registered mechanism and flow against the mechanism contract."""

@@ -1,0 +1,1 @@
+"""Reproductions and benchmarks: the bench harness, its scores, plots and performance runs."""

@@ -1,0 +1,1 @@
+"""Mechanism families: their entries (what the generic template needs) and their discovery."""

@@ -1,0 +1,1 @@
+"""Running flows in production: recovery stores, incarnations, clusters, heartbeats, locks."""

@@ -1,0 +1,1 @@
+"""The neutral schemas at the bottom of the import graph: events, dead letters, metric names."""
