@@ -1,4 +1,5 @@
-"""Connectivity, progress and stall warnings of a flow's Kafka clients (README "Crash safety").
+"""Connectivity, progress and stall warnings of a flow's Kafka clients (docs/kafka.md,
+"Crash safety").
 
 Every Kafka client of a flow — the consumer of each source partition, the producer of each
 sink — has a ``ClientHealth`` and a ``Probe``: a daemon thread that asks the broker, through the

@@ -1,6 +1,6 @@
-"""privstream's Kafka sink: every output message is delivered, or the run fails (README "Crash
-safety"; Bytewax's ``KafkaSink`` never looks at delivery reports, so a timed-out release was
-dropped while the epoch was acknowledged).
+"""privstream's Kafka sink: every output message is delivered, or the run fails
+(docs/kafka.md, "Crash safety"; Bytewax's ``KafkaSink`` never looks at delivery reports, so a
+timed-out release was dropped while the epoch was acknowledged).
 
 ``KafkaTopicSink`` is a Bytewax ``DynamicSink`` on a ``confluent-kafka`` ``Producer`` with
 ``enable.idempotence=true``, ``acks=all`` and ``allow.auto.create.topics=false``. Every

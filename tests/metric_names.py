@@ -1,5 +1,5 @@
 """The name a Prometheus metric family is exposed and documented under (counters gain
-``_total``), which is how ``PUBLIC_METRICS`` and the README list them."""
+``_total``), which is how ``PUBLIC_METRICS`` and docs/operations.md list them."""
 
 from __future__ import annotations
 

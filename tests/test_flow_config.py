@@ -124,10 +124,11 @@ def test_the_example_loads() -> None:
     assert config.kafka.dead_letter_topic == "dead-letters"
 
 
-def test_the_readme_example_loads(tmp_path: Path) -> None:
-    """The README's configuration file, next to a registration table, is valid as written."""
-    readme = (DEPLOY.parent / "README.md").read_text()
-    (block,) = re.findall(r"```toml\n(.*?)```", readme, re.S)
+def test_the_flow_files_page_example_loads(tmp_path: Path) -> None:
+    """docs/flow-files.md's configuration file (once the README's), next to a registration
+    table, is valid as written."""
+    page = (DEPLOY.parent / "docs" / "flow-files.md").read_text()
+    (block,) = re.findall(r"```toml\n(.*?)```", page, re.S)
     (tmp_path / "flow.toml").write_text(block)
     _registrations(tmp_path, "user-1,2.0,20")
     config = load(tmp_path / "flow.toml")

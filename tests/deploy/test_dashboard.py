@@ -22,7 +22,7 @@ PUBLIC_ROW = "Privacy spend (public metrics)"
 AUDIT_ROW = "Audit"
 OPERATIONS_ROW = "Operations (operator-only: internal metrics)"
 
-# The labels of every metric the dashboard reads (README "Metrics" and "Internal metrics");
+# The labels of every metric the dashboard reads (docs/operations.md, "Metrics" and "Internal metrics");
 # a metric missing here fails the test, so a new one has to be classified first.
 PAIR = frozenset({"stream", "mechanism"})
 LABELS: dict[str, frozenset[str]] = {

@@ -243,7 +243,7 @@ def test_a_clock_started_before_the_producers_makes_far_stale_events_late() -> N
     before any marker make the first slot's honest events ``far_future_slot`` (the gap counts
     from the oldest buffered slot until the first marker: what events alone buffer stays
     bounded). With the clock started first (a signed marker on every partition before the
-    producers write, as the README says), they are ``late_event`` and nothing changes."""
+    producers write, as docs/kafka.md says), they are ``late_event`` and nothing changes."""
     start = [signed(999, p) for p in range(PARTS)]
     first = [b for t in range(1000, 1003) for b in four_partitions(t, tagged=True)]
     clean = run_clock([*start, *first], "markers", PARTS)

@@ -1,4 +1,4 @@
-"""Kafka faults an on-call audit found (README "Crash safety"): poison messages, delivery
+"""Kafka faults an on-call audit found (docs/kafka.md, "Crash safety"): poison messages, delivery
 timeouts, topics that disappear, outages nobody sees.
 
 * (a) a 2,000,000-byte and a 999,900-byte input message become capped dead letters that point at
