@@ -17,7 +17,9 @@ from typing import Any, ClassVar, Final, Generic, Literal, TypeVar, cast
 from privstream.mechanisms.client import ClientPort, CuratorPort
 from privstream.mechanisms.errors import IncompatibleState
 from privstream.mechanisms.guarantees import Guarantee
+from privstream.mechanisms.rounds import Answers, Finished, Requests, answer_at_once
 from privstream.mechanisms.seeding import SlotRandomness
+from privstream.mechanisms.stages import Stage, server_stage
 from privstream.mechanisms.trust import TrustMode
 
 Strategy = Literal["publish", "approximate", "nullified"]
@@ -325,6 +327,12 @@ class Mechanism(ABC, Generic[C, S]):
         to the client port only: the server logic (``step``) never sees it (design §4)."""
         return None
 
+    def stages(self) -> tuple[Stage, ...]:
+        """The stages this mechanism runs (``mechanisms.stages``): one server stage keyed by
+        stream whose step is ``step``. A family with devices or a shuffler of its own declares
+        more."""
+        return (server_stage(self.name, self.initial_state, self.step),)
+
     def step(self, state: S, slot: Slot) -> tuple[S, list[Release | LedgerEntry]]:
         """Run one slot. Pure: the input state is not modified, so a failed step (for example a
         ``PrivacyBudgetExceeded``) leaves the last good state intact."""
@@ -393,3 +401,22 @@ class Mechanism(ABC, Generic[C, S]):
 
     def __repr__(self) -> str:
         return f"{self.name}({self.config!r})"
+
+
+class Rounds(Mechanism[C, S]):
+    """A mechanism whose step is a resumable sequence of request/report rounds
+    (``mechanisms.rounds``): it implements ``plan`` and ``absorb``, and ``step`` (unchanged
+    signature) runs every round of the slot with the slot's client port answering each at
+    once (``ldp-simulated``). A driver that talks to real devices calls ``plan``/``absorb``
+    itself and may snapshot the state between rounds."""
+
+    @abstractmethod
+    def plan(self, state: S, slot: Slot) -> Requests | Finished:
+        """The next round's requests, or the slot's events once it needs nothing more."""
+
+    @abstractmethod
+    def absorb(self, state: S, slot: Slot, answers: Answers) -> None:
+        """Take the answers of the round in flight into ``state``."""
+
+    def _advance(self, state: S, slot: Slot) -> list[Release | LedgerEntry]:
+        return answer_at_once(self, state, slot, slot.client)

@@ -30,12 +30,14 @@ from privstream.mechanisms.contract import (
     LedgerEntry,
     Mechanism,
     Release,
+    Rounds,
     Slot,
     Strategy,
     finite_or_none,
 )
 from privstream.mechanisms.guarantees import Guarantee, PureDP, WindowScope
 from privstream.mechanisms.ledger import BudgetLedger, PopulationLedger
+from privstream.mechanisms.rounds import Answers, Finished, Request, Requests, RoundProgress
 from privstream.mechanisms.tasks import EstimationTask, FrequencyTask
 from privstream.mechanisms.trust import TrustMode
 from privstream.mechanisms.validation import check_fraction, check_population, check_requirement
@@ -95,6 +97,7 @@ class LdpIdsState:
     ``t`` is the number of slots processed, ``last_slot`` the stream slot of the last step,
     ``r_prev`` the last release, ``l`` the step of the last fresh publication and
     ``absorbed`` the resource it took (LBA: units ``k_l``; LPA: users ``n_l2``).
+    ``pending`` is the round in flight of a two-round step (``TwoRounds``), None between slots.
     """
 
     mechanism: str
@@ -109,6 +112,7 @@ class LdpIdsState:
     budget: BudgetLedger | None = None
     population: PopulationLedger | None = None
     groups: NDArray[np.int32] | None = None
+    pending: RoundProgress | None = None
 
 
 @dataclass(frozen=True)
@@ -207,20 +211,22 @@ class LdpIdsMechanism(Mechanism[LdpIdsConfig, LdpIdsState]):
 
     # -- collection through the ledgers --------------------------------------------------------
 
-    def collect_all(self, state: LdpIdsState, slot: Slot, eps: float, part: str) -> Aggregate:
-        """Every eligible user reports with ``eps``; charged to all users (budget division)."""
+    def ask_all(self, state: LdpIdsState, eps: float, part: str) -> Request:
+        """Every eligible user is to report with ``eps``; charged to all users first (budget
+        division)."""
         assert state.budget is not None
         state.budget.charge(state.t, eps, part)
-        return slot.client.collect(None, eps, purpose=part)
+        return Request(part, eps)
 
-    def collect_sample(self, state: LdpIdsState, slot: Slot, k: int, part: str) -> Aggregate:
-        """``k`` users sampled from ``U_A`` report with the full ε (population division)."""
+    def ask_sample(self, state: LdpIdsState, slot: Slot, k: int, part: str) -> Request:
+        """``k`` users sampled from ``U_A`` are to report with the full ε; charged first
+        (population division)."""
         assert state.population is not None
         users = state.population.sample(
             state.t, k, slot.client.eligible(), slot.randomness(f"{part}/sample")
         )
         state.population.charge(state.t, users, part)
-        return slot.client.collect(users, self.config.epsilon, purpose=part)
+        return Request(part, self.config.epsilon, users)
 
     def bits(self, agg: Aggregate, instructed: bool) -> int:
         """Report bits plus one instruction bit per individually requested report (spec §5.3.4)."""
@@ -307,6 +313,55 @@ class LdpIdsMechanism(Mechanism[LdpIdsConfig, LdpIdsState]):
         return self.ledger_entry(slot, classes, details)
 
 
+class TwoRounds(Rounds[LdpIdsConfig, LdpIdsState], LdpIdsMechanism):
+    """The dissimilarity mechanisms (LBD, LBA, LPD, LPA) as two rounds per slot
+    (``mechanisms.rounds``): round 1 asks the M1 users for their dissimilarity reports; round 2,
+    when the mechanism publishes, asks the M2 users for their publication reports. Each round
+    charges the ledger before it asks, and draws the randomness the one-shot step drew (named
+    ``m1``/``m2``), so the releases and ledger entries are the same."""
+
+    def dissimilarity_request(self, state: LdpIdsState, slot: Slot) -> Request:
+        """Round 1 (M1): every user with ``βε/w`` (budget division) or ``⌊βn/w⌋`` sampled users
+        with ε (population division)."""
+        cfg = self.config
+        if self.division == "budget":
+            return self.ask_all(state, cfg.beta * cfg.epsilon / cfg.window, "m1")
+        return self.ask_sample(state, slot, math.floor(cfg.beta * self.n / cfg.window), "m1")
+
+    def publication_plan(
+        self, state: LdpIdsState, slot: Slot, c1: Aggregate
+    ) -> tuple[_Outcome, Request | None]:
+        """From the M1 reports: the slot's outcome so far and the M2 request (charged) when the
+        mechanism publishes, None when it approximates or is nullified."""
+        raise NotImplementedError
+
+    def plan(self, state: LdpIdsState, slot: Slot) -> Requests | Finished:
+        progress = state.pending
+        if progress is None:
+            self.enter(state, slot, slot.client.population, self.n)
+            state.pending = progress = RoundProgress()
+            return progress.ask(Requests(1, (self.dissimilarity_request(state, slot),)))
+        out: _Outcome = progress.outcome
+        if progress.round == 1:
+            out, ask = self.publication_plan(state, slot, progress.answer("m1"))
+            progress.outcome = out
+            if ask is not None:
+                out.eps2 = ask.epsilon
+                return progress.ask(Requests(2, (ask,)))
+        else:
+            agg = progress.answer("m2")
+            self.publish(state, slot, agg)
+            out.strategy, out.users2 = "publish", agg.reports
+            out.bits += self.bits(agg, instructed=True)
+        state.pending = None
+        return Finished((self._release(state, slot, out), self._ledger_entry(state, slot, out)))
+
+    def absorb(self, state: LdpIdsState, slot: Slot, answers: Answers) -> None:
+        if state.pending is None:
+            raise ValueError(f"{self.name} has no round in flight at slot {slot.index}")
+        state.pending.take(answers)
+
+
 class LBU(LdpIdsMechanism):
     """LDP Budget Uniform (spec §3.1): all users report with ``ε/w`` at every slot."""
 
@@ -354,18 +409,19 @@ class LPU(LdpIdsMechanism):
         return self.uniform_publication(state, slot, members, self.config.epsilon)
 
 
-class LBD(LdpIdsMechanism):
+class LBD(TwoRounds):
     """LDP Budget Distribution (spec §3.4): M1 spends ``βε/w``; a publication takes half of the
     remaining publication budget ``ε_rm = (1−β)ε − Σ_{i=t−w+1}^{t−1} ε_{i,2}``."""
 
     name = "LBD"
     division = "budget"
 
-    def decide(self, state: LdpIdsState, slot: Slot) -> _Outcome:
+    def publication_plan(
+        self, state: LdpIdsState, slot: Slot, c1: Aggregate
+    ) -> tuple[_Outcome, Request | None]:
         cfg, t, ledger = self.config, state.t, state.budget
         assert ledger is not None
         eps1 = cfg.beta * cfg.epsilon / cfg.window
-        c1 = self.collect_all(state, slot, eps1, "m1")
         dis = self.dissimilarity(state, c1, eps1)
         eps_rm = (1 - cfg.beta) * cfg.epsilon - ledger.spent(t - cfg.window + 1, t - 1, "m2")
         eps_pp = eps_rm / 2
@@ -375,14 +431,11 @@ class LBD(LdpIdsMechanism):
         )
         out.bits = self.bits(c1, instructed=False)
         if (dis > err or self.first_forced(state)) and eps_pp > 0:
-            agg = self.collect_all(state, slot, eps_pp, "m2")
-            self.publish(state, slot, agg)
-            out.strategy, out.eps2, out.users2 = "publish", eps_pp, agg.reports
-            out.bits += self.bits(agg, instructed=True)
-        return out
+            return out, self.ask_all(state, eps_pp, "m2")
+        return out, None
 
 
-class LBA(LdpIdsMechanism):
+class LBA(TwoRounds):
     """LDP Budget Absorption (spec §3.5): each slot earns ``ε_u = (1−β)ε/w``; a publication
     absorbs the units of skipped slots (at most ``w``) and nullifies the next ``k−1`` slots."""
 
@@ -394,28 +447,26 @@ class LBA(LdpIdsMechanism):
         state.absorbed = 0 if self.config.absorption_init == "literal" else 1
         return state
 
-    def decide(self, state: LdpIdsState, slot: Slot) -> _Outcome:
-        cfg, t = self.config, state.t
+    def publication_plan(
+        self, state: LdpIdsState, slot: Slot, c1: Aggregate
+    ) -> tuple[_Outcome, Request | None]:
+        cfg, t = self.config, state.t  # M1 ran at nullified slots too (A7)
         eps1 = cfg.beta * cfg.epsilon / cfg.window
         eps_u = (1 - cfg.beta) * cfg.epsilon / cfg.window
-        c1 = self.collect_all(state, slot, eps1, "m1")  # M1 runs at nullified slots too (A7)
         dis = self.dissimilarity(state, c1, eps1)
         out = _Outcome(
             "nullified", eps1=eps1, users1=c1.reports, dis=dis, bits=self.bits(c1, False)
         )
         t_n = state.absorbed - 1
         if t - state.l <= t_n:
-            return out
+            return out, None
         k = min(t - (state.l + t_n), cfg.window)
         eps_pp = k * eps_u
         out.err, out.remaining, out.strategy = self.V(eps_pp, c1.reports), eps_pp, "approximate"
         if dis > out.err or self.first_forced(state):
-            agg = self.collect_all(state, slot, eps_pp, "m2")
-            self.publish(state, slot, agg)
             state.absorbed = k
-            out.strategy, out.eps2, out.users2 = "publish", eps_pp, agg.reports
-            out.bits += self.bits(agg, instructed=True)
-        return out
+            return out, self.ask_all(state, eps_pp, "m2")
+        return out, None
 
 
 def _require_dissimilarity_users(config: LdpIdsConfig, name: str) -> None:
@@ -428,7 +479,7 @@ def _require_dissimilarity_users(config: LdpIdsConfig, name: str) -> None:
         )
 
 
-class LPD(LdpIdsMechanism):
+class LPD(TwoRounds):
     """LDP Population Distribution (spec §3.6, Alg. 2): M1 asks ``⌊βn/w⌋`` users; a publication
     takes half of the remaining publication users ``n_rm = ⌊(1−β)n⌋ − Σ_{i=t−w+1}^{t−1}|U_{i,2}|``."""
 
@@ -439,10 +490,11 @@ class LPD(LdpIdsMechanism):
         super().__init__(config)
         _require_dissimilarity_users(config, self.name)
 
-    def decide(self, state: LdpIdsState, slot: Slot) -> _Outcome:
+    def publication_plan(
+        self, state: LdpIdsState, slot: Slot, c1: Aggregate
+    ) -> tuple[_Outcome, Request | None]:
         cfg, t, pop = self.config, state.t, state.population
         assert pop is not None
-        c1 = self.collect_sample(state, slot, math.floor(cfg.beta * self.n / cfg.window), "m1")
         dis = self.dissimilarity(state, c1, cfg.epsilon)
         n_rm = math.floor((1 - cfg.beta) * self.n) - pop.used(t - cfg.window + 1, t - 1, "m2")
         n_pp = n_rm // 2
@@ -452,14 +504,11 @@ class LPD(LdpIdsMechanism):
         )
         out.bits = self.bits(c1, instructed=True)
         if (dis > err or self.first_forced(state)) and n_pp >= cfg.u_min:
-            agg = self.collect_sample(state, slot, n_pp, "m2")
-            self.publish(state, slot, agg)
-            out.strategy, out.eps2, out.users2 = "publish", cfg.epsilon, agg.reports
-            out.bits += self.bits(agg, instructed=True)
-        return out
+            return out, self.ask_sample(state, slot, n_pp, "m2")
+        return out, None
 
 
-class LPA(LdpIdsMechanism):
+class LPA(TwoRounds):
     """LDP Population Absorption (spec §3.7, Alg. 3): each slot earns ``m_u = ⌊(1−β)n/w⌋``
     publication users; a publication absorbs skipped units and nullifies as many slots."""
 
@@ -484,25 +533,23 @@ class LPA(LdpIdsMechanism):
     def _unit(self) -> int:
         return math.floor((1 - self.config.beta) * self.n / self.config.window)
 
-    def decide(self, state: LdpIdsState, slot: Slot) -> _Outcome:
+    def publication_plan(
+        self, state: LdpIdsState, slot: Slot, c1: Aggregate
+    ) -> tuple[_Outcome, Request | None]:
         cfg, t, m_u = self.config, state.t, self._unit
-        c1 = self.collect_sample(state, slot, math.floor(cfg.beta * self.n / cfg.window), "m1")
         dis = self.dissimilarity(state, c1, cfg.epsilon)
         out = _Outcome(
             "nullified", eps1=cfg.epsilon, users1=c1.reports, dis=dis, bits=self.bits(c1, True)
         )
         t_n = state.absorbed // m_u - 1
         if t - state.l <= t_n:
-            return out
+            return out, None
         n_pp = m_u * min(t - (state.l + t_n), cfg.window)
         out.err, out.remaining, out.strategy = self.V(cfg.epsilon, n_pp), n_pp, "approximate"
         if dis > out.err or self.first_forced(state):
-            agg = self.collect_sample(state, slot, n_pp, "m2")
-            self.publish(state, slot, agg)
             state.absorbed = n_pp
-            out.strategy, out.eps2, out.users2 = "publish", cfg.epsilon, agg.reports
-            out.bits += self.bits(agg, instructed=True)
-        return out
+            return out, self.ask_sample(state, slot, n_pp, "m2")
+        return out, None
 
 
 MECHANISMS: Final[dict[str, type[LdpIdsMechanism]]] = {
