@@ -20,6 +20,7 @@ from privstream.mechanisms.tasks import EstimationTask
 from privstream.operators.reasons import CODE, REASON, Notes, Output
 from privstream.operators.registration import Population
 from privstream.operators.stream_state import StreamState
+from privstream.schema.batches import DenseValues
 from privstream.schema.events import (
     DUPLICATE,
     FAR_FUTURE,
@@ -205,11 +206,8 @@ class Windower:
             target = state.open_slots.get(slot)
             if target is None:
                 target = state.open_slots[slot] = self.population.blank()
-            seen = ~np.isnan(target[users].reshape(users.shape[0], -1)).any(axis=1)
-            if seen.any():
-                code[rows[seen]] = CODE[DUPLICATE]
-                rows, users = rows[~seen], users[~seen]
-            target[users] = batch.values[rows]
+            seen = DenseValues(target).append(users, batch.values[rows])  # first report wins
+            code[rows[seen]] = CODE[DUPLICATE]
 
     def _repeats(self, users: NDArray[np.int64]) -> bool:
         """Whether a user index occurs twice in ``users`` (each in ``[0, n)``): every row
