@@ -40,17 +40,16 @@ from privstream.mechanisms.accountant import (
     check_shares,
 )
 from privstream.mechanisms.contract import Halt, LedgerEntry, Mechanism, Release
+from privstream.mechanisms.driver import failure
 from privstream.mechanisms.errors import IncompatibleState
 from privstream.mechanisms.seeding import EnrolmentOrder, NoiseKey
 from privstream.mechanisms.tasks import EstimationTask
-from privstream.operators.clock import (  # noqa: F401  (re-exported: the public config)
-    DATA_SLOT_GAP,
-    MARKERS_SLOT_GAP,
-    ClockMode,
-    MissingPolicy,
-    SlotClock,
-    SlottingConfig,
-)
+from privstream.operators.clock import DATA_SLOT_GAP as DATA_SLOT_GAP
+from privstream.operators.clock import MARKERS_SLOT_GAP as MARKERS_SLOT_GAP
+from privstream.operators.clock import ClockMode as ClockMode
+from privstream.operators.clock import MissingPolicy as MissingPolicy
+from privstream.operators.clock import SlotClock
+from privstream.operators.clock import SlottingConfig as SlottingConfig
 from privstream.operators.ingest import Windower
 from privstream.operators.metrics import BOARD, EVENTS, MARKERS_IGNORED, STEP_SECONDS
 from privstream.operators.ports import Ports, TrustedCurator, ports_for
@@ -62,7 +61,6 @@ from privstream.operators.stream_state import (
     StreamState,
     Tally,
     check_binding,
-    failure,
 )
 from privstream.operators.watermark import PartitionWatermarks
 from privstream.schema.events import (

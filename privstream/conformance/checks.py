@@ -134,12 +134,16 @@ def run(
     lane = Lane(mech, *states)
     events: list[Release | LedgerEntry] = []
     for t in slots:
-        step = drive_slot(
-            {mech.name: lane}, "conf", t,
-            lambda _, randomness, clients, t=t: _port(mech, t, randomness, clients),
-            lambda _, t=t: SlotRandomness(seed, "conf", t),
-            halt_failures=False,
-        )  # fmt: skip
+        randomness = SlotRandomness(seed, "conf", t)
+
+        def port_for(_: str, r: SlotRandomness, clients: Any, t: int = t) -> Any:
+            return _port(mech, t, r, clients)
+
+        def randomness_for(_: str, r: SlotRandomness = randomness) -> SlotRandomness:
+            return r
+
+        step = drive_slot({mech.name: lane}, "conf", t, port_for, randomness_for,
+                          halt_failures=False)  # fmt: skip
         stepped = step.stepped[mech.name]
         lane.state = stepped.state
         lane.clients = lane.clients if stepped.clients is None else stepped.clients

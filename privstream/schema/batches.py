@@ -38,7 +38,8 @@ class DenseValues:
     def reported(self, users: NDArray[np.int64]) -> NDArray[np.bool_]:
         """Which of ``users`` already reported in this batch."""
         rows = self.values[users].reshape(users.shape[0], -1)
-        return ~np.isnan(rows).any(axis=1)
+        seen: NDArray[np.bool_] = np.asarray(~np.isnan(rows).any(axis=1))
+        return seen
 
     def append(self, users: NDArray[np.int64], values: NDArray[np.float64]) -> NDArray[np.bool_]:
         """Write each user's value where the user has not reported (first wins); returns the
