@@ -17,10 +17,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from privstream.mechanisms.tasks import EstimationTask
-from privstream.operators.metrics import EVENTS
-from privstream.operators.reasons import CODE, REASON, Output
-from privstream.operators.registration import Preferences, Registration
+from privstream.operators.reasons import CODE, REASON, Notes, Output
+from privstream.operators.registration import Population
 from privstream.operators.stream_state import StreamState
+from privstream.schema.batches import DenseValues
 from privstream.schema.events import (
     DUPLICATE,
     FAR_FUTURE,
@@ -36,24 +36,33 @@ from privstream.schema.events import (
 )
 
 if TYPE_CHECKING:
-    from privstream.operators.ports import Ports
-    from privstream.operators.slotting import SlottingConfig
+    from privstream.operators.clock import SlottingConfig
 
 
-class Ingest(Registration):
-    """The ingest steps of the slotted operator (a mixin of its logic)."""
+class Windower:
+    """The open slots of a stream, one part of the slotted operator: it classifies every row
+    of a batch (a dead-letter reason, or accepted), buffers the accepted rows in their slot in
+    the stream's batch type (``schema.batches``; today every family's is ``DenseValues``) with
+    the first report of a user in a slot winning, and hands a closing slot's values over."""
 
-    task: EstimationTask
-    cfg: SlottingConfig
-    trust: Ports
     _marks: NDArray[np.int32] | None = None  # scratch of ``_repeats``, one entry per user
+
+    def __init__(
+        self, cfg: SlottingConfig, task: EstimationTask, population: Population, carry: int
+    ) -> None:
+        self.cfg = cfg
+        self.task = task
+        self.population = population
+        self.trust = population.trust
+        self.n = population.n
+        self.carry = carry
 
     def _shaped(self, values: NDArray[np.float64]) -> bool:
         """Values of the task's shape: one number per row, or a row of ``d`` for vectors."""
         d = self.task.value_shape
         return values.ndim == 2 and values.shape[1] == d if d else values.ndim == 1
 
-    def _reject_all(self, batch: EventBatch, reason: str, detail: str) -> list[Output]:
+    def reject_all(self, batch: EventBatch, reason: str, detail: str) -> list[Output]:
         """Every row of ``batch`` as a dead letter. This also runs after a failure, so a row
         that cannot be rendered still becomes a dead letter (naming only its stream), never a
         second exception that would end the process."""
@@ -65,11 +74,6 @@ class Ingest(Registration):
                 text, original = json.dumps({"stream": batch.stream}), None
             out.append(("dead_letter", DeadLetter(reason, batch.stream, text, detail, original)))
         return out
-
-    def _registered_share(self) -> float:
-        """The stream's share of a registration's budgets (``Preferences.share``; 1 without)."""
-        preferences = getattr(self.trust, "preferences", None)
-        return preferences.share if isinstance(preferences, Preferences) else 1.0
 
     def _user_index(
         self, state: StreamState, batch: EventBatch, ok: NDArray[np.bool_]
@@ -89,7 +93,7 @@ class Ingest(Registration):
         idx[rows] = known
         return idx, "named"
 
-    def _ingest(self, state: StreamState, batch: EventBatch) -> list[DeadLetter]:
+    def ingest(self, state: StreamState, batch: EventBatch, notes: Notes) -> list[DeadLetter]:
         """Buffer the batch's acceptable rows in their open slots; dead letters for the rest.
 
         Vectorised over the batch: a reason code per row, 0 = accepted.
@@ -113,21 +117,23 @@ class Ingest(Registration):
             code[self._far_future(state, slots, pending)] = CODE[FAR_FUTURE]
         code[self._late_rows(state, batch, code == 0)] = CODE[LATE]  # its partition's order
         idx, kind = self._user_index(state, batch, code == 0)
-        self._withdrawn_rows(state, slots, idx, code)
+        self.population.withdrawn_rows(state, slots, idx, code)
         held = np.zeros(size, dtype=bool)
         if kind == "named" and not self.trust.fixed_population:
             held = (code == 0) & (idx < 0)  # new users enrol when their slot closes
-            self._hold_newcomers(state, batch, np.flatnonzero(held), code)
+            self.population.hold_newcomers(state, batch, np.flatnonzero(held), code)
         unknown = UNREGISTERED if kind == "named" else OUT_OF_DOMAIN
         code[(code == 0) & (idx < 0) & ~held] = CODE[unknown]
         if self.trust.tracks_requirements:
-            self._requirements(state, batch, idx, code, self._registered_share())
+            self.population.requirements(
+                state, batch, idx, code, self.population.registered_share()
+            )
         ok = np.flatnonzero((code == 0) & ~held)
         self._buffer(state, batch, idx, code, ok)
         accepted = int((code == 0).sum())
         if accepted:
             hi = int(slots[code == 0].max())
-            EVENTS.labels(state.stream).inc(accepted)
+            notes.events.append((state.stream, accepted))
             state.id_kind = kind
             state.max_seen = hi if state.max_seen is None else max(state.max_seen, hi)
         rejected = np.flatnonzero(code)
@@ -199,12 +205,9 @@ class Ingest(Registration):
                 rows, users = rows[~repeat], users[~repeat]
             target = state.open_slots.get(slot)
             if target is None:
-                target = state.open_slots[slot] = self._blank()
-            seen = ~np.isnan(target[users].reshape(users.shape[0], -1)).any(axis=1)
-            if seen.any():
-                code[rows[seen]] = CODE[DUPLICATE]
-                rows, users = rows[~seen], users[~seen]
-            target[users] = batch.values[rows]
+                target = state.open_slots[slot] = self.population.blank()
+            seen = DenseValues(target).append(users, batch.values[rows])  # first report wins
+            code[rows[seen]] = CODE[DUPLICATE]
 
     def _repeats(self, users: NDArray[np.int64]) -> bool:
         """Whether a user index occurs twice in ``users`` (each in ``[0, n)``): every row
@@ -272,6 +275,63 @@ class Ingest(Registration):
             kept = slots[usable]
             marks.observe(batch.partition, int(kept.max()), int(kept.min()))
         return late
+
+    def drop_before(self, state: StreamState, start: int) -> list[DeadLetter]:
+        """The reports buffered for slots before ``start`` (the stream's first slot), removed
+        and turned into ``late_event`` dead letters (one per report, as its event would have
+        been had it come after the start was known)."""
+        detail = (
+            f"slot before the stream's first slot {start} (set by its first close: the first "
+            "authenticated marker, or the partitions' first slots with the data clock)"
+        )
+        names: dict[int, str] | None = None
+        letters: list[DeadLetter] = []
+        for slot in sorted(s for s in state.open_slots if s < start):
+            values = state.open_slots.pop(slot)
+            users = np.flatnonzero(~np.isnan(values.reshape(self.n, -1)).any(axis=1))
+            if names is None and state.id_kind != "dense":
+                names = {i: u for u, i in state.directory.items()}
+            for j in users.tolist():
+                user: Any = j if names is None else names.get(j, j)
+                value = values[j]
+                text = json.dumps(
+                    {"stream": state.stream, "user": user, "slot": slot,
+                     "value": value.tolist() if value.ndim else float(value)}
+                )  # fmt: skip
+                letters.append(DeadLetter(LATE, state.stream, text, detail))
+        for slot in sorted(s for s in state.newcomers if s < start):
+            for _value, text, original in state.newcomers.pop(slot).values():
+                letters.append(DeadLetter(LATE, state.stream, text, detail, original))
+        return letters
+
+    def slot_values(self, state: StreamState, slot: int) -> NDArray[np.float64]:
+        """Users' values at ``slot``: its reports, over the carried-forward ones by default.
+
+        A value is carried at most ``carry`` slots after the slot it was reported in (default
+        ``w − 1``: it feeds at most ``w`` consecutive slots, one window); after that its user is
+        absent until they report again. A withdrawn user is absent from their withdrawal on."""
+        reported = state.open_slots.pop(slot, None)
+        if self.cfg.missing == "absent":
+            return self.population.unwithdrawn(state, slot, reported if reported is not None else
+                                     self.population.blank())  # fmt: skip
+        values = state.current
+        if state.reported_at is None:
+            state.reported_at = np.full(self.n, np.iinfo(np.int64).min // 2, dtype=np.int64)
+        if reported is not None:
+            fresh = ~np.isnan(reported.reshape(self.n, -1)).any(axis=1)
+            values[fresh] = reported[fresh]
+            state.reported_at[fresh] = slot
+        values[state.reported_at < slot - self._carry(state)] = np.nan
+        return self.population.unwithdrawn(state, slot, values)
+
+    def _carry(self, state: StreamState) -> int | NDArray[np.int64]:
+        """Slots each user's value is carried: the plan's ``carry``, or with registered
+        personal windows ``w_i − 1`` where lower (the default, ``carry_slots`` None)."""
+        carry = self.carry
+        windows = state.windows
+        if self.cfg.carry_slots is not None or windows is None:
+            return carry
+        return np.where(windows > 0, np.minimum(windows - 1, carry), carry)
 
 
 def _indices(directory: dict[str, int], users: list[Any]) -> NDArray[np.int64]:

@@ -33,7 +33,6 @@ from privstream.mechanisms.ledger import budget_limit
 from privstream.mechanisms.seeding import EnrolmentOrder
 from privstream.mechanisms.tasks import EstimationTask
 from privstream.mechanisms.validation import MIN_EPSILON, check_fraction, check_requirement
-from privstream.operators.metrics import BOARD
 from privstream.operators.reasons import CODE, Output
 from privstream.operators.stream_state import NOT_WITHDRAWN, StreamState
 from privstream.schema.events import (
@@ -47,8 +46,8 @@ from privstream.schema.events import (
 )
 
 if TYPE_CHECKING:
+    from privstream.operators.clock import SlottingConfig
     from privstream.operators.ports import Ports
-    from privstream.operators.slotting import SlottingConfig
 
 log = logging.getLogger(__name__)
 
@@ -85,21 +84,31 @@ class Preferences:
                 check_requirement(MIN_EPSILON, win, "a registered requirement")
 
 
-class Registration:
-    """The registration and enrolment steps of the slotted operator (a mixin of its logic)."""
+class Population:
+    """Who a stream counts, one part of the slotted operator: the registered table of a
+    ``cdp`` stream, the enrolment of named users at the close of their first slot (an open,
+    growing population up to ``n``, or a closed one), and withdrawals on a resume."""
 
-    n: int
-    task: EstimationTask
-    trust: Ports
-    order: EnrolmentOrder
-    cfg: SlottingConfig
+    def __init__(
+        self,
+        n: int,
+        task: EstimationTask,
+        trust: Ports,
+        order: EnrolmentOrder,
+        cfg: SlottingConfig,
+    ) -> None:
+        self.n = n
+        self.task = task
+        self.trust = trust
+        self.order = order
+        self.cfg = cfg
 
-    def _blank(self) -> NDArray[np.float64]:
+    def blank(self) -> NDArray[np.float64]:
         """Every user's value unknown: NaN, one row of ``d`` per user for a vector task."""
         shape = (self.n, self.task.d) if self.task.kind == "vector" else (self.n,)
         return np.full(shape, np.nan)
 
-    def _register(self, state: StreamState, prefs: Preferences) -> None:
+    def register(self, state: StreamState, prefs: Preferences) -> None:
         """Load the registration before any data: named users of the table in its order, or
         the requirements of the dense indices."""
         if prefs.by_user:
@@ -122,7 +131,7 @@ class Registration:
             if prefs.windows is not None:
                 state.windows[:] = prefs.windows
 
-    def _hold_newcomers(
+    def hold_newcomers(
         self, state: StreamState, batch: EventBatch, rows: NDArray[np.intp], code: NDArray[np.int8]
     ) -> None:
         """Keep the rows of users not enrolled yet until their slot closes (first report of a
@@ -145,7 +154,7 @@ class Registration:
             else:
                 held[user] = (batch.values[i].copy(), *batch.row_line(i))
 
-    def _admit_newcomers(self, state: StreamState, slot: int, out: list[Output]) -> None:
+    def admit_newcomers(self, state: StreamState, slot: int, out: list[Output]) -> None:
         """Enrol the users first seen in ``slot``, in the keyed order of the run's secret
         (``EnrolmentOrder``: not chosen by whoever names the ids), and put their reports in the
         slot; past the population ``n`` they are ``population_full`` dead letters."""
@@ -155,7 +164,7 @@ class Registration:
         directory = state.directory
         target = state.open_slots.get(slot)
         if target is None:
-            target = state.open_slots[slot] = self._blank()
+            target = state.open_slots[slot] = self.blank()
         members = self.trust.members
         for user in self.order.sort(state.stream, held):
             value, text, original = held[user]
@@ -173,7 +182,6 @@ class Registration:
             if j < 0:
                 j = directory[user] = len(directory)
             target[j] = value  # held first: it wins over a later report of the same slot
-        self._show_enrolment(state)
 
     def _table_users(self) -> frozenset[str] | None:
         """The users of this run's registration table (a ``cdp`` table naming users, or an LDP
@@ -186,7 +194,7 @@ class Registration:
             return frozenset(preferences.by_user)
         return None
 
-    def _withdraw(self, state: StreamState, step_id: str) -> None:
+    def withdraw(self, state: StreamState, step_id: str) -> None:
         """On a resume: withdraw the seats of the restored ``state`` whose users this run's
         table no longer lists, from the first slot after its last released slot, or after the
         last slot already on the release topic when that is later (``SlottingConfig.released``:
@@ -194,7 +202,7 @@ class Registration:
         user, as they were published, never as an exact difference) (a seat
         withdrawn earlier keeps its first slot). The seat, its requirement and its class stay
         (the ledgers and public counts do not change); its value is blanked at every later
-        slot (``_unwithdrawn``) and its events are ``withdrawn_user`` dead letters (ingest).
+        slot (``unwithdrawn``) and its events are ``withdrawn_user`` dead letters (ingest).
         Logs one line per stream with the count, never an id."""
         table = self._table_users()
         if table is None or state.id_kind == "dense" or not state.directory:
@@ -219,7 +227,7 @@ class Registration:
             step_id, state.stream, new.size, "the first" if state.last_closed is None else first,
         )  # fmt: skip
 
-    def _unwithdrawn(
+    def unwithdrawn(
         self, state: StreamState, slot: int, values: NDArray[np.float64]
     ) -> NDArray[np.float64]:
         """``values`` with every seat withdrawn at or before ``slot`` blank (in place: a
@@ -229,7 +237,7 @@ class Registration:
             values[withdrawn <= slot] = np.nan
         return values
 
-    def _withdrawn_rows(
+    def withdrawn_rows(
         self,
         state: StreamState,
         slots: NDArray[np.int64],
@@ -245,19 +253,25 @@ class Registration:
         hit[hit] = slots[hit] >= withdrawn[idx[hit]]
         code[hit] = CODE[WITHDRAWN]
 
-    def _show_enrolment(self, state: StreamState) -> None:
-        """Show how full the population of named users is (``BOARD.update_enrolment``): the
-        number of users who ever reported, public like every report count under LDP and the
-        registration table's size under central DP (docs/decisions.md)."""
+    def enrolment(self, state: StreamState) -> tuple[int, int] | None:
+        """How full the population of named users is: ``(enrolled, n)``, the number of users
+        who ever reported, public like every report count under LDP and the registration
+        table's size under central DP (docs/decisions.md); None for dense indices."""
         if state.id_kind == "named" or state.directory:
-            BOARD.update_enrolment(state.stream, len(state.directory), self.n)
+            return len(state.directory), self.n
+        return None
+
+    def registered_share(self) -> float:
+        """The stream's share of a registration's budgets (``Preferences.share``; 1 without)."""
+        preferences = getattr(self.trust, "preferences", None)
+        return preferences.share if isinstance(preferences, Preferences) else 1.0
 
     def _requirement_arrays(self, state: StreamState) -> None:
         if state.epsilons is None or state.windows is None:
             state.epsilons = np.full(self.n, np.nan)
             state.windows = np.zeros(self.n, dtype=np.int64)
 
-    def _requirements(
+    def requirements(
         self,
         state: StreamState,
         batch: EventBatch,

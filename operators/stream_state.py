@@ -11,10 +11,8 @@ refused instead of re-drawing replayed slots or resetting budgets (design §6).
 from __future__ import annotations
 
 import copy
-import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
@@ -22,6 +20,7 @@ from numpy.typing import NDArray
 
 from privstream.mechanisms.accountant import PopulationAccountant
 from privstream.mechanisms.contract import LedgerEntry, Release
+from privstream.mechanisms.driver import failure  # noqa: F401  (re-exported)
 from privstream.mechanisms.errors import IncompatibleState
 from privstream.operators.watermark import PartitionWatermarks
 
@@ -134,16 +133,6 @@ class StreamState:
 
     def all_halted(self) -> bool:
         return len(self.halted) == len(self.mechanisms)
-
-
-def failure(exc: BaseException) -> str:
-    """An unexpected error as its type and where it was raised, never its message: a message
-    may quote the data (a user id, a value), and halt reasons reach the log and the ledger."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not frames:
-        return type(exc).__name__
-    last = frames[-1]
-    return f"{type(exc).__name__} at {Path(last.filename).name}:{last.lineno} in {last.name}"
 
 
 def check_binding(step_id: str, resume: StreamState, expected: dict[str, str]) -> None:

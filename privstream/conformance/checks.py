@@ -35,7 +35,13 @@ from numpy.typing import NDArray
 
 from privstream.conformance import flows as flow_checks
 from privstream.families.registry import Registered
-from privstream.mechanisms.client import Requirements, SimulatedClientPort, SimulatedCurator
+from privstream.mechanisms.client import (
+    ClientPort,
+    CuratorPort,
+    Requirements,
+    SimulatedClientPort,
+    SimulatedCurator,
+)
 from privstream.mechanisms.contract import (
     ClassSpend,
     Conformance,
@@ -44,6 +50,7 @@ from privstream.mechanisms.contract import (
     Release,
     Slot,
 )
+from privstream.mechanisms.driver import Lane, drive_slot
 from privstream.mechanisms.errors import IncompatibleState
 from privstream.mechanisms.guarantees import WindowScope
 from privstream.mechanisms.seeding import SlotRandomness
@@ -96,13 +103,19 @@ def registration(n: int) -> Requirements:
 def make_slot(mech: Mechanism[Any, Any], t: int, seed: int = SEED, clients: Any = None) -> Slot:
     """Slot ``t`` with the port of the mechanism's trust mode over the example population
     (``clients``: the client side's state, behind the port)."""
-    n = mech.conformance.population
     randomness = SlotRandomness(seed, "conf", t)
+    return Slot("conf", t, _port(mech, t, randomness, clients), randomness)
+
+
+def _port(
+    mech: Mechanism[Any, Any], t: int, randomness: SlotRandomness, clients: Any
+) -> ClientPort | CuratorPort:
+    """The port of the mechanism's trust mode at slot ``t`` over the example population."""
+    n = mech.conformance.population
     values, task = population_values(t, n), mech.config.task
     if mech.trust_modes[0] == "cdp":
-        return Slot("conf", t, SimulatedCurator(values, task, registration(n)), randomness)
-    port = SimulatedClientPort(values, task, randomness, client_state=clients)
-    return Slot("conf", t, port, randomness)
+        return SimulatedCurator(values, task, registration(n))
+    return SimulatedClientPort(values, task, randomness, client_state=clients)
 
 
 States = tuple[Any, Any]
@@ -116,17 +129,26 @@ def start(mech: Mechanism[Any, Any]) -> States:
 def run(
     mech: Mechanism[Any, Any], states: States, slots: range, seed: int = SEED
 ) -> tuple[States, list[Release | LedgerEntry]]:
-    """Step ``mech`` through ``slots``; the devices' state moves on with every step, as the
-    operator moves it (``SimulatedClientPort.client_state_after``)."""
-    state, clients = states
+    """Step ``mech`` through ``slots`` with the shared step driver (``mechanisms.driver``);
+    the devices' state moves on with every step, as the operator moves it."""
+    lane = Lane(mech, *states)
     events: list[Release | LedgerEntry] = []
     for t in slots:
-        slot = make_slot(mech, t, seed, clients)
-        state, out = mech.step(state, slot)
-        after = getattr(slot.port, "client_state_after", None)
-        clients = clients if after is None else after
-        events.extend(out)
-    return (state, clients), events
+        randomness = SlotRandomness(seed, "conf", t)
+
+        def port_for(_: str, r: SlotRandomness, clients: Any, t: int = t) -> Any:
+            return _port(mech, t, r, clients)
+
+        def randomness_for(_: str, r: SlotRandomness = randomness) -> SlotRandomness:
+            return r
+
+        step = drive_slot({mech.name: lane}, "conf", t, port_for, randomness_for,
+                          halt_failures=False)  # fmt: skip
+        stepped = step.stepped[mech.name]
+        lane.state = stepped.state
+        lane.clients = lane.clients if stepped.clients is None else stepped.clients
+        events.extend(stepped.events)
+    return (lane.state, lane.clients), events
 
 
 def _releases(events: list[Release | LedgerEntry]) -> list[Release]:

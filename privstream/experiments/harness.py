@@ -12,7 +12,6 @@ releases counts, and what its bench reports (``BenchSpec.score``).
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +32,8 @@ from privstream.mechanisms.client import (
     SimulatedClientPort,
     SimulatedCurator,
 )
-from privstream.mechanisms.contract import Mechanism, Release, Slot
+from privstream.mechanisms.contract import Release
+from privstream.mechanisms.driver import Lane, drive_slot
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import EstimationTask, FrequencyTask, MeanTask
 
@@ -111,8 +111,7 @@ class _Trace:
 
 def _step_slot(
     family: Family,
-    built: Mapping[str, Mechanism[Any, Any]],
-    states: dict[str, Any],
+    lanes: Mapping[str, Lane],
     traces: Mapping[str, _Trace],
     values: NDArray[Any],
     t: int,
@@ -123,19 +122,24 @@ def _step_slot(
     path: ClientPath,
     requirements: Requirements | None,
 ) -> None:
-    """Step every mechanism of ``built`` once on slot ``t``'s shared ``values``, each through
-    its own port and ``SlotRandomness(seed, key, t, scope=name)``, and record its release.
-    ``states`` holds each mechanism's state and its devices' state (``client_state``)."""
-    for name, mech in built.items():
-        randomness = SlotRandomness(seed, key, t, scope=name)
-        started = time.perf_counter()
-        state, clients = states[name]
-        port = _port(family, values, task, randomness, path, requirements, clients)
-        state, events = mech.step(state, Slot(key, t, port, randomness))
-        after = getattr(port, "client_state_after", None)
-        states[name] = (state, clients if after is None else after)
-        seconds = time.perf_counter() - started
-        traces[name].record(t, next(e for e in events if isinstance(e, Release)), seconds)
+    """Step every mechanism of ``lanes`` once on slot ``t``'s shared ``values`` with the shared
+    step driver (``mechanisms.driver``), each through its own port and
+    ``SlotRandomness(seed, key, t, scope=name)``, and record its release. Each lane holds its
+    mechanism's state and its devices' state (``client_state``), moved on here."""
+
+    def port_for(_: str, randomness: SlotRandomness, clients: Any) -> ClientPort | CuratorPort:
+        return _port(family, values, task, randomness, path, requirements, clients)
+
+    step = drive_slot(
+        lanes, key, t, port_for, lambda name: SlotRandomness(seed, key, t, scope=name),
+        halt_failures=False,
+    )  # fmt: skip
+    for name, stepped in step.stepped.items():
+        lane = lanes[name]
+        lane.state = stepped.state
+        lane.clients = lane.clients if stepped.clients is None else stepped.clients
+        release = next(e for e in stepped.events if isinstance(e, Release))
+        traces[name].record(t, release, stepped.seconds)
 
 
 def _runs(
@@ -198,7 +202,9 @@ def run_lockstep(
     if family.trust == "cdp" and requirements is None and family.requirements is not None:
         requirements = Requirements(*family.requirements(source.users, epsilon, window, seed))
     built = {name: family.build(name, config) for name in mechanisms}
-    states = {name: (mech.initial_state(), mech.client_state()) for name, mech in built.items()}
+    lanes = {
+        name: Lane(mech, mech.initial_state(), mech.client_state()) for name, mech in built.items()
+    }
     T, d = source.slots, task.d
     traces = {name: _Trace(np.empty((T, d)), np.zeros(T)) for name in mechanisms}
     truth = np.empty((T, d))
@@ -206,7 +212,7 @@ def run_lockstep(
     for t in range(1, T + 1):
         values = source.values(t)
         truth[t - 1] = source.truth(t) * scale
-        _step_slot(family, built, states, traces, values, t, key=key, seed=seed, task=task,
+        _step_slot(family, lanes, traces, values, t, key=key, seed=seed, task=task,
                    path=path, requirements=requirements)  # fmt: skip
         if progress is not None:
             progress.update(1)

@@ -158,16 +158,16 @@ def test_a_failure_in_the_slotting_halts_only_that_stream(
     """Anything that breaks while a batch is taken (here: the ingest of stream "a" at slot 5)
     halts that stream with its reason; its later events are ``stream_halted`` dead letters and
     stream "b" goes on."""
-    from privstream.operators import slotting
+    from privstream.operators.ingest import Windower
 
-    original = slotting.SlottedLogic._ingest
+    original = Windower.ingest
 
-    def breaking(self: Any, state: Any, batch: EventBatch) -> Any:
+    def breaking(self: Any, state: Any, batch: EventBatch, notes: Any) -> Any:
         if batch.stream == "a" and int(batch.slots[0]) == 5:
             raise MemoryError("ring of 2^62 slots")
-        return original(self, state, batch)
+        return original(self, state, batch, notes)
 
-    monkeypatch.setattr(slotting.SlottedLogic, "_ingest", breaking)
+    monkeypatch.setattr(Windower, "ingest", breaking)
     config = LdpIdsConfig(epsilon=1.0, window=W, population=N)
     with caplog.at_level(logging.ERROR):
         out = run_operator(

@@ -2,7 +2,7 @@
 
 Reproduced (as it was, before incarnations): a user removed from the table of a resumed store
 was still counted — the restored state kept their seat and value, and their later events were
-accepted. With the operator ignoring the new table (``Registration._withdraw`` a no-op), two
+accepted. With the operator ignoring the new table (``Population.withdraw`` a no-op), two
 resumes that differ only in the withdrawn user's later values publish different releases at
 every slot after the resume (20 of 20), each differing by exactly the user's one-hot change
 (same incarnation, same noise). Incarnations then refused every table change.
@@ -38,7 +38,7 @@ from privstream.families.registry import LDP_IDS
 from privstream.mechanisms.seeding import NoiseKey
 from privstream.mechanisms.tasks import FrequencyTask
 from privstream.operators.family import family_mechanisms
-from privstream.operators.registration import Preferences, Registration
+from privstream.operators.registration import Population, Preferences
 from privstream.runtime.incarnation import read
 from privstream.schema.events import EventBatch
 
@@ -140,7 +140,7 @@ def test_an_ignored_withdrawal_kept_counting_the_user(
 ) -> None:
     """The attack as it was: the restored state kept counting the removed user, so the
     difference of two resumes is exactly the user's change of value at every later slot."""
-    monkeypatch.setattr(Registration, "_withdraw", lambda self, state, step_id: None)
+    monkeypatch.setattr(Population, "withdraw", lambda self, state, step_id: None)
     without = _table(setup.tmp / "without.csv", skip=VICTIM)
     a, _, _ = setup.resume(without, victim=0)
     b, _, _ = setup.resume(without, victim=3)
@@ -351,8 +351,8 @@ def test_config_check_reports_what_a_resume_would_do(tmp_path: Path, capsys: Any
     assert "resume of" not in capsys.readouterr().out
 
 
-class _Seats(Registration):
-    """Just enough of the operator to call ``_withdraw``: a table, a population, a slotting."""
+class _Seats(Population):
+    """Just enough of the population part to call ``withdraw``: a table, a population, a slotting."""
 
     def __init__(self, members: frozenset[str], released: tuple[tuple[str, int], ...]) -> None:
         from types import SimpleNamespace
@@ -375,7 +375,7 @@ def test_a_withdrawal_after_a_crash_starts_after_the_published_slots() -> None:
     def withdrawn_from(released: tuple[tuple[str, int], ...]) -> int:
         state = StreamState(stream="s", mechanisms={}, current=np.zeros(3))
         state.directory, state.last_closed = {"a": 0, "b": 1, VICTIM: 2}, 10  # snapshot at 10
-        _Seats(frozenset({"a", "b"}), released)._withdraw(state, "step")
+        _Seats(frozenset({"a", "b"}), released).withdraw(state, "step")
         assert state.withdrawn_from is not None
         return int(state.withdrawn_from[2])
 
