@@ -19,6 +19,7 @@ from privstream.mechanisms.errors import IncompatibleState
 from privstream.mechanisms.guarantees import Guarantee
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.trust import TrustMode
+from privstream.schema.events import release_id
 
 Strategy = Literal["publish", "approximate", "nullified"]
 Division = Literal["budget", "population", "user"]
@@ -112,7 +113,7 @@ class Release:
 
     @property
     def release_id(self) -> str:
-        return f"{self.stream}/{self.mechanism}/{self.slot}"
+        return release_id(self.stream, self.mechanism, self.slot)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -47,6 +47,7 @@ from privstream.mechanisms.contract import (
 from privstream.mechanisms.errors import IncompatibleState
 from privstream.mechanisms.guarantees import WindowScope
 from privstream.mechanisms.seeding import SlotRandomness
+from privstream.mechanisms.trust import needs_registration
 
 SEED = 11
 TOLERANCE = 1e-9  # relative slack of a window sum of float shares (the ledgers' own)
@@ -99,7 +100,7 @@ def make_slot(mech: Mechanism[Any, Any], t: int, seed: int = SEED, clients: Any 
     n = mech.conformance.population
     randomness = SlotRandomness(seed, "conf", t)
     values, task = population_values(t, n), mech.config.task
-    if mech.trust_modes[0] == "cdp":
+    if needs_registration(mech.trust_modes[0]):
         return Slot("conf", t, SimulatedCurator(values, task, registration(n)), randomness)
     port = SimulatedClientPort(values, task, randomness, client_state=clients)
     return Slot("conf", t, port, randomness)
