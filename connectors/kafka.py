@@ -70,8 +70,8 @@ from privstream.schema.events import (
     DeadLetter,
     EventBatch,
     line_text,
-    release_id,
 )
+from privstream.schema.keys import release_id
 
 log = logging.getLogger(__name__)
 

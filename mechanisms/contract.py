@@ -19,7 +19,7 @@ from privstream.mechanisms.errors import IncompatibleState
 from privstream.mechanisms.guarantees import Guarantee
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.trust import TrustMode
-from privstream.schema.events import release_id
+from privstream.schema.keys import release_id
 
 Strategy = Literal["publish", "approximate", "nullified"]
 Division = Literal["budget", "population", "user"]

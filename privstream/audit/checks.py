@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from privstream.schema.events import release_id
+from privstream.schema.keys import release_id
 
 RELATIVE = 1e-9
 """Relative slack of every comparison (a window sum against ε, a declared spend against ours)."""

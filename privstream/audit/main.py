@@ -88,7 +88,7 @@ from privstream.audit.claims import (
     check_sources,
     check_stated,
 )
-from privstream.schema.events import release_id
+from privstream.schema.keys import release_id
 
 CHECKS = (
     "well_formed", "complete_slots", "unique_payloads", "window_budget", "declared_spend",

@@ -25,13 +25,6 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import NDArray
 
-
-def release_id(stream: str, mechanism: str, slot: int) -> str:
-    """The release id ``stream/mechanism/slot``: the one place it is built (releases, ledger
-    entries and halts are keyed by it on Kafka; the audit checks every release names its own)."""
-    return f"{stream}/{mechanism}/{slot}"
-
-
 MAX_EVENT_BYTES: Final = 64 * 1024  # larger lines are "oversized"
 
 # Machine-readable dead-letter reasons.
