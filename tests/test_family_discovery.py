@@ -17,10 +17,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from privstream.cli import main
 from privstream.families import registry
-from privstream.families.spec import Family
+from privstream.families.spec import Family, FamilyConfig
+from privstream.operators.stream_state import Tally
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -101,6 +103,21 @@ def test_an_external_family_s_public_metric_is_allow_listed(toyfam: Path) -> Non
     assert "privstream_dissimilarity" in metrics.public_metrics()  # LDP-IDS declares it
     assert "privstream_mu_spent" in metrics.public_metrics()  # CGM declares it
     assert "privstream_dissimilarity" not in metrics.GENERIC_PUBLIC_METRICS
+    board = metrics.LedgerBoard()
+    guarantee = registry.family("toyfam").build("LBU", _config()).privacy_cost
+    board.update("toy", "LBU", guarantee, 400, Tally(), halted=False)
+    registry_ = CollectorRegistry()
+    registry_.register(board)
+    text = generate_latest(registry_).decode()
+    assert 'privstream_toy_slots_seen{mechanism="LBU",stream="toy"} 1.0' in text
+
+
+def _config() -> FamilyConfig:
+    from privstream.mechanisms.tasks import FrequencyTask
+
+    return registry.family("toyfam").make_config(
+        epsilon=1.0, window=5, population=400, task=FrequencyTask(2)
+    )
 
 
 def test_an_external_family_runs_in_a_subprocess(toyfam: Path, tmp_path: Path) -> None:

@@ -13,9 +13,10 @@ an error that names the distribution. Every surface — ``privstream run/bench <
 files, the harness, the conformance checks, the metrics and the audit — picks families here, so
 a family in another installed package needs no edit to privstream (``docs/families.md``).
 
-An editable install older than the source tree carries no entry points of the group; the
-project's own families (``BUILTIN``, the same lines as ``pyproject.toml``, a test pins them) are
-then read from the source tree so that a checkout runs before it is reinstalled.
+An editable install older than the source tree carries no entry points of the group, so the
+project's own lines (``BUILTIN``, the same as ``pyproject.toml``; a test pins them equal) are
+always added to what the metadata declares, identical lines counted once: a checkout runs before
+it is reinstalled, and another distribution naming a built-in family is a duplicate.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ BUILTIN: Final[dict[str, str]] = {
     "personalized": "privstream.families.personalized:FAMILY",
     "cgm": "privstream.families.cgm:FAMILY",
 }
-"""privstream's own entry points (``pyproject.toml``), used when the install predates them."""
+"""privstream's own entry points (``pyproject.toml``), read even when the install predates them."""
 
 
 class FamilyDiscoveryError(RuntimeError):
@@ -82,8 +83,8 @@ def _origin(point: metadata.EntryPoint) -> str:
 
 
 def _points() -> list[_Point]:
-    """The group's entry points, identical lines (one distribution seen twice on sys.path)
-    counted once; the built-in lines added when no installed ``privstream`` declares them."""
+    """The group's entry points and the built-in lines, identical lines (one distribution seen
+    twice on sys.path, or privstream's own declared by its metadata) counted once."""
     seen: dict[tuple[str, str], _Point] = {}
     for point in metadata.entry_points(group=GROUP):
         seen.setdefault((point.name, point.value), _Point(point.name, point.value, _origin(point)))
@@ -167,6 +168,9 @@ class _Registry(Sequence[Registered]):
     def __getitem__(self, index: slice) -> Sequence[Registered]: ...
     def __getitem__(self, index: Any) -> Any:
         return self._all()[index]
+
+    def __iter__(self) -> Iterator[Registered]:
+        return iter(self._all())
 
     def __len__(self) -> int:
         return len(self._all())
