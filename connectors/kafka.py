@@ -64,7 +64,14 @@ from privstream.connectors.kafka_health import (
 )
 from privstream.connectors.kafka_health import TopicMissing as TopicMissing  # re-exported
 from privstream.connectors.kafka_log import KAFKA_LOG
-from privstream.schema.events import MALFORMED, MAX_EVENT_BYTES, DeadLetter, EventBatch, line_text
+from privstream.schema.events import (
+    MALFORMED,
+    MAX_EVENT_BYTES,
+    DeadLetter,
+    EventBatch,
+    line_text,
+)
+from privstream.schema.keys import release_id
 
 log = logging.getLogger(__name__)
 
@@ -628,7 +635,7 @@ class SlotRecord(Protocol):
 def record_message(record: SlotRecord) -> KafkaSinkMessage[bytes, bytes]:
     """A release, ledger entry or halt record keyed by ``stream/mechanism/slot`` (the release
     id), its value canonical JSON."""
-    key = f"{record.stream}/{record.mechanism}/{record.slot}"
+    key = release_id(record.stream, record.mechanism, record.slot)
     return KafkaSinkMessage(key.encode(), to_json(record).encode())
 
 

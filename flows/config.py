@@ -194,7 +194,7 @@ def task_keywords(task: Task) -> dict[str, Any]:
 def _has_client_path(family: Family) -> bool:
     """LDP families that release histograms choose how users' reports are simulated
     (``client_path``, the flag ``--client-path``)."""
-    return family.trust == "ldp-simulated" and family.histograms
+    return family.simulates_clients and family.histograms
 
 
 def _takes_vectors(family: Family) -> bool:
@@ -562,7 +562,7 @@ def _registered_only(t: _Table, family: Family) -> bool:
     value = t.data.get("registered_only", False)
     if not isinstance(value, bool):
         raise t.error("registered_only", f"must be true or false, got {_show(value)}")
-    if value and family.trust == "cdp":
+    if value and family.needs_registration:
         raise t.error(
             "registered_only", f"the {family.name} family always counts only registered users"
         )
@@ -725,15 +725,17 @@ def _registrations(
     every ε_i, so the population's guarantee needs ``ε_i ≤ ε`` and ``w_i ≥ window`` of every
     entry; a closed LDP stream gives everybody its own ε per window, which must satisfy every
     entry (``check_closed_population``); at most n users."""
-    cdp = [s.name for s in streams if FAMILIES[s.family].trust == "cdp"]
-    central = [s.name for s in streams if FAMILIES[s.family].trust == "cdp" or s.registered_only]
+    cdp = [s.name for s in streams if FAMILIES[s.family].needs_registration]
+    central = [
+        s.name for s in streams if FAMILIES[s.family].needs_registration or s.registered_only
+    ]
     path = population.registrations
     if not central:
         if path is not None:
             raise t.error(
                 "registrations",
                 "no stream counts registered users (the central-DP families do: "
-                + ", ".join(f.name for f in FAMILIES.values() if f.trust == "cdp")
+                + ", ".join(f.name for f in FAMILIES.values() if f.needs_registration)
                 + "; an LDP stream with registered_only = true)",
             )
         return population
@@ -799,7 +801,9 @@ def describe(config: FlowConfig) -> list[str]:
     for s in config.streams:
         split = f" (budget_split {s.budget_split})" if s.budget_split else ""
         each = (
-            f" (registered users: {s.share:g} × ε_i)" if FAMILIES[s.family].trust == "cdp" else ""
+            f" (registered users: {s.share:g} × ε_i)"
+            if FAMILIES[s.family].needs_registration
+            else ""
         )
         each += " (registered users only)" if s.registered_only else ""
         lines.append(

@@ -143,7 +143,7 @@ def _registration(
     """The registration of a central-DP family: a synthetic population's assignment
     (``Family.requirements``) or the given table; an LDP family's closed population (the given
     table, optional)."""
-    if entry.trust != "cdp":
+    if not entry.needs_registration:
         if preferences and source.synthetic is not None and kafka is None:
             raise ValueError(
                 f"a synthetic {entry.name} stream addresses users by index: a registration "

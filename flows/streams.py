@@ -108,7 +108,7 @@ def _setup(spec: StreamSection, config: FlowConfig) -> _Setup:
         epsilon=spec.epsilon, window=spec.window, population=config.population.users,
         task=estimation_task(spec.task), **options,
     )  # fmt: skip
-    registration = registration_for(spec, config) if entry.trust == "cdp" else None
+    registration = registration_for(spec, config) if entry.needs_registration else None
     if spec.registered_only:  # a closed LDP population: the table's users, unscaled
         registration = Preferences(by_user=dict(config.population.preferences))
     return _Setup(entry, family_config, registration, client_path)

@@ -21,6 +21,7 @@ from privstream.mechanisms.rounds import Answers, Finished, Requests, answer_at_
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.stages import Stage, server_stage
 from privstream.mechanisms.trust import TrustMode
+from privstream.schema.keys import release_id
 
 Strategy = Literal["publish", "approximate", "nullified"]
 Division = Literal["budget", "population", "user"]
@@ -114,7 +115,7 @@ class Release:
 
     @property
     def release_id(self) -> str:
-        return f"{self.stream}/{self.mechanism}/{self.slot}"
+        return release_id(self.stream, self.mechanism, self.slot)
 
     def to_dict(self) -> dict[str, Any]:
         return {

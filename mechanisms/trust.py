@@ -28,3 +28,21 @@ from typing import Final, Literal
 TrustMode = Literal["cdp", "ldp-simulated", "ldp-reports"]
 TRUST_MODES: Final[tuple[TrustMode, ...]] = ("cdp", "ldp-simulated", "ldp-reports")
 LOCAL_MODES: Final[frozenset[TrustMode]] = frozenset({"ldp-simulated", "ldp-reports"})
+
+
+def is_local(mode: TrustMode) -> bool:
+    """True when the server never sees a raw value (``ldp-simulated``, ``ldp-reports``)."""
+    return mode in LOCAL_MODES
+
+
+def needs_registration(mode: TrustMode) -> bool:
+    """True when a trusted curator holds the registered users' values and privacy requirements
+    (``cdp``): a stream of this mode counts only registered users and takes a registration
+    table."""
+    return mode == "cdp"
+
+
+def simulates_clients(mode: TrustMode) -> bool:
+    """True when privstream's own client code answers for each asked user
+    (``ldp-simulated``): the run chooses how users' reports are simulated (``--client-path``)."""
+    return mode == "ldp-simulated"

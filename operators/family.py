@@ -71,7 +71,7 @@ def family_mechanisms(
     # the population's budget in the guarantees' additive unit (ε, μ², ρ): a full share's
     cost = entry.build(names[0], config).privacy_cost
     budget = cost.budget
-    if registration is not None and entry.trust != "cdp":
+    if registration is not None and not entry.needs_registration:
         check_closed_population(registration, config.epsilon, cost, config.population)
     return slotted_mechanism(
         "mechanism",

@@ -6,8 +6,9 @@ labels ``{stream, mechanism}`` unless noted. Everything here is safe to show any
 configuration, the spend the ledger allows, counts of decisions taken from private outputs, the
 de-biased dissimilarity and the publication error of LDP reports. Never a true count, a raw
 value, a user identifier — nor a stream name taken from untrusted input (unconfigured streams are
-labelled ``""``). Every public name is on the allow-list ``PUBLIC_METRICS``, so a new metric has
-to be classified before it can be exported (the privacy audit enforces it).
+labelled ``""``). Every public name is on the allow-list ``PUBLIC_METRICS`` (the generic names of
+``GENERIC_PUBLIC_METRICS`` plus the metrics families declare public, ``Family.metrics``), so a new
+metric has to be classified before it can be exported (the privacy audit enforces it).
 
 * **Ledger gauges** are read from ``Tally`` objects that live in the operator's snapshotted
   state, so after a restart they show what the recovered ledger says, and a replayed slot is
@@ -69,6 +70,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from privstream.families.spec import MetricSpec
 from privstream.mechanisms.contract import LedgerEntry
 from privstream.mechanisms.guarantees import Guarantee
 from privstream.mechanisms.ledger import budget_limit
@@ -79,7 +81,7 @@ from privstream.schema.exposition import INTERNAL, INTERNAL_PREFIX, PREFIX
 LABELS: Final = ("stream", "mechanism")  # plus "class" on the privacy class gauges
 
 # The allow-list of the public endpoint, by exposed name (counters with their ``_total``).
-PUBLIC_METRICS: Final[frozenset[str]] = frozenset(
+GENERIC_PUBLIC_METRICS: Final[frozenset[str]] = frozenset(
     {
         # configuration and ledger spend, per (stream, mechanism)
         "privstream_epsilon",
@@ -90,12 +92,7 @@ PUBLIC_METRICS: Final[frozenset[str]] = frozenset(
         "privstream_window_users_used",
         "privstream_users_available",
         "privstream_last_released_slot",
-        "privstream_dissimilarity",
-        "privstream_publication_error",
         "privstream_halted",
-        # Gaussian-DP families: the spend in μ and in ε at the configured δ (public counts)
-        "privstream_mu_spent",
-        "privstream_epsilon_spent",
         # counts of decisions taken from private outputs
         "privstream_publications_total",
         "privstream_approximations_total",
@@ -209,17 +206,7 @@ def _mechanism_families() -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
         ),
         "available": gauge("users_available", "Users able to report at the next slot."),
         "last_slot": gauge("last_released_slot", "Index of the last released slot."),
-        "dis": gauge("dissimilarity", "Last de-biased dissimilarity estimate (private)."),
-        "err": gauge("publication_error", "Last potential publication error (public)."),
         "halted": gauge("halted", "1 when the ledger refused a charge and the mechanism stopped."),
-        "mu": gauge(
-            "mu_spent",
-            "Gaussian-DP families: μ the most-charged user has spent in the budget's scope.",
-        ),
-        "eps_spent": gauge(
-            "epsilon_spent",
-            "Gaussian-DP families: that spend as ε at the family's configured δ.",
-        ),
         "publications": counter("publications", "Slots released with a fresh estimate."),
         "approximations": counter(
             "approximations", "Slots released by repeating an earlier estimate."
@@ -242,11 +229,7 @@ def _account_values(account: _Account) -> dict[str, float | None]:
         "used": _users(entry, "window_users", account.population),
         "available": _users(entry, "available_users", account.population),
         "last_slot": account.handed,
-        "dis": tally.last_dissimilarity,
-        "err": tally.last_error,
         "halted": int(account.halted),
-        "mu": getattr(entry.details, "mu_spent", None) if entry is not None else None,
-        "eps_spent": getattr(entry.details, "epsilon_spent", None) if entry is not None else None,
         "publications": tally.publications,
         "approximations": tally.approximations,
         "nullified": tally.nullified,
@@ -296,7 +279,49 @@ def _account_families(accounts: dict[tuple[str, str], _Account]) -> Iterator[Met
             if value is not None and math.isfinite(value):
                 families[key].add_metric([stream, mechanism], float(value))
     yield from families.values()
+    yield from _declared_families(accounts)
     yield from _class_families(accounts)
+
+
+def _declared_metrics() -> dict[str, MetricSpec]:
+    """The metrics the discovered families declare (``Family.metrics``), by name; one name
+    declared by two families is exported once (the first declaration's help and reader)."""
+    from privstream.families.registry import families
+
+    declared: dict[str, MetricSpec] = {}
+    for entry in families().values():
+        for spec in entry.metrics:
+            declared.setdefault(spec.name, spec)
+    return declared
+
+
+def _declared_families(accounts: dict[tuple[str, str], _Account]) -> Iterator[Metric]:
+    """The families' declared gauges, one sample per (stream, mechanism) whose reader answers
+    a finite value. Only public ones are exported: a metric declared internal never reaches the
+    public endpoint (no family declares one yet, so none is served on ``INTERNAL`` either)."""
+    for spec in _declared_metrics().values():
+        if not spec.public:
+            continue
+        gauge = GaugeMetricFamily(PREFIX + spec.name, spec.help, labels=spec.labels)
+        for (stream, mechanism), account in sorted(accounts.items()):
+            value = spec.value(account.tally, account.tally.last_ledger)
+            if value is not None and math.isfinite(value):
+                gauge.add_metric([stream, mechanism], float(value))
+        yield gauge
+
+
+def public_metrics() -> frozenset[str]:
+    """The public endpoint's allow-list: the generic names plus every discovered family's
+    metrics declared public (``MetricSpec.public``)."""
+    declared = {PREFIX + s.name for s in _declared_metrics().values() if s.public}
+    return GENERIC_PUBLIC_METRICS | declared
+
+
+def __getattr__(name: str) -> frozenset[str]:
+    """``PUBLIC_METRICS``: ``public_metrics()``, resolved on first use (discovery is lazy)."""
+    if name == "PUBLIC_METRICS":
+        return public_metrics()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _population_families(populations: dict[str, _Population]) -> Iterator[Metric]:

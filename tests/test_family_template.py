@@ -132,7 +132,7 @@ TOY = registry.Family(
 
 @pytest.fixture
 def toy(monkeypatch: pytest.MonkeyPatch) -> registry.Family:
-    monkeypatch.setitem(registry.FAMILIES, "toy", TOY)
+    monkeypatch.setitem(registry.families(), "toy", TOY)  # the cached discovery
     return TOY
 
 

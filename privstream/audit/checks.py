@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from privstream.schema.keys import release_id
+
 RELATIVE = 1e-9
 """Relative slack of every comparison (a window sum against ε, a declared spend against ours)."""
 ABSOLUTE = 1e-15
@@ -111,7 +113,7 @@ class Published:
     def name(self, pair: int, slot: int) -> str:
         """The release id ``stream/mechanism/slot``."""
         stream, mechanism = self.pairs[pair]
-        return f"{stream}/{mechanism}/{slot}"
+        return release_id(stream, mechanism, slot)
 
 
 @dataclass

@@ -88,6 +88,7 @@ from privstream.audit.claims import (
     check_sources,
     check_stated,
 )
+from privstream.schema.keys import release_id
 
 CHECKS = (
     "well_formed", "complete_slots", "unique_payloads", "window_budget", "declared_spend",
@@ -386,7 +387,7 @@ class Collector:
 
     def _name(self, pair: int, slot: int) -> str:
         stream, mechanism = self._names[pair]
-        return f"{stream}/{mechanism}/{slot}"
+        return release_id(stream, mechanism, slot)
 
     def _decode(
         self, decoder: Any, lines: list[bytes], numbers: list[int], source: str
@@ -481,7 +482,7 @@ class Collector:
         records, lines, where = self._decode(_RELEASE, lines, numbers, "release")
         fields = _fields(_Release, records)
         slot, epsilon = _ints(fields["slot"]), _budgets(fields["guarantee"])
-        ids = map("{}/{}/{}".format, fields["stream"], fields["mechanism"], fields["slot"])
+        ids = map(release_id, fields["stream"], fields["mechanism"], fields["slot"])
         named = np.array(list(map(operator.eq, fields["release_id"], ids)), dtype=np.bool_)
         good = named & (slot >= 0) & (slot < MAX_SLOT) & (epsilon > 0) & (epsilon < math.inf)
         good &= np.array([s == SCHEMA for s in fields["schema"]], dtype=np.bool_)

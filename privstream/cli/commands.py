@@ -154,9 +154,9 @@ def _family_flags(p: argparse.ArgumentParser, family: Family) -> None:
             type=_mean_range,
             help="LOWER:UPPER: a file dataset is numeric, clipped to it",
         )
-    if family.trust == "ldp-simulated" and family.histograms:
+    if family.simulates_clients and family.histograms:
         p.add_argument("--client-path", choices=("aggregate", "per-user"), default="aggregate")
-    if family.trust == "cdp":
+    if family.needs_registration:
         p.add_argument(
             "--registrations",
             "--preferences",
@@ -164,7 +164,7 @@ def _family_flags(p: argparse.ArgumentParser, family: Family) -> None:
             help="registration table: CSV (user,epsilon,window) or JSON lines; exactly these "
             "users are counted (required for file and Kafka input)",
         )
-    elif family.trust == "ldp-simulated":
+    elif family.simulates_clients:
         p.add_argument(
             "--registrations",
             dest="preferences",
@@ -689,7 +689,7 @@ def _flow_options(args: argparse.Namespace, family: Family) -> dict[str, Any]:
     if "delta" in options:  # one stream over --users users: its δ is the population's
         check_delta_bound(options["delta"], args.users, allow_large=args.allow_large_delta,
                           override="--allow-large-delta")  # fmt: skip
-    if family.trust == "ldp-simulated" and family.histograms:
+    if family.simulates_clients and family.histograms:
         options["client_path"] = args.client_path
     if getattr(args, "preferences", None):
         options["preferences"] = load_preferences(args.preferences)

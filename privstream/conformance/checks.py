@@ -54,6 +54,7 @@ from privstream.mechanisms.driver import Lane, drive_slot
 from privstream.mechanisms.errors import IncompatibleState
 from privstream.mechanisms.guarantees import WindowScope
 from privstream.mechanisms.seeding import SlotRandomness
+from privstream.mechanisms.trust import needs_registration
 
 SEED = 11
 TOLERANCE = 1e-9  # relative slack of a window sum of float shares (the ledgers' own)
@@ -113,7 +114,7 @@ def _port(
     """The port of the mechanism's trust mode at slot ``t`` over the example population."""
     n = mech.conformance.population
     values, task = population_values(t, n), mech.config.task
-    if mech.trust_modes[0] == "cdp":
+    if needs_registration(mech.trust_modes[0]):
         return SimulatedCurator(values, task, registration(n))
     return SimulatedClientPort(values, task, randomness, client_state=clients)
 

@@ -50,7 +50,7 @@ def _flow(registered: Registered, items: list[Any]) -> tuple[Dataflow, dict[str,
     family = registered.family
     config = family.make_config(epsilon=1.0, window=5, population=N, task=family.task)
     prefs = None
-    if family.trust == "cdp":
+    if family.needs_registration:
         eps = np.resize([np.nan, 1.0, 2.0, 1.5], N)
         prefs = Preferences(epsilons=eps, windows=np.resize([0, 3, 5, 2, 5], N))
     flow = Dataflow("conformance")

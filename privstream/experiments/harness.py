@@ -87,7 +87,7 @@ def _port(
     requirements: Requirements | None,
     clients: Any = None,
 ) -> ClientPort | CuratorPort:
-    if family.trust == "cdp":
+    if family.needs_registration:
         return SimulatedCurator(values, task, requirements or Requirements())
     return SimulatedClientPort(values, task, randomness, path, clients)
 
@@ -199,7 +199,7 @@ def run_lockstep(
     config = family.make_config(
         epsilon=epsilon, window=window, population=source.users, task=task, **options
     )
-    if family.trust == "cdp" and requirements is None and family.requirements is not None:
+    if family.needs_registration and requirements is None and family.requirements is not None:
         requirements = Requirements(*family.requirements(source.users, epsilon, window, seed))
     built = {name: family.build(name, config) for name in mechanisms}
     lanes = {
@@ -266,7 +266,7 @@ def bench(
         "family": family.name, "dataset": dataset, "users": users, "slots": slots,
         "epsilon": epsilon, "window": window, "seeds": seeds, "mechanisms": names, **options,
     }  # fmt: skip
-    if family.trust != "cdp":  # the client path of simulated LDP clients
+    if not family.needs_registration:  # the client path of simulated LDP clients
         params["path"] = path
     results = {name: {k: v / seeds for k, v in sums[name].items()} for name in names}
     return {"params": params, "results": results}

@@ -119,7 +119,7 @@ class Setup:
                                   compare=case.compare)  # fmt: skip
         ids = user_ids(users) if named else np.arange(users, dtype=np.int64)
         prefs = None
-        if entry.trust == "cdp":
+        if entry.needs_registration:
             prefs = preferences(ids if named else None, users, entry.epsilon, case.window)
         return cls(case, users, ids, config, split, prefs)
 
