@@ -5,6 +5,7 @@ so a family's flow and its bench run on the same data."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 import numpy as np
@@ -59,3 +60,18 @@ def synthetic_dataset(
     if key in POPULATIONS:
         return SyntheticStream(key, users, slots, seed=seed, independent=independent)
     raise ValueError(f"unknown dataset {name!r}; use one of {', '.join(DATASETS)} or file:PATH")
+
+
+def synthetic_sources(
+    names: tuple[str, ...], *, independent: bool = False
+) -> dict[str, Callable[[int, int, int, Any], SlotStream]]:
+    """The built-in synthetic datasets ``names`` as a family's dataset factories
+    (``Family.datasets``: ``(users, slots, seed, task)`` → the stream; the task is ignored)."""
+
+    def factory(name: str) -> Callable[[int, int, int, Any], SlotStream]:
+        def make(users: int, slots: int, seed: int, task: Any = None) -> SlotStream:
+            return synthetic_dataset(name, users, slots, seed, independent=independent)
+
+        return make
+
+    return {name: factory(name) for name in names}

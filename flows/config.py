@@ -41,6 +41,7 @@ from typing import Any, Final
 
 from privstream.connectors.registrations import load_preferences
 from privstream.families.registry import FAMILIES, Family
+from privstream.families.spec import TaskType
 from privstream.mechanisms.accountant import BudgetSplit, compose_deltas
 from privstream.mechanisms.guarantees import PeriodScope, WindowScope
 from privstream.mechanisms.ledger import budget_limit
@@ -49,9 +50,9 @@ from privstream.mechanisms.validation import MAX_WINDOW, check_fraction, check_r
 from privstream.operators.registration import Preferences, check_closed_population
 from privstream.schema.events import MAX_EVENT_BYTES
 
-Task = int | tuple[float, float] | tuple[tuple[float, ...], float]
-"""``d`` categories, the ``(lower, upper)`` range of numeric values, or the ``(centre, radius)``
-L2 ball of vector values."""
+Task = int | tuple[float, float] | tuple[tuple[float, ...], float] | EstimationTask
+"""``d`` categories, the ``(lower, upper)`` range of numeric values, the ``(centre, radius)``
+L2 ball of vector values, or the ``EstimationTask`` a family's own task type parsed."""
 
 
 class ConfigError(ValueError):
@@ -155,16 +156,10 @@ refuse ``.``) and a metric label."""
 TOPIC_NAME: Final = re.compile(r"[A-Za-z0-9._-]{1,249}")
 """A Kafka topic name (Kafka's own rule)."""
 CLIENT_PATHS: Final = ("aggregate", "per-user")
-_TASKS: Final = {
-    "domain": "domain = d (a histogram over d categories)",
-    "range": "range = [lower, upper] (the mean of numbers)",
-    "ball": "ball = { center = [...], radius = r } (the mean of vectors)",
-}
 _STREAM_KEYS: Final = (
     "name",
     "family",
     "mechanisms",
-    *_TASKS,
     "share",
     "window",
     "budget_split",
@@ -175,7 +170,10 @@ _STREAM_KEYS: Final = (
 
 def estimation_task(task: Task) -> EstimationTask:
     """The estimation task of a stream's raw ``task``: ``FrequencyTask(d)``,
-    ``MeanTask(lower, upper)`` or ``BallTask(centre, radius)``."""
+    ``MeanTask(lower, upper)`` or ``BallTask(centre, radius)``; a family's own task type parses
+    into its ``EstimationTask`` directly."""
+    if isinstance(task, EstimationTask):
+        return task
     if isinstance(task, int):
         return FrequencyTask(task)
     first, second = task
@@ -185,22 +183,23 @@ def estimation_task(task: Task) -> EstimationTask:
 
 
 def task_keywords(task: Task) -> dict[str, Any]:
-    """The task as ``flows.dataflow.build`` takes it: ``domain``, ``mean_range`` or ``ball``."""
+    """The task as ``flows.dataflow.build`` takes it: ``domain``, ``mean_range``, ``ball`` or
+    ``task`` (a family's own task type)."""
+    if isinstance(task, EstimationTask):
+        return {"task": task}
     if isinstance(task, int):
         return {"domain": task}
     return {"ball": task} if isinstance(task[0], tuple) else {"mean_range": task}
 
 
-def _has_client_path(family: Family) -> bool:
-    """LDP families that release histograms choose how users' reports are simulated
-    (``client_path``, the flag ``--client-path``)."""
-    return family.simulates_clients and family.histograms
-
-
-def _takes_vectors(family: Family) -> bool:
-    """A family that estimates means only reports through its own client protocol, which takes
-    vectors (CGM); the others report through an LDP oracle, which takes scalars."""
-    return family.numeric and not family.histograms
+def task_types() -> dict[str, TaskType]:
+    """Every task type any discovered family declares, by flow-file key, in discovery order
+    (the built-in ``domain``, ``range``, ``ball`` first)."""
+    found: dict[str, TaskType] = {}
+    for family in FAMILIES.values():
+        for task in family.task_types:
+            found.setdefault(task.key, task)
+    return found
 
 
 def _show(value: object) -> str:
@@ -503,7 +502,7 @@ def _deltas(
     t: _Table, population: PopulationSection, streams: tuple[StreamSection, ...]
 ) -> PopulationSection:
     """The population's δ: the streams' δ composed (``accountant.compose_deltas``)."""
-    deltas = {s.name: float(s.options["delta"]) for s in streams if "delta" in s.options}
+    deltas = {s.name: d for s in streams if (d := stream_delta(s)) is not None}
     try:
         delta = compose_deltas(deltas, population.delta, population.users,
                                allow_large=population.allow_large_delta,
@@ -521,9 +520,9 @@ def _stream(t: _Table, name: str, population: PopulationSection) -> StreamSectio
             "family", f"must be one of {', '.join(FAMILIES)}; got {_show(t.data['family'])}"
         )
     options = [o.name for o in family.options]
-    if _has_client_path(family):
+    if family.client_path:
         options.append("client_path")
-    t.only((*_STREAM_KEYS, *options))
+    t.only((*_STREAM_KEYS, *task_types(), *options))
     names = _mechanisms(t, family)
     task = _task(t, family)
     share = t.number("share")
@@ -611,35 +610,23 @@ def _split(t: _Table, names: list[str]) -> tuple[BudgetSplit, str | None]:
 
 
 def _task(t: _Table, family: Family) -> Task:
-    """Exactly one of ``domain``, ``range`` or ``ball``, of a kind the family estimates; checked
-    by the task class the run builds."""
-    given = [key for key in _TASKS if key in t.data]
+    """Exactly one task key of any family's task types (``domain``, ``range``, ``ball``, …), of
+    a type the family declares, parsed by that type (``TaskType.parse_flow``); checked by the
+    task class the run builds."""
+    known = task_types()
+    given = [key for key in known if key in t.data]
     if len(given) != 1:
         raise t.error(
             None,
-            f"give exactly one of {', '.join(_TASKS.values())}; got "
+            f"give exactly one of {', '.join(k.describe for k in known.values())}; got "
             f"{' and '.join(given) or 'none'}",
         )
     kind = given[0]
-    takes = {"domain": family.histograms, "range": family.numeric, "ball": _takes_vectors(family)}
-    if not takes[kind]:
-        allowed = " or ".join(text for key, text in _TASKS.items() if takes[key])
+    own = {task.key: task for task in family.task_types}
+    if kind not in own:
+        allowed = " or ".join(task.describe for task in own.values())
         raise t.error(kind, f"the {family.name} family takes {allowed}")
-    task: Task
-    if kind == "domain":
-        task = t.integer("domain", 2)
-    elif kind == "range":
-        bounds = t.numbers("range", "[lower, upper] (two finite numbers)")
-        if len(bounds) != 2:
-            raise t.error(
-                "range",
-                f"must be [lower, upper] (two finite numbers), got {_show(t.data['range'])}",
-            )
-        task = (bounds[0], bounds[1])
-    else:
-        ball = t.table("ball")
-        ball.only(("center", "radius"))
-        task = (ball.numbers("center", "an array of finite numbers"), ball.number("radius"))
+    task: Task = own[kind].parse_flow(t)
     try:
         estimation_task(task)
     except ValueError as exc:
@@ -654,7 +641,8 @@ def _options(
     their defaults where absent (``delta``: ``share × population.delta`` where that is given);
     ``client_path`` where the family has it."""
     options: dict[str, Any] = {}
-    defaults = {"delta": share * population.delta} if population.delta is not None else {}
+    name = family.delta_option
+    defaults = {name: share * population.delta} if name and population.delta is not None else {}
     for option in family.options:
         value = t.data.get(option.name, defaults.get(option.name, option.default))
         kinds = (int, float) if isinstance(option.default, float) else (type(option.default),)
@@ -667,7 +655,7 @@ def _options(
             options[option.name] = option.parse(str(value))
         except ValueError as exc:
             raise t.error(option.name, f"{exc} ({option.help})") from None
-    if _has_client_path(family):
+    if family.client_path:
         options["client_path"] = t.choice("client_path", CLIENT_PATHS, "aggregate")
     return options
 
@@ -808,11 +796,11 @@ def describe(config: FlowConfig) -> list[str]:
         each += " (registered users only)" if s.registered_only else ""
         lines.append(
             f"stream {s.name}: {s.family} {', '.join(s.mechanisms)}{split}; "
-            f"{_task_text(s.task)}; ε = {s.share:g} × {pop.epsilon:g} = "
+            f"{_task_text(s)}; ε = {s.share:g} × {pop.epsilon:g} = "
             f"{s.epsilon:g}{each}{_delta_text(s)}; w = {s.window}"
         )
     total = math.fsum(s.share for s in config.streams)
-    deltas = [float(s.options["delta"]) for s in config.streams if "delta" in s.options]
+    deltas = [d for s in config.streams if (d := stream_delta(s)) is not None]
     delta = ""
     if pop.delta is not None:
         delta = f" and {math.fsum(deltas):g} of δ = {pop.delta:g} (1/n = {1 / pop.users:.3g})"
@@ -824,11 +812,22 @@ def describe(config: FlowConfig) -> list[str]:
     return lines
 
 
+def stream_delta(stream: StreamSection) -> float | None:
+    """The stream's δ: its family's declared δ option (``Family.delta_option``), if any."""
+    name = FAMILIES[stream.family].delta_option
+    return float(stream.options[name]) if name and name in stream.options else None
+
+
 def _delta_text(stream: StreamSection) -> str:
-    return f", δ = {float(stream.options['delta']):g}" if "delta" in stream.options else ""
+    delta = stream_delta(stream)
+    return f", δ = {delta:g}" if delta is not None else ""
 
 
-def _task_text(task: Task) -> str:
+def _task_text(stream: StreamSection) -> str:
+    task = stream.task
+    if isinstance(task, EstimationTask):
+        own = FAMILIES[stream.family].task_types
+        return next(t.show(task) for t in own if isinstance(task, t.classes))
     if isinstance(task, int):
         return f"d = {task}"
     first, second = task

@@ -27,6 +27,8 @@ Parameters of ``build``:
     domain, mean_range, ball: task of a file or Kafka stream: ``d`` categories (default 2),
         the ``(lower, upper)`` clipping range of a numeric mean, or ``(centre, radius)`` the L2
         ball of vector values (families that estimate means).
+    task: the ``EstimationTask`` a family's own task type parsed (its flag or flow key); it
+        wins over the three above.
     stream: stream name (defaults to the dataset name).
     preferences: the registration table, user id → (ε_i, w_i): of a central-DP family,
         exactly these users are counted (required for file and Kafka input); of an LDP family,
@@ -65,7 +67,7 @@ from privstream.flows.secret import resolve_noise_key
 from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.contract import Release
 from privstream.mechanisms.seeding import NoiseKey
-from privstream.mechanisms.tasks import FrequencyTask
+from privstream.mechanisms.tasks import EstimationTask, FrequencyTask
 from privstream.operators.family import family_mechanisms
 from privstream.operators.registration import Preferences
 
@@ -89,6 +91,7 @@ def build(
     domain: int | None = None,
     mean_range: tuple[float, float] | None = None,
     ball: tuple[tuple[float, ...], float] | None = None,
+    task: EstimationTask | None = None,
     stream: str | None = None,
     preferences: Mapping[str, tuple[float, int]] | None = None,
     progress: Callable[[Release], None] | None = None,
@@ -108,14 +111,10 @@ def build(
     users = users or entry.users
     eps, win = epsilon or entry.epsilon, window or entry.window
     source = resolve_source(
-        dataset, users, slots, seed, domain, mean_range, stream, entry.bench.independent, ball
-    )
-    if not entry.numeric and not isinstance(source.task, FrequencyTask):
-        raise ValueError(f"the {entry.name} mechanisms release histograms; {dataset!r} is numeric")
-    if not entry.histograms and isinstance(source.task, FrequencyTask):
-        raise ValueError(
-            f"the {entry.name} mechanisms release means: give a numeric dataset or --domain LO:HI"
-        )
+        dataset, users, slots, seed, domain, mean_range, stream, entry.bench.independent, ball,
+        task=task, datasets=entry.sources,
+    )  # fmt: skip
+    check_task(entry, source.task, dataset)
     config = entry.make_config(
         epsilon=eps, window=win, population=users, task=source.task, **options
     )
@@ -131,6 +130,25 @@ def build(
     return assemble(f"privstream_{step}", source, names, operator, kafka=kafka, out=out,
                     ledger_out=ledger_out, dead_letter_out=dead_letter_out,
                     progress=progress)  # fmt: skip
+
+
+def check_task(entry: Family, task: EstimationTask, dataset: str) -> None:
+    """Refuse a source whose task none of the family's task types covers (``Family.accepts``).
+    A family that takes both histograms and means lets its config judge the rest (an LDP oracle
+    refuses a ball)."""
+    if entry.accepts(task) or (entry.takes("domain") and entry.takes("range")):
+        return
+    frequency = isinstance(task, FrequencyTask)
+    if entry.takes("domain") and not frequency:
+        raise ValueError(f"the {entry.name} mechanisms release histograms; {dataset!r} is numeric")
+    if entry.takes("range") and frequency:
+        raise ValueError(
+            f"the {entry.name} mechanisms release means: give a numeric dataset or --domain LO:HI"
+        )
+    kinds = ", ".join(t.flag or t.key for t in entry.task_types)
+    raise ValueError(
+        f"the {entry.name} mechanisms take a task of {kinds}; {dataset!r} gives a {task.kind} task"
+    )
 
 
 def _registration(

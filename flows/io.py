@@ -38,6 +38,7 @@ from privstream.connectors.kafka import (
 from privstream.connectors.kafka_sink import kafka_output
 from privstream.connectors.sources import SyntheticSource, detect_format, file_source
 from privstream.families.registry import Family, FamilyConfig
+from privstream.families.spec import DatasetFactory
 from privstream.flows.config import check_input_clock
 from privstream.mechanisms.contract import Gap, Halt, Release
 from privstream.mechanisms.tasks import BallTask, EstimationTask, FrequencyTask, MeanTask
@@ -70,27 +71,42 @@ def resolve_source(
     stream: str | None = None,
     independent: bool = False,
     ball: tuple[tuple[float, ...], float] | None = None,
+    *,
+    task: EstimationTask | None = None,
+    datasets: Mapping[str, DatasetFactory] | None = None,
 ) -> Source:
     """Turn ``--dataset`` (a synthetic name or ``file:PATH``) into a ``Source``.
 
     With Kafka input the dataset only names the stream and its task (the categories of a
     synthetic dataset, or ``domain``/``mean_range``); the events come from the topic.
+    ``task``: a family's own task (wins over the rest); ``datasets``: the family's datasets
+    (``Family.sources``), tried before the built-in synthetic ones.
     """
     if dataset.startswith("file:"):
         path = dataset.removeprefix("file:")
-        task: EstimationTask = MeanTask(*mean_range) if mean_range else FrequencyTask(domain or 2)
-        if ball is not None:
-            task = BallTask(*ball)
+        if task is None:
+            task = MeanTask(*mean_range) if mean_range else FrequencyTask(domain or 2)
+            task = BallTask(*ball) if ball is not None else task
         return Source(stream or "file", task, path=path)
     name = dataset.lower()
-    synthetic = synthetic_dataset(name, users, slots, seed, independent=independent)
-    if mean_range is not None:
-        task = MeanTask(*mean_range)
-    elif domain is not None:
-        task = FrequencyTask(domain)
+    factory = (datasets or {}).get(name)
+    if factory is not None:
+        synthetic = factory(users, slots, seed, task)
     else:
-        task = MeanTask(*synthetic.bounds) if synthetic.numeric else FrequencyTask(synthetic.d)
-    return Source(stream or name, task, synthetic=synthetic)
+        synthetic = synthetic_dataset(name, users, slots, seed, independent=independent)
+    return Source(stream or name, task or _synthetic_task(synthetic, domain, mean_range),
+                  synthetic=synthetic)  # fmt: skip
+
+
+def _synthetic_task(
+    synthetic: SlotStream, domain: int | None, mean_range: tuple[float, float] | None
+) -> EstimationTask:
+    """A synthetic stream's task: ``mean_range`` or ``domain`` where given, else its own."""
+    if mean_range is not None:
+        return MeanTask(*mean_range)
+    if domain is not None:
+        return FrequencyTask(domain)
+    return MeanTask(*synthetic.bounds) if synthetic.numeric else FrequencyTask(synthetic.d)
 
 
 @dataclass(frozen=True)

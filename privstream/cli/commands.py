@@ -21,19 +21,12 @@ from privstream.cli.argtypes import positive_float as _positive_float
 from privstream.cli.argtypes import positive_int as _positive_int
 from privstream.cli.run_config import add_config_flags, add_topic_change_flags, run_config
 from privstream.families.registry import FAMILIES, Family
+from privstream.families.tasks import parse_mean_range
 from privstream.mechanisms.accountant import check_delta_bound
 from privstream.runtime.incarnation import Incarnation, refuse_overwrite
 from privstream.runtime.runner import run_dataflow, serve
 
 log = logging.getLogger("privstream")
-
-
-def _mean_range(text: str) -> tuple[float, float]:
-    try:
-        lower, upper = (float(x) for x in text.split(":"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected LOWER:UPPER, got {text}") from None
-    return lower, upper
 
 
 Ball = tuple[tuple[float, ...], float]
@@ -49,7 +42,7 @@ def _domain(text: str) -> int | tuple[float, float] | Ball:
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected ball:C1,...,Cd:R, got {text}") from None
     if ":" in text:
-        return _mean_range(text)
+        return parse_mean_range(text)
     return _positive_int(text)
 
 
@@ -117,11 +110,11 @@ def _default_dataset(datasets: tuple[str, ...]) -> str:
 
 def _window_default(family: Family) -> int | None:
     """A family whose window is the stream's length takes ``--slots`` unless told."""
-    return None if family.length_window else family.window
+    return None if family.window_default == "slots" else family.window
 
 
 def _window_help(family: Family) -> str:
-    if family.length_window:
+    if family.window_default == "slots":
         return "l: the reports one budget covers (default: --slots)"
     return "window size w (default %(default)s)"
 
@@ -141,20 +134,17 @@ def _family_flags(p: argparse.ArgumentParser, family: Family) -> None:
     """The family's own run flags: its options, the mean task, the client path of the LDP
     modes and the registration table of central DP — all from its registry entry."""
     _option_flags(p, family)
-    if any(o.name == "delta" for o in family.options):
+    if family.delta_option is not None:
         p.add_argument(
             "--allow-large-delta",
             action="store_true",
             help="accept --delta >= 1/--users (refused by default: one of the n users may be "
             "expected to lose everything)",
         )
-    if family.numeric:
-        p.add_argument(
-            "--mean-range",
-            type=_mean_range,
-            help="LOWER:UPPER: a file dataset is numeric, clipped to it",
-        )
-    if family.simulates_clients and family.histograms:
+    for task in family.task_types:
+        if task.flag is not None and task.parse_flag is not None:
+            p.add_argument(task.flag, type=task.parse_flag, help=task.help)
+    if family.client_path:
         p.add_argument("--client-path", choices=("aggregate", "per-user"), default="aggregate")
     if family.needs_registration:
         p.add_argument(
@@ -178,7 +168,7 @@ def _family_flags(p: argparse.ArgumentParser, family: Family) -> None:
 def _run_flags(p: argparse.ArgumentParser, family: Family) -> None:
     """Flags every ``privstream run`` family shares, with the family's defaults."""
     _common(p, users=family.users, epsilon=family.epsilon, window=_window_default(family),
-            window_help=_window_help(family), datasets=family.bench.datasets)  # fmt: skip
+            window_help=_window_help(family), datasets=tuple(family.sources))  # fmt: skip
     p.add_argument(
         "--mechanism",
         default=family.default,
@@ -347,10 +337,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def _bench_flags(p: argparse.ArgumentParser, family: Family) -> None:
     """``privstream bench <family>``: the family's datasets, defaults and options."""
-    spec = family.bench
+    spec, names = family.bench, tuple(family.sources)
     files = ", or file:PATH" if spec.files else ""
-    p.add_argument("--dataset", default=_default_dataset(spec.datasets),
-                   help=f"{', '.join(spec.datasets)}{files}")  # fmt: skip
+    p.add_argument("--dataset", default=_default_dataset(names),
+                   help=f"{', '.join(names)}{files}")  # fmt: skip
     p.add_argument("--users", type=_positive_int, default=spec.users)
     p.add_argument("--slots", type=_positive_int, default=spec.slots)
     p.add_argument("--epsilon", type=_positive_float, default=family.epsilon)
@@ -666,16 +656,23 @@ def _kafka_io(args: argparse.Namespace) -> Any:
 
 
 def _task_options(args: argparse.Namespace, family: Family) -> dict[str, Any]:
-    """``domain`` (categories) or ``mean_range`` (a numeric range) from ``--domain`` and
-    ``--mean-range``."""
+    """The task keywords of ``flows.dataflow.build``: ``domain`` (categories), ``mean_range``
+    (a numeric range) or ``ball`` from the generic ``--domain``, and what each flag of the
+    family's task types (``Family.task_types``) parsed, under its declared ``keyword`` (a flag
+    wins over ``--domain``)."""
     given = args.domain
     ball = given if isinstance(given, tuple) and isinstance(given[0], tuple) else None
     numeric = given if isinstance(given, tuple) and ball is None else None
-    mean_range = getattr(args, "mean_range", None) or numeric
-    if (mean_range is not None or ball is not None) and not family.numeric:
+    flagged = {
+        task.keyword: getattr(args, task.dest)
+        for task in family.task_types
+        if task.flag is not None and getattr(args, task.dest, None) is not None
+    }
+    mean_range = flagged.pop("mean_range", None) or numeric
+    if (mean_range is not None or ball is not None) and not family.takes("range"):
         raise ValueError(f"the {family.name} family releases histograms: --domain takes d")
     domain = None if isinstance(given, tuple) else given
-    options: dict[str, Any] = {"domain": domain, "mean_range": mean_range}
+    options: dict[str, Any] = {"domain": domain, "mean_range": mean_range, **flagged}
     if ball is not None:
         options["ball"] = ball
     return options
@@ -686,10 +683,11 @@ def _flow_options(args: argparse.Namespace, family: Family) -> dict[str, Any]:
     from privstream.connectors.registrations import load_preferences
 
     options: dict[str, Any] = {o.name: getattr(args, o.name) for o in family.options}
-    if "delta" in options:  # one stream over --users users: its δ is the population's
-        check_delta_bound(options["delta"], args.users, allow_large=args.allow_large_delta,
+    if family.delta_option is not None:  # one stream over --users users: its δ is the population's
+        check_delta_bound(options[family.delta_option], args.users,
+                          allow_large=args.allow_large_delta,
                           override="--allow-large-delta")  # fmt: skip
-    if family.simulates_clients and family.histograms:
+    if family.client_path:
         options["client_path"] = args.client_path
     if getattr(args, "preferences", None):
         options["preferences"] = load_preferences(args.preferences)

@@ -20,8 +20,8 @@ import numpy as np
 from numpy.typing import NDArray
 from tqdm import tqdm
 
-from privstream.connectors.datasets import SlotSource, SlotStream, synthetic_dataset
-from privstream.connectors.recorded import RecordedStream, load_records
+from privstream.connectors.datasets import SlotSource
+from privstream.connectors.recorded import load_records
 from privstream.experiments.scores import Run
 from privstream.families.registry import Family
 from privstream.mechanisms.client import (
@@ -62,20 +62,22 @@ def load_dataset(
     *,
     domain: int | None = None,
     numeric: bool = False,
-) -> SlotStream | RecordedStream:
+    task: EstimationTask | None = None,
+) -> SlotSource:
     """The slot source ``spec`` names for ``family``: one of its synthetic datasets (generated
     from ``seed``) or, where the family takes files, ``file:PATH`` (``users`` caps the
     population, ``domain`` is the number of categories, ``numeric`` makes the task a mean)."""
     bench = family.bench
     if spec.startswith("file:") and bench.files:
         return load_records(spec.removeprefix("file:"), users, domain=domain, numeric=numeric)
-    name = spec.lower()
-    if name not in bench.datasets:
+    name, sources = spec.lower(), family.sources
+    if name not in sources:
         files = " or file:PATH" if bench.files else ""
         raise ValueError(
-            f"unknown {family.name} dataset {spec!r}; use one of {', '.join(bench.datasets)}{files}"
+            f"unknown {family.name} dataset {spec!r}; use one of {', '.join(sources)}{files}"
         )
-    return synthetic_dataset(name, users, slots, seed, independent=bench.independent)
+    source: SlotSource = sources[name](users, slots, seed, task)
+    return source
 
 
 def _port(

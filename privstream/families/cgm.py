@@ -8,6 +8,7 @@ from typing import Any, Final
 
 from privstream.experiments import scores as utility
 from privstream.families.spec import BenchSpec, Family, MetricSpec, Option
+from privstream.families.tasks import BALL, MEAN
 from privstream.mechanisms import cgm
 from privstream.mechanisms.tasks import MeanTask
 
@@ -60,9 +61,10 @@ FAMILY: Final = Family(
     window=48,
     users=5000,
     default="CGM",
-    numeric=True,
-    histograms=False,
-    length_window=True,
+    tasks=(MEAN, BALL),
+    window_default="slots",
+    oracle_reports=False,
+    delta_option="delta",
     task=MeanTask(0.0, 1.0),
     options=(
         Option("delta", _open_fraction, 1e-5, "δ of the (ε, δ) budget"),

@@ -8,6 +8,7 @@ from typing import Final
 
 from privstream.experiments import scores as utility
 from privstream.families.spec import BenchSpec, Family, MetricSpec, Option
+from privstream.families.tasks import FREQUENCY, MEAN
 from privstream.mechanisms import ldp_ids
 
 
@@ -41,7 +42,7 @@ FAMILY: Final = Family(
     window=20,
     users=200_000,
     default="LPA",
-    numeric=True,
+    tasks=(FREQUENCY, MEAN),
     options=(Option("beta", _fraction, 0.5, "share β of the dissimilarity step"),),
     metrics=METRICS,
     bench=BenchSpec(

@@ -7,6 +7,7 @@ from typing import Final
 
 from privstream.experiments import scores as utility
 from privstream.families.spec import BenchSpec, Family
+from privstream.families.tasks import FREQUENCY
 from privstream.mechanisms import personalized
 
 FAMILY: Final = Family(
@@ -18,6 +19,7 @@ FAMILY: Final = Family(
     window=120,
     users=20_000,
     default="PBD",
+    tasks=(FREQUENCY,),
     requirements=personalized.requirement_arrays,
     bench=BenchSpec(
         datasets=("tlns", "sin", "log"),

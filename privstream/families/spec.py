@@ -57,6 +57,72 @@ class Option:
     help: str
 
 
+class FlowTable(Protocol):
+    """What a task type's flow-file parser reads: the stream's table (``flows.config``), whose
+    readers raise the config's own error naming the key."""
+
+    @property
+    def data(self) -> Mapping[str, Any]: ...
+
+    def integer(self, key: str, low: int) -> int: ...
+
+    def number(self, key: str) -> float: ...
+
+    def numbers(self, key: str, what: str) -> tuple[float, ...]: ...
+
+    def table(self, key: str) -> Any: ...
+
+    def error(self, key: str | None, message: str) -> Exception: ...
+
+
+@dataclass(frozen=True)
+class TaskType:
+    """One kind of estimation task a family releases, and how a flag or a flow-file value
+    parses into it.
+
+    ``key``: the flow-file key it owns (``domain = 8``, ``threshold = 0.5``); ``describe``: how
+    the config's messages show that key; ``parse_flow(table)`` reads the key from a stream's
+    table into the stream's task value (refusing with ``table.error``); ``classes``: the
+    ``EstimationTask`` classes it covers (what a source's task is judged against); ``flag``,
+    ``help``, ``parse_flag(text)``: the ``privstream run/bench <family>`` flag it owns (None:
+    none beyond the generic ``--domain``), ``dest`` its argparse name; ``keyword``: the
+    ``flows.dataflow.build`` keyword the parsed flag value goes to (``task``: an
+    ``EstimationTask``); ``show(value)``: the task value as the config summary prints it."""
+
+    name: str
+    key: str
+    describe: str
+    parse_flow: Callable[[FlowTable], Any]
+    classes: tuple[type[EstimationTask], ...]
+    flag: str | None = None
+    help: str = ""
+    parse_flag: Callable[[str], Any] | None = None
+    keyword: str = "task"
+    show: Callable[[Any], str] = repr
+
+    @property
+    def dest(self) -> str:
+        """The argparse name of ``flag`` (``--mean-range`` → ``mean_range``)."""
+        return (self.flag or "").removeprefix("--").replace("-", "_")
+
+
+DatasetFactory = Callable[[int, int, int, "EstimationTask | None"], Any]
+"""A dataset: ``(users, slots, seed, task)`` → a slot source (``connectors.datasets.SlotSource``;
+``task``: the run's task where one was given, else None)."""
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """An extra output a family's mechanisms emit beside releases, ledger entries and dead
+    letters: the operator yields ``(name, record)`` items; a flow routes them to the file
+    ``--<name>-out`` (``<name>_out`` in ``flows.dataflow.build``) as JSON lines. ``record`` is
+    the record's type (a dataclass; its fields are the JSON object)."""
+
+    name: str
+    record: type
+    help: str
+
+
 @dataclass(frozen=True)
 class BenchSpec:
     """What ``privstream bench <family>`` runs and reports.
@@ -114,13 +180,24 @@ class Family:
     default: str
     bench: BenchSpec
     options: tuple[Option, ...] = ()
-    numeric: bool = False
-    """True when the family also estimates means (``--mean-range``, ``--domain LO:HI``)."""
-    histograms: bool = True
-    """False when the family estimates means only."""
-    length_window: bool = False
-    """True when the window is the stream's length ``l`` (the reports one budget covers): it
-    defaults to ``--slots``."""
+    tasks: tuple[TaskType, ...] = ()
+    """The task types the family releases (``families.tasks``: the built-in frequency, mean and
+    ball types; a family may declare its own); empty: frequencies only."""
+    datasets: Mapping[str, DatasetFactory] = field(default_factory=dict)
+    """The family's own datasets by name (``sources``: these, or else the built-in synthetic
+    datasets ``bench.datasets`` names)."""
+    window_default: str = "fixed"
+    """``fixed``: the window defaults to ``window``; ``slots``: the window is the stream's length
+    ``l`` (the reports one budget covers) and defaults to ``--slots``."""
+    oracle_reports: bool = True
+    """Users report through an LDP frequency oracle, simulated per user or in aggregate
+    (``--client-path``, flow key ``client_path``) when privstream simulates the clients."""
+    delta_option: str | None = None
+    """The option that is the δ of an (ε, δ) budget: bounded by ``1/users`` unless
+    ``--allow-large-delta`` (``population.allow_large_delta``), defaulted from
+    ``population.delta``."""
+    outputs: tuple[OutputSpec, ...] = ()
+    """Extra outputs the family's mechanisms emit (``OutputSpec``)."""
     task: EstimationTask = field(default_factory=lambda: FrequencyTask(2))
     """The task of the family's examples (the conformance checks)."""
     requirements: Requirements | None = None
@@ -133,6 +210,38 @@ class Family:
         modes = {m.trust_modes for m in self.mechanisms.values()}
         if len(modes) != 1:
             raise ValueError(f"family {self.name}: its mechanisms declare different trust modes")
+
+    @property
+    def task_types(self) -> tuple[TaskType, ...]:
+        """The declared task types (the frequency type where none is declared)."""
+        if self.tasks:
+            return self.tasks
+        from privstream.families.tasks import FREQUENCY
+
+        return (FREQUENCY,)
+
+    def takes(self, key: str) -> bool:
+        """The family declares a task type owning the flow-file key ``key``."""
+        return any(t.key == key for t in self.task_types)
+
+    def accepts(self, task: EstimationTask) -> bool:
+        """``task`` is of a class one of the family's task types covers."""
+        return any(isinstance(task, t.classes) for t in self.task_types)
+
+    @property
+    def sources(self) -> Mapping[str, DatasetFactory]:
+        """Every dataset the family's bench and harness accept, by name (``privstream run``
+        also accepts every built-in synthetic dataset)."""
+        if self.datasets:
+            return self.datasets
+        from privstream.connectors.datasets import synthetic_sources
+
+        return synthetic_sources(self.bench.datasets, independent=self.bench.independent)
+
+    @property
+    def client_path(self) -> bool:
+        """The family's runs choose how simulated users report (``--client-path``)."""
+        return self.simulates_clients and self.oracle_reports
 
     @property
     def trust(self) -> TrustMode:
