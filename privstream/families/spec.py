@@ -112,18 +112,6 @@ DatasetFactory = Callable[[int, int, int, "EstimationTask | None"], Any]
 
 
 @dataclass(frozen=True)
-class OutputSpec:
-    """An extra output a family's mechanisms emit beside releases, ledger entries and dead
-    letters: the operator yields ``(name, record)`` items; a flow routes them to the file
-    ``--<name>-out`` (``<name>_out`` in ``flows.dataflow.build``) as JSON lines. ``record`` is
-    the record's type (a dataclass; its fields are the JSON object)."""
-
-    name: str
-    record: type
-    help: str
-
-
-@dataclass(frozen=True)
 class BenchSpec:
     """What ``privstream bench <family>`` runs and reports.
 
@@ -196,8 +184,6 @@ class Family:
     """The option that is the δ of an (ε, δ) budget: bounded by ``1/users`` unless
     ``--allow-large-delta`` (``population.allow_large_delta``), defaulted from
     ``population.delta``."""
-    outputs: tuple[OutputSpec, ...] = ()
-    """Extra outputs the family's mechanisms emit (``OutputSpec``)."""
     task: EstimationTask = field(default_factory=lambda: FrequencyTask(2))
     """The task of the family's examples (the conformance checks)."""
     requirements: Requirements | None = None
