@@ -19,7 +19,7 @@ import functools
 import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import bytewax.operators as op
 from bytewax.dataflow import Stream
@@ -166,3 +166,14 @@ def chain_events(
     by_stream = op.key_on("stages_by_stream", back, lambda p: p.origin[0])
     done = op.stateful_map("stages_reassemble", by_stream, _reassemble)
     return op.flat_map_value("stages_out", done, lambda batches: batches)
+
+
+STATEFUL_MAP: Final = ".stateful_flat_map.stateful.stateful_batch"
+"""Where a ``stateful_map`` step keeps its state (the persisted step id's tail)."""
+
+
+def persisted_steps(stages: Sequence[Stage]) -> list[str]:
+    """The persisted step ids ``chain_events`` adds (relative to the operator it sits in), in
+    the dataflow's order: part of the recovery format of a stream with these stages."""
+    names = ["stages_sequence", *(f"{s.name}_step" for s in stages), "stages_reassemble"]
+    return [name + STATEFUL_MAP for name in names] if stages else []

@@ -133,11 +133,12 @@ def test_the_conformance_checks_pass(external_site: dict) -> None:
     from privstream.conformance.checks import yield_checks
 
     ran = []
-    for check in yield_checks(Registered(registry.family("example-stages"), "RR"), flows=False):
+    for check in yield_checks(Registered(registry.family("example-stages"), "RR")):
         if check.skip is None:
             check()
             ran.append(check.name)
-    assert "one_release_per_slot" in ran and "pickle_restore" in ran
+    assert "one_release_per_slot" in ran and "recovery_round_trip" in ran
+    assert "pinned_step_ids" in ran and "two_workers" in ran
 
 
 def test_a_flow_file_with_the_family_checks(
