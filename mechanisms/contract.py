@@ -39,7 +39,7 @@ class Slot:
 
     stream: str
     index: int
-    port: ClientPort | CuratorPort
+    port: ClientPort | CuratorPort | ReportPort
     randomness: SlotRandomness
 
     @property

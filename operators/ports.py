@@ -54,7 +54,7 @@ class Ports:
         values: NDArray[np.float64],
         randomness: SlotRandomness,
         client_state: Any = None,
-    ) -> ClientPort | CuratorPort:
+    ) -> ClientPort | CuratorPort | ReportPort:
         raise NotImplementedError
 
 
