@@ -96,6 +96,23 @@ def absent_mask(values: NDArray[np.float64] | NDArray[np.int64]) -> NDArray[np.b
     return np.asarray(values == ABSENT, dtype=bool)
 
 
+@dataclass(frozen=True)
+class ReportPort:
+    """``ldp-reports``: the slot's reports as the devices sent them, already randomised by a
+    device stage (``mechanisms.stages``) before they reached the server; NaN: no report. The
+    server reads nothing else of the users."""
+
+    reports: NDArray[np.float64]
+
+    @property
+    def population(self) -> int:
+        return int(self.reports.shape[0])
+
+    def eligible(self) -> NDArray[np.bool_]:
+        """Users who reported this slot."""
+        return ~absent_mask(self.reports)
+
+
 class SimulatedClientPort:
     """Runs ``LocSan`` (spec Alg. 1) for the selected users with per-slot seeded randomness.
 
@@ -462,3 +479,22 @@ class SimulatedCurator:
         return ClassHistogram(
             classes.windows, classes.epsilons, classes.sizes, counts, classes.digest
         )
+
+
+def slot_port(
+    mode: str,
+    values: NDArray[Any],
+    task: EstimationTask,
+    randomness: SlotRandomness,
+    path: ClientPath = "aggregate",
+    requirements: Requirements | None = None,
+    clients: Any = None,
+) -> ClientPort | CuratorPort | ReportPort:
+    """The engine-free port of trust mode ``mode`` over one slot's ``values`` (the bench
+    harness and the conformance checks): a curator of ``requirements`` (``cdp``), the devices'
+    reports as given (``ldp-reports``), else privstream's simulated clients."""
+    if mode == "cdp":
+        return SimulatedCurator(values, task, requirements or Requirements())
+    if mode == "ldp-reports":
+        return ReportPort(values)
+    return SimulatedClientPort(values, task, randomness, path, clients)

@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, Final, Generic, Literal, TypeVar, cast
 
-from privstream.mechanisms.client import ClientPort, CuratorPort
+from privstream.mechanisms.client import ClientPort, CuratorPort, ReportPort
 from privstream.mechanisms.errors import IncompatibleState
 from privstream.mechanisms.guarantees import Guarantee
 from privstream.mechanisms.rounds import Answers, Finished, Requests, answer_at_once
@@ -39,7 +39,7 @@ class Slot:
 
     stream: str
     index: int
-    port: ClientPort | CuratorPort
+    port: ClientPort | CuratorPort | ReportPort
     randomness: SlotRandomness
 
     @property
@@ -61,6 +61,17 @@ class Slot:
                 "this mechanism needs a trusted curator (a CuratorPort, trust mode cdp)"
             )
         return cast(CuratorPort, self.port)
+
+    @property
+    def reports(self) -> ReportPort:
+        """The devices' reports of this slot (``ldp-reports``: a device stage randomised
+        them); any other port is refused."""
+        if not isinstance(self.port, ReportPort):
+            raise TypeError(
+                f"slot {self.index} of stream {self.stream!r} carries no device reports; "
+                "this mechanism needs trust mode ldp-reports behind a device stage"
+            )
+        return self.port
 
 
 def _is_curator(port: object) -> bool:

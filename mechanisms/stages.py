@@ -21,11 +21,17 @@ Today's families declare one server stage keyed by stream (``server_stage``; the
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
+
+import numpy as np
+
+from privstream.mechanisms.client import absent_mask
+from privstream.schema.events import EventBatch
 
 Role = Literal["randomizer", "shuffler", "curator"]
 ROLES: Final[dict[str, Role]] = {
@@ -156,3 +162,191 @@ def server_stage(
 
 central_stage = server_stage
 """The same helper under the name of the central (trusted-curator) model."""
+
+
+# -- stages before the server: event batches, split by key and put back together ---------------
+
+
+EVENTS: Final = "EventBatch"
+"""The batch type of a stage before the server: a stream's events (``schema.events``), rows
+in columns. Such a stage maps each batch of its key's rows to one batch of as many rows."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """What a key function of a stage before the server reads of one event row."""
+
+    stream: str
+    slot: int
+    user: Any
+    partition: int
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Some rows of one input batch on their way through the stages before the server:
+    ``origin`` (stream, partition, sequence number) and ``total`` rows name the batch they came
+    from, ``positions`` their places in it, ``key`` the current stage's key of them, and
+    ``marker`` the batch's end-of-slot marker (``complete_through``, ``marker_tag``), which
+    travels beside the rows and is put back on the batch once every row is back."""
+
+    origin: tuple[str, int, int]
+    total: int
+    positions: Any
+    batch: Any
+    marker: tuple[int | None, str | None] = (None, None)
+    key: str = ""
+
+
+_COLUMNS: Final = ("slots", "users", "values", "epsilons", "windows")
+
+
+def take_rows(batch: Any, rows: Any) -> Any:
+    """The rows ``rows`` (an index array) of an event batch, every column alike."""
+    changes: dict[str, Any] = {
+        c: getattr(batch, c)[rows] for c in _COLUMNS if getattr(batch, c) is not None
+    }
+    if batch.raw is not None:
+        changes["raw"] = [batch.raw[int(i)] for i in np.asarray(rows)]
+    return dataclasses.replace(batch, **changes)
+
+
+def piece_of(batch: Any, sequence: int) -> Piece:
+    """A whole input batch as the first piece of its ``sequence`` number (its stream and
+    partition's count of batches), its marker held beside it."""
+    bare = dataclasses.replace(batch, complete_through=None, marker_tag=None)
+    origin = (str(batch.stream), int(batch.partition), sequence)
+    return Piece(origin, len(batch), np.arange(len(batch)), bare,
+                 (batch.complete_through, batch.marker_tag))  # fmt: skip
+
+
+def split(piece: Piece, key: StageKey) -> list[Piece]:
+    """``piece`` cut by ``key`` (of every row): one piece per key, rows in their order."""
+    batch = piece.batch
+    keys = [
+        key.of(Row(batch.stream, int(s), u, batch.partition))
+        for s, u in zip(batch.slots, batch.users, strict=True)
+    ]
+    groups: dict[str, list[int]] = {}
+    for i, k in enumerate(keys):
+        groups.setdefault(k, []).append(i)
+    return [
+        dataclasses.replace(
+            piece, positions=piece.positions[idx], batch=take_rows(batch, idx), key=k
+        )
+        for k, rows in groups.items()
+        for idx in [np.asarray(rows, dtype=np.int64)]
+    ]
+
+
+def step_piece(stage: Stage, state: Any, piece: Piece) -> tuple[Any, Piece]:
+    """Run ``stage``'s step on the rows of ``piece``: it must return one batch of as many rows
+    (the rows keep their places), else the stage is refused by name."""
+    assert stage.step is not None
+    new, out = stage.step(state, piece.batch)
+    batches = list(out)
+    if len(batches) != 1 or len(batches[0]) != len(piece.batch):
+        raise ValueError(
+            f"stage {stage.name!r} must map a batch of {len(piece.batch)} rows to one batch "
+            "of as many rows"
+        )
+    return new, dataclasses.replace(piece, batch=batches[0])
+
+
+def merge(pieces: Sequence[Piece]) -> Any:
+    """The input batch the ``pieces`` of one origin came from, rows back in their places and
+    its marker back on it (``pieces`` hold every row: ``total`` of them)."""
+    first = pieces[0]
+    positions = np.concatenate([p.positions for p in pieces])
+    order = np.argsort(positions, kind="stable")
+    parts = [p.batch for p in pieces]
+    changes: dict[str, Any] = {}
+    for c in _COLUMNS:
+        cols = [getattr(b, c) for b in parts]
+        if all(col is not None for col in cols):
+            changes[c] = np.concatenate(cols)[order]
+    if all(b.raw is not None for b in parts):
+        raw = [line for b in parts for line in b.raw]
+        changes["raw"] = [raw[int(i)] for i in order]
+    else:
+        changes["raw"] = None
+    through, tag = first.marker
+    return dataclasses.replace(first.batch, complete_through=through, marker_tag=tag, **changes)
+
+
+def complete(pieces: Sequence[Piece]) -> bool:
+    """Every row of the pieces' origin batch is back."""
+    return bool(pieces) and sum(len(p.positions) for p in pieces) == pieces[0].total
+
+
+StageStates = dict[str, dict[str, Any]]
+"""Every stage's states by key: ``{stage name: {key: state}}``."""
+
+
+def run_chain(
+    stages: Sequence[Stage], batches: Sequence[Any], states: StageStates | None = None
+) -> list[Any]:
+    """Run event ``batches`` through ``stages`` in order, engine-free (the bench harness and
+    the conformance checks run this; the dataflow runs the same ``split``/``step_piece``/
+    ``merge`` through ``flows.stages``): every row meets only its key's state in each stage;
+    ``states`` (mutated) carries the states from one call to the next. Returns the batches as
+    the server receives them, in order."""
+    check_chain(stages)
+    states = {} if states is None else states
+    out: list[Any] = []
+    for sequence, batch in enumerate(batches):
+        pieces = [piece_of(batch, sequence)]
+        for stage in stages:
+            held = states.setdefault(stage.name, {})
+            stepped = []
+            for piece in (q for p in pieces for q in split(p, stage.key)):
+                state = held[piece.key] if piece.key in held else stage.state()
+                new, moved = step_piece(stage, state, piece)
+                if new is None:
+                    held.pop(piece.key, None)
+                else:
+                    held[piece.key] = new
+                stepped.append(moved)
+            pieces = stepped
+        out.append(merge(pieces) if pieces else batch)
+    return out
+
+
+def pre_server(mechanisms: Sequence[Any]) -> tuple[Stage, ...]:
+    """The stages the ``mechanisms`` of one stream run before their server stage (every stage
+    ``Mechanism.stages()`` declares but the last): none for today's one-stage families. A
+    stream whose mechanism has stages before the server runs that one mechanism alone (the
+    stages randomise its input for its own budget); their batch types must meet."""
+    chains = [tuple(m.stages()[:-1]) for m in mechanisms]
+    if not any(chains):
+        return ()
+    if len(mechanisms) > 1:
+        raise ValueError(
+            "a mechanism with stages before its server stage runs alone on its stream: "
+            f"{', '.join(m.name for m in mechanisms)} were asked together"
+        )
+    check_chain(chains[0])
+    if chains[0][0].input_name != EVENTS or chains[0][-1].output_name != EVENTS:
+        raise ValueError(
+            f"the stages before the server take and give {EVENTS}; "
+            f"{chains[0][0].name!r} takes {chains[0][0].input_name}, "
+            f"{chains[0][-1].name!r} gives {chains[0][-1].output_name}"
+        )
+    return chains[0]
+
+
+def chain_slot(
+    stages: Sequence[Stage], stream: str, slot: int, values: Any, states: StageStates
+) -> Any:
+    """One slot's ``values`` (one per user index, absent: NaN or -1) through ``stages`` as one
+    event batch (``run_chain``), engine-free: the values the server receives, in a copy (the
+    absent users stay absent). Without stages, ``values`` themselves."""
+    if not stages:
+        return values
+    present = np.flatnonzero(~absent_mask(values))
+    rows = np.asarray(values[present], dtype=np.float64)
+    batch = EventBatch(stream, np.full(present.shape[0], slot, dtype=np.int64), present, rows)
+    (received,) = run_chain(stages, [batch], states)
+    out = values.copy()
+    out[np.asarray(received.users, dtype=np.int64)] = received.values
+    return out

@@ -33,8 +33,10 @@ from bytewax.dataflow import operator
 from bytewax.operators import KeyedStream
 
 from privstream.families.registry import Family, FamilyConfig, family
+from privstream.flows.stages import chain_events
 from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.seeding import NoiseKey
+from privstream.mechanisms.stages import pre_server
 from privstream.operators.registration import Preferences, check_closed_population
 from privstream.operators.slotting import MechanismOut, SlottingConfig, slotted_mechanism
 from privstream.schema.events import EventBatch
@@ -64,6 +66,10 @@ def family_mechanisms(
     registration table of a central-DP (``cdp``) family, or the closed population of an LDP
     family: only its users enrol (sybils cannot take seats), each entry's requirement checked
     against the stream's one guarantee (``check_closed_population``).
+
+    A mechanism that declares stages before its server stage (``Mechanism.stages()``) has them
+    wired between ``up`` and the slotted operator (``flows.stages.chain_events``), each keyed
+    by its own key with its own snapshotted state; a one-stage family adds no step.
     """
     entry = _family(family)
     names = entry.names(mechanism)
@@ -73,10 +79,14 @@ def family_mechanisms(
     budget = cost.budget
     if registration is not None and not entry.needs_registration:
         check_closed_population(registration, config.epsilon, cost, config.population)
+    mechanisms = entry.build_shared(names, config, split.shares)
+    stages = pre_server(mechanisms)
+    if stages:  # devices, a shuffler ...: keyed by their own keys, then by stream again
+        up = chain_events(up, stages)
     return slotted_mechanism(
         "mechanism",
         up,
-        mechanisms=entry.build_shared(names, config, split.shares),
+        mechanisms=mechanisms,
         task=config.task,
         population=config.population,
         secret=secret,

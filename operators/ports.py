@@ -4,7 +4,8 @@ The mechanisms declare the trust modes they support (``Mechanism.trust_modes``);
 picks the mode they share and builds its ``Ports``: ``SimulatedClients`` (``ldp-simulated``:
 privstream's client code behind a ``ClientPort``) or ``TrustedCurator`` (``cdp``: the registered
 users' values and requirements behind a ``CuratorPort``). ``ldp-reports`` (devices perturb
-their own values) has no server-side port in this version and is refused.
+their own values, in a device stage before the server: ``mechanisms.stages``) gets
+``DeviceReports``: the slot's reports as they arrived (``ReportPort``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from privstream.mechanisms.client import (
     ClientPath,
     ClientPort,
     CuratorPort,
+    ReportPort,
     Requirements,
     SimulatedClientPort,
     SimulatedCurator,
@@ -52,7 +54,7 @@ class Ports:
         values: NDArray[np.float64],
         randomness: SlotRandomness,
         client_state: Any = None,
-    ) -> ClientPort | CuratorPort:
+    ) -> ClientPort | CuratorPort | ReportPort:
         raise NotImplementedError
 
 
@@ -111,6 +113,23 @@ class TrustedCurator(Ports):
         return SimulatedCurator(values, self.task, cached[1])
 
 
+@dataclass(frozen=True)
+class DeviceReports(Ports):
+    """``ldp-reports``: the values that reach the server are the devices' reports (a device
+    stage randomised them); the port hands them over as they are."""
+
+    mode: ClassVar[TrustMode] = "ldp-reports"
+
+    def port(
+        self,
+        state: StreamState,
+        values: NDArray[np.float64],
+        randomness: SlotRandomness,
+        client_state: Any = None,
+    ) -> ReportPort:
+        return ReportPort(values)
+
+
 def ports_for(
     mechanisms: Sequence[Mechanism[Any, Any]],
     task: EstimationTask,
@@ -138,4 +157,4 @@ def ports_for(
         return SimulatedClients(task, path, members)
     if registration is not None:
         raise ValueError(f"a registration table is for cdp and ldp-simulated; these run {mode}")
-    raise ValueError(f"trust mode {mode!r} has no server-side port in this version")
+    return DeviceReports()

@@ -38,9 +38,9 @@ from privstream.families.registry import Registered
 from privstream.mechanisms.client import (
     ClientPort,
     CuratorPort,
+    ReportPort,
     Requirements,
-    SimulatedClientPort,
-    SimulatedCurator,
+    slot_port,
 )
 from privstream.mechanisms.contract import (
     ClassSpend,
@@ -54,6 +54,7 @@ from privstream.mechanisms.driver import Lane, drive_slot
 from privstream.mechanisms.errors import IncompatibleState
 from privstream.mechanisms.guarantees import WindowScope
 from privstream.mechanisms.seeding import SlotRandomness
+from privstream.mechanisms.stages import chain_slot, pre_server
 from privstream.mechanisms.trust import needs_registration
 
 SEED = 11
@@ -110,13 +111,16 @@ def make_slot(mech: Mechanism[Any, Any], t: int, seed: int = SEED, clients: Any 
 
 def _port(
     mech: Mechanism[Any, Any], t: int, randomness: SlotRandomness, clients: Any
-) -> ClientPort | CuratorPort:
-    """The port of the mechanism's trust mode at slot ``t`` over the example population."""
+) -> ClientPort | CuratorPort | ReportPort:
+    """The port of the mechanism's trust mode at slot ``t`` over the example population, as
+    its stages before the server hand it on (``chain_slot``: the devices' reports; fresh
+    stage states, so a replay of a slot is the same)."""
     n = mech.conformance.population
     values, task = population_values(t, n), mech.config.task
-    if needs_registration(mech.trust_modes[0]):
-        return SimulatedCurator(values, task, registration(n))
-    return SimulatedClientPort(values, task, randomness, client_state=clients)
+    values = chain_slot(pre_server([mech]), "conf", t, values, {})
+    mode = mech.trust_modes[0]
+    regs = registration(n) if needs_registration(mode) else None
+    return slot_port(mode, values, task, randomness, requirements=regs, clients=clients)
 
 
 States = tuple[Any, Any]

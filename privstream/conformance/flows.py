@@ -23,6 +23,8 @@ from bytewax.testing import TestingSink, TestingSource, cluster_main, run_main
 
 from privstream.connectors.jsonl import to_json
 from privstream.families.registry import Registered
+from privstream.flows.stages import persisted_steps
+from privstream.mechanisms.stages import pre_server
 from privstream.operators.family import family_mechanisms
 from privstream.operators.registration import Preferences
 from privstream.schema.events import EventBatch
@@ -106,7 +108,8 @@ def check_two_workers(registered: Registered) -> None:
 
 
 def check_pinned_step_ids(registered: Registered) -> None:
-    """The stateful step's id is part of the recovery format: ``<step>.mechanism.slots``."""
+    """The stateful step's id is part of the recovery format: ``<step>.mechanism.slots``
+    (after the steps of the stages before the server, ``flows.stages.persisted_steps``)."""
     flow, _ = _flow(registered, [])
     found: list[str] = []
 
@@ -117,7 +120,9 @@ def check_pinned_step_ids(registered: Registered) -> None:
             walk(sub)
 
     walk(flow)
-    pinned = ["conformance.in", "conformance.family.mechanism.slots", "conformance.r",
+    mech = registered.example(registered.family.mechanisms[registered.name].conformance.population)
+    chain = [f"conformance.family.{step}" for step in persisted_steps(pre_server([mech]))]
+    pinned = ["conformance.in", *chain, "conformance.family.mechanism.slots", "conformance.r",
               "conformance.l"]  # fmt: skip
     _require(found == pinned, registered, f"persisted step ids {found} ≠ {pinned}")
 

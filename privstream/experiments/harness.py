@@ -28,13 +28,14 @@ from privstream.mechanisms.client import (
     ClientPath,
     ClientPort,
     CuratorPort,
+    ReportPort,
     Requirements,
-    SimulatedClientPort,
-    SimulatedCurator,
+    slot_port,
 )
 from privstream.mechanisms.contract import Release
 from privstream.mechanisms.driver import Lane, drive_slot
 from privstream.mechanisms.seeding import SlotRandomness
+from privstream.mechanisms.stages import StageStates, chain_slot, pre_server
 from privstream.mechanisms.tasks import EstimationTask, FrequencyTask, MeanTask
 
 
@@ -88,10 +89,8 @@ def _port(
     path: ClientPath,
     requirements: Requirements | None,
     clients: Any = None,
-) -> ClientPort | CuratorPort:
-    if family.needs_registration:
-        return SimulatedCurator(values, task, requirements or Requirements())
-    return SimulatedClientPort(values, task, randomness, path, clients)
+) -> ClientPort | CuratorPort | ReportPort:
+    return slot_port(family.trust, values, task, randomness, path, requirements, clients)
 
 
 @dataclass
@@ -123,14 +122,22 @@ def _step_slot(
     task: EstimationTask,
     path: ClientPath,
     requirements: Requirements | None,
+    chains: dict[str, StageStates],
 ) -> None:
     """Step every mechanism of ``lanes`` once on slot ``t``'s shared ``values`` with the shared
     step driver (``mechanisms.driver``), each through its own port and
     ``SlotRandomness(seed, key, t, scope=name)``, and record its release. Each lane holds its
-    mechanism's state and its devices' state (``client_state``), moved on here."""
+    mechanism's state and its devices' state (``client_state``), moved on here. A mechanism
+    with stages before its server stage gets the values they hand on (``chain_slot``, their
+    states in ``chains``)."""
 
-    def port_for(_: str, randomness: SlotRandomness, clients: Any) -> ClientPort | CuratorPort:
-        return _port(family, values, task, randomness, path, requirements, clients)
+    received = {  # each mechanism's stages before its server stage, engine-free
+        name: chain_slot(pre_server([lane.mechanism]), key, t, values, chains.setdefault(name, {}))
+        for name, lane in lanes.items()
+    }
+
+    def port_for(name: str, randomness: SlotRandomness, clients: Any) -> Any:
+        return _port(family, received[name], task, randomness, path, requirements, clients)
 
     step = drive_slot(
         lanes, key, t, port_for, lambda name: SlotRandomness(seed, key, t, scope=name),
@@ -210,12 +217,13 @@ def run_lockstep(
     T, d = source.slots, task.d
     traces = {name: _Trace(np.empty((T, d)), np.zeros(T)) for name in mechanisms}
     truth = np.empty((T, d))
+    chains: dict[str, StageStates] = {}
     scale = source.users if family.bench.counts else 1
     for t in range(1, T + 1):
         values = source.values(t)
         truth[t - 1] = source.truth(t) * scale
         _step_slot(family, lanes, traces, values, t, key=key, seed=seed, task=task,
-                   path=path, requirements=requirements)  # fmt: skip
+                   path=path, requirements=requirements, chains=chains)  # fmt: skip
         if progress is not None:
             progress.update(1)
     return _runs(traces, truth, key, epsilon, window, seed, source.users)

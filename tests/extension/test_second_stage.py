@@ -1,0 +1,201 @@
+"""The worked example's axis "a second stage with another key": ``example-stages`` (a module in
+``site/``, registered by entry point) randomises each user's bit on a device stage keyed by
+user shard before LBU's server stage keyed by stream. It runs through ``privstream run`` (in
+process and in a subprocess), a flow file's check, the bench harness and the conformance
+checks, and nothing in privstream names it.
+
+Tolerances: randomized response at ε' = ε/w keeps a bit with ``p = e^ε'/(1+e^ε')``; the
+de-biased frequency of ones over ``m`` reports has variance ``p(1−p)/(m (2p−1)²)``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from privstream.cli import main
+from privstream.connectors.datasets import synthetic_dataset
+from privstream.families import registry
+from privstream.families.spec import Registered
+from privstream.mechanisms.stages import pre_server, run_chain, shard_of
+from privstream.mechanisms.tasks import FrequencyTask
+from privstream.schema.events import EventBatch
+
+USERS, SLOTS, EPS, WINDOW = 2000, 12, 5.0, 5
+P = math.exp(EPS / WINDOW) / (1 + math.exp(EPS / WINDOW))
+SD = math.sqrt(P * (1 - P) / (USERS * (2 * P - 1) ** 2))
+ARGV = ["run", "example-stages", "--users", str(USERS), "--slots", str(SLOTS),
+        "--insecure-seed", "7", "--dataset", "sin", "--no-progress"]  # fmt: skip
+
+
+def _truth() -> list[float]:
+    data = synthetic_dataset("sin", USERS, SLOTS, 1)
+    return [float(data.truth(t)[1]) for t in range(1, SLOTS + 1)]
+
+
+def _check_releases(path: Path) -> None:
+    releases = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["slot"] for r in releases] == list(range(1, SLOTS + 1))
+    assert {r["mechanism"] for r in releases} == {"RR"}
+    for release, truth in zip(releases, _truth(), strict=True):
+        assert abs(release["estimate"][1] - truth) <= 4 * SD, (release["slot"], truth)
+
+
+def test_the_family_declares_a_device_stage_keyed_by_user_shard(external_site: dict) -> None:
+    family = registry.family("example-stages")
+    mech = family.build("RR", _config())
+    device, server = mech.stages()
+    assert (device.role, device.key.name, device.trust_domain) == ("randomizer", "user shard",
+                                                                    "devices")  # fmt: skip
+    assert (server.role, server.key.name) == ("curator", "stream")
+    assert [s.name for s in pre_server([mech])] == ["randomize"]
+    ldp = registry.family("ldp-ids")
+    assert pre_server([ldp.build("LBU", _config())]) == ()  # one-stage families: no chain
+
+
+def _config():  # type: ignore[no-untyped-def]
+    return registry.family("example-stages").make_config(
+        epsilon=EPS, window=WINDOW, population=USERS, task=FrequencyTask(2)
+    )
+
+
+def test_privstream_run_in_process(external_site: dict, tmp_path: Path) -> None:
+    out = tmp_path / "rr.jsonl"
+    assert main([*ARGV, "--out", str(out)]) == 0
+    _check_releases(out)
+
+
+def test_privstream_run_in_a_subprocess(external_site: dict, tmp_path: Path) -> None:
+    out = tmp_path / "rr.jsonl"
+    code = "import sys; from privstream.cli import main; sys.exit(main())"
+    done = subprocess.run([sys.executable, "-c", code, *ARGV, "--out", str(out)],
+                          env=external_site, capture_output=True, text=True, timeout=300,
+                          check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    _check_releases(out)
+
+
+def test_each_shard_keeps_its_own_state_and_no_raw_value_reaches_the_server(
+    external_site: dict,
+) -> None:
+    mech = registry.family("example-stages").build("RR", _config())
+    stages = pre_server([mech])
+    users = np.array([f"user-{i}" for i in range(400)], dtype=object)
+    values = (np.arange(400) % 3 == 0).astype(np.float64)
+    raw = [f"user-{i},1,{v}" for i, v in enumerate(values)]
+    states: dict = {}
+    batches = [EventBatch("s", np.full(400, t), users, values, raw=raw, complete_through=t)
+               for t in (1, 2)]  # fmt: skip
+    received = run_chain(stages, batches, states)
+    shards = states["randomize"]
+    assert sorted(shards) == [f"shard-{k}" for k in range(4)]
+    for key, state in shards.items():
+        assert key == f"shard-{state.shard}"
+        assert {shard_of(u, 4) for u in state.reports} == {state.shard}
+        assert set(state.reports.values()) == {2}  # each of its users reported twice
+    assert sum(len(s.reports) for s in shards.values()) == 400
+    for sent, got in zip(batches, received, strict=True):
+        assert got.raw is None  # the events' raw lines stay on the devices
+        assert list(got.users) == list(sent.users) and got.complete_through == sent.complete_through
+        assert set(np.unique(got.values)) <= {0.0, 1.0}
+        flipped = float(np.mean(got.values != sent.values))
+        assert abs(flipped - (1 - P)) <= 4 * math.sqrt(P * (1 - P) / 400)
+
+
+def test_the_bench_harness_runs_the_device_stage(external_site: dict, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    argv = ["bench", "example-stages", "--users", str(USERS), "--slots", str(SLOTS),
+            "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    text = out.read_text()
+    result = json.loads(text)
+    maes = [v for v in _numbers(result, "mae")]
+    assert maes and all(0 < m <= 4 * SD for m in maes)  # noisy (the devices), near the truth
+
+
+def _numbers(obj: object, name: str) -> list[float]:
+    if isinstance(obj, dict):
+        found = [float(v) for k, v in obj.items() if k == name and isinstance(v, int | float)]
+        return found + [x for v in obj.values() for x in _numbers(v, name)]
+    if isinstance(obj, list):
+        return [x for v in obj for x in _numbers(v, name)]
+    return []
+
+
+def test_the_conformance_checks_pass(external_site: dict) -> None:
+    from privstream.conformance.checks import yield_checks
+
+    ran = []
+    for check in yield_checks(Registered(registry.family("example-stages"), "RR")):
+        if check.skip is None:
+            check()
+            ran.append(check.name)
+    assert "one_release_per_slot" in ran and "recovery_round_trip" in ran
+    assert "pinned_step_ids" in ran and "two_workers" in ran
+
+
+def test_a_flow_file_with_the_family_checks(
+    external_site: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flow = tmp_path / "flow.toml"
+    flow.write_text(textwrap.dedent("""
+        [kafka]
+        bootstrap = "localhost:9092"
+        input_topic = "events"
+        output_topic = "releases"
+
+        [population]
+        users = 1000
+        epsilon = 5.0
+        window = 5
+
+        [[streams]]
+        name = "rr"
+        family = "example-stages"
+        mechanisms = ["RR"]
+        domain = 2
+        share = 1.0
+        """))  # fmt: skip
+    assert main(["config", "check", str(flow)]) == 0
+    assert "example-stages" in capsys.readouterr().out
+
+
+def test_the_dataflow_wires_the_device_stage_and_puts_batches_back_in_order(
+    external_site: dict,
+) -> None:
+    """``chain_events`` (what ``family_mechanisms`` wires for this family in ``privstream run``
+    and in flow files) as a real Bytewax dataflow, states pickled after every step: every
+    batch reaches the server whole, in its order, marker on it, randomised, without raw lines,
+    and a marker-only batch does not overtake the rows before it."""
+    import bytewax.operators as op
+    from bytewax.dataflow import Dataflow
+    from bytewax.testing import TestingSink, TestingSource, run_main
+
+    from privstream.flows.stages import chain_events
+
+    mech = registry.family("example-stages").build("RR", _config())
+    users = np.array([f"u{i}" for i in range(300)], dtype=object)
+    sent = [EventBatch("s", np.full(300, t), users, (np.arange(300) % 2).astype(float),
+                       raw=[f"u{i}" for i in range(300)]) for t in (1, 2, 3)]  # fmt: skip
+    marker = EventBatch("s", np.zeros(0, np.int64), np.zeros(0, object), np.zeros(0),
+                        complete_through=2)  # fmt: skip
+    flow = Dataflow("stages_test")
+    keyed = op.key_on("by_stream", op.input("in", flow, TestingSource([sent[0], sent[1], marker,
+                                                                       sent[2]])), lambda b: b.stream)  # fmt: skip
+    got: list = []
+    op.output("out", chain_events(keyed, pre_server([mech]), roundtrip_state=True),
+              TestingSink(got))  # fmt: skip
+    run_main(flow)
+    batches = [b for _k, b in got]
+    assert [len(b) for b in batches] == [300, 300, 0, 300]
+    assert [b.complete_through for b in batches] == [None, None, 2, None]
+    for b, s in zip([batches[0], batches[1], batches[3]], sent, strict=True):
+        assert b.raw is None and list(b.users) == list(s.users)
+        assert list(b.slots) == list(s.slots) and set(np.unique(b.values)) <= {0.0, 1.0}
