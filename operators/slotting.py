@@ -39,10 +39,11 @@ from numpy.typing import NDArray
 
 from privstream.mechanisms.accountant import (
     BudgetSplit,
+    ClassKey,
     PopulationAccountant,
     check_shares,
-    class_spend,
 )
+from privstream.mechanisms.accounting import UnsupportedCharge
 from privstream.mechanisms.client import ClientPath
 from privstream.mechanisms.contract import Halt, LedgerEntry, Mechanism, Release, Slot
 from privstream.mechanisms.errors import IncompatibleState, PrivacyBudgetExceeded
@@ -529,8 +530,10 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
             for event in stamped:
                 out.append(("release", event) if isinstance(event, Release) else ("ledger", event))
         if worst is not None:
-            window, epsilon, spent = worst
-            BOARD.update_population(state.stream, epsilon, window, spent, len(self.mechanisms))
+            scope, budget, spent = worst
+            measure = next(iter(self.mechanisms.values())).privacy_cost.measure.kind
+            BOARD.update_population(state.stream, budget, scope, spent, len(self.mechanisms),
+                                    measure)  # fmt: skip
 
     def _step_one(
         self, state: StreamState, name: str, slot: int, values: NDArray[Any], out: list[Output]
@@ -609,30 +612,33 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
         stepped: dict[str, tuple[Any, list[Release | LedgerEntry]]],
         out: list[Output],
     ) -> bool:
-        """Charge the population accountant with every mechanism's window spend (a halted
-        mechanism's last one still counts); on an overspend halt them all before release."""
-        spends = []
+        """Charge the population accountant with every mechanism's accounting events (a halted
+        mechanism's last ones still count); on an overspend, or charges the accountant does not
+        support or cannot compose, halt them all before release."""
+        charges = []
         for name in self.mechanisms:
             events = stepped[name][1] if name in stepped else ()
             entry = next((e for e in events if isinstance(e, LedgerEntry)), None)
             entry = entry or state.tallies[name].last_ledger
             if entry is not None:
-                spends.append(class_spend(entry, self.plan.shares[name], self._population(name)))
+                charges.append(
+                    (entry.accounting_events, self.plan.shares[name], self._population(name))
+                )
         try:
-            state.accountant.charge(slot, spends)
-        except PrivacyBudgetExceeded as exc:
+            state.accountant.charge_events(slot, charges)
+        except (PrivacyBudgetExceeded, UnsupportedCharge) as exc:
             for name in stepped:
                 reason = f"population budget refused slot {slot}: {exc}"
                 self._halt(state, name, slot, reason, True, out)
             return False
         return True
 
-    def _population(self, name: str) -> tuple[int, float] | None:
+    def _population(self, name: str) -> ClassKey | None:
         """The one class of a population without per-user requirements: the declared window
         and the population's budget (None when users register their own requirements)."""
         if self.trust.tracks_requirements:
             return None
-        return self.mechanisms[name].privacy_cost.window or 1, self.plan.epsilon
+        return ClassKey(self.mechanisms[name].privacy_cost.window or 1, self.plan.epsilon)
 
     def _stamp(
         self, event: Release | LedgerEntry, worst: tuple[int, float, float] | None
@@ -645,7 +651,7 @@ class SlottedLogic(Ingest, StatefulBatchLogic[EventBatch, Output, StreamState]):
         if self.plan.split.evaluation:
             flags["evaluation"] = True
         if isinstance(event, LedgerEntry) and worst is not None:
-            flags["population_epsilon"], flags["population_window_spent"] = worst[1], worst[2]
+            flags["population_budget"], flags["population_spent"] = worst[1], worst[2]
         return dataclasses.replace(event, **flags) if flags else event
 
 
