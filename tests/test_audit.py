@@ -334,7 +334,7 @@ def test_the_accountant_overspend_across_mechanisms_is_caught(tmp_path: Path, ld
 
     def triple(r: dict[str, Any]) -> None:
         r["guarantee"]["epsilon"] *= 3
-        for field in ("epsilon", "charged", "window_spent"):
+        for field in ("budget", "charged", "spent"):
             r["classes"][0][field] *= 3
         for field in ("epsilon_m1", "epsilon_m2", "remaining"):
             r["details"][field] *= 3
@@ -357,7 +357,7 @@ def test_a_mechanism_charging_beyond_its_declared_share_is_caught(tmp_path: Path
     population's ε, where the stream now overspends."""
 
     def full(r: dict[str, Any]) -> None:
-        for field in ("epsilon", "charged", "window_spent"):
+        for field in ("budget", "charged", "spent"):
             r["classes"][0][field] *= 7
 
     ledger = edit(ldp.ledger, lambda r: r["mechanism"] == "LBU", full)
@@ -398,7 +398,7 @@ def test_a_uniform_baseline_gaining_a_class_is_summed_as_one_mechanism(tmp_path:
 
 def test_a_lying_window_spent_is_caught(tmp_path: Path, ldp: Run) -> None:
     def halve(r: dict[str, Any]) -> None:
-        r["classes"][0]["window_spent"] /= 2
+        r["classes"][0]["spent"] /= 2
 
     ledger = edit(ldp.ledger, at("LBD", 15), halve)
     status, report = audit(tmp_path, ldp.releases, ledger)
@@ -413,8 +413,8 @@ def test_a_lying_population_division_class_is_caught(tmp_path: Path, ldp: Run) -
     declaring less is a mismatch."""
 
     def understate(r: dict[str, Any]) -> None:
-        assert r["classes"][0]["window_spent"] > 0
-        r["classes"][0]["window_spent"] = 0.0
+        assert r["classes"][0]["spent"] > 0
+        r["classes"][0]["spent"] = 0.0
 
     ledger = edit(ldp.ledger, at("LPU", 15), understate)
     status, report = audit(tmp_path, ldp.releases, ledger)
@@ -429,7 +429,7 @@ def test_a_lying_population_window_spent_is_caught(tmp_path: Path, pers: Run) ->
     ledger = edit(
         pers.ledger,
         at("PBA", 90),
-        lambda r: r.update(population_window_spent=r["population_window_spent"] * 0.9),
+        lambda r: r.update(population_spent=r["population_spent"] * 0.9),
     )
     status, report = audit(tmp_path, pers.releases, ledger)
     assert status == 1 and failed(report) == {"declared_spend"}
@@ -503,12 +503,12 @@ def respend(
     records = [json.loads(line) for line in ledger]
     entry = next(r for r in records if r["mechanism"] == mechanism and r["slot"] == slot)
     one = entry["classes"][0]
-    new = spent(one["window_spent"])
-    shift = new - one["window_spent"]
-    one["window_spent"], entry["details"]["mu_spent"] = new, math.sqrt(new)
+    new = spent(one["spent"])
+    shift = new - one["spent"]
+    one["spent"], entry["details"]["mu_spent"] = new, math.sqrt(new)
     for r in records:
         if r["slot"] == slot:
-            r["population_window_spent"] += shift
+            r["population_spent"] += shift
     return dumps(records)
 
 
@@ -520,7 +520,7 @@ def test_the_cgm_flow_passes(tmp_path: Path, cgm: Run, scope: str) -> None:
     entries = run.records("ledger")
     assert {e["division"] for e in entries} == {"user"}
     last, spend = entries[-1], entries[-1]["classes"][0]
-    assert last["slot"] == C_SLOTS and spend["window_spent"] == pytest.approx(spend["epsilon"])
+    assert last["slot"] == C_SLOTS and spend["spent"] == pytest.approx(spend["epsilon"])
     if scope == "stream":
         assert last["guarantee"]["scope"] == "stream" and last["details"]["refused"] > 0
     else:
@@ -628,7 +628,7 @@ def test_an_expected_evaluation_may_exceed_the_population_budget(
 
 def test_entries_from_before_the_accountant_skip_it_with_a_note(tmp_path: Path, ldp: Run) -> None:
     def strip(r: dict[str, Any]) -> None:
-        del r["population_epsilon"], r["population_window_spent"]
+        del r["population_budget"], r["population_spent"]
 
     status, report = audit(tmp_path, ldp.releases, edit(ldp.ledger, lambda r: True, strip))
     assert status == 0

@@ -256,8 +256,8 @@ def test_run_personalized_writes_releases_and_class_ledgers(tmp_path: Path) -> N
     assert all(c["epsilon"] >= 0.6 / 2 for c in entry["classes"])
     assert sum(c["users"] for c in entry["classes"]) == 2000
     # the population accountant: both mechanisms together stay within the full requirement
-    assert entry["population_epsilon"] >= 0.6
-    assert 0 < entry["population_window_spent"] <= entry["population_epsilon"] * (1 + 1e-9)
+    assert entry["population_budget"] >= 0.6
+    assert 0 < entry["population_spent"] <= entry["population_budget"] * (1 + 1e-9)
     assert not entry["insecure_seed"] and not entry["evaluation"]
 
 

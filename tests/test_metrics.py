@@ -23,10 +23,10 @@ from privstream.operators.metrics import (
 from tests.metric_names import exposed_name
 
 POPULATION = (
-    "privstream_population_epsilon",
-    "privstream_population_window",
-    "privstream_population_window_budget_spent",
-    "privstream_population_window_budget_remaining",
+    "privstream_population_budget",
+    "privstream_population_scope_slots",
+    "privstream_population_budget_spent",
+    "privstream_population_budget_remaining",
     "privstream_population_mechanisms",
 )
 
@@ -49,13 +49,13 @@ def test_population_gauges_show_the_composed_budget_per_stream() -> None:
     got = scrape(board)
     sin, lns = (("stream", "sin"),), (("stream", "lns"),)
     assert {name: got[name][sin] for name in POPULATION} == {
-        "privstream_population_epsilon": 2.0,
-        "privstream_population_window": 20.0,
-        "privstream_population_window_budget_spent": 1.5,
-        "privstream_population_window_budget_remaining": 0.5,
+        "privstream_population_budget": 2.0,
+        "privstream_population_scope_slots": 20.0,
+        "privstream_population_budget_spent": 1.5,
+        "privstream_population_budget_remaining": 0.5,
         "privstream_population_mechanisms": 3.0,
     }
-    assert got["privstream_population_window_budget_remaining"][lns] == 1.0
+    assert got["privstream_population_budget_remaining"][lns] == 1.0
     assert all(set(got[name]) == {sin, lns} for name in POPULATION)  # label {stream} only
 
 
@@ -64,8 +64,8 @@ def test_population_spend_is_clamped_within_the_ledger_slack_only() -> None:
     board.update_population("a", epsilon=1.0, window=5, window_spent=1.0 + 1e-12, mechanisms=2)
     board.update_population("b", epsilon=1.0, window=5, window_spent=1.25, mechanisms=2)
     got = scrape(board)
-    spent = got["privstream_population_window_budget_spent"]
-    remaining = got["privstream_population_window_budget_remaining"]
+    spent = got["privstream_population_budget_spent"]
+    remaining = got["privstream_population_budget_remaining"]
     assert spent[(("stream", "a"),)] == 1.0  # rounding of summed shares: exactly ε
     assert spent[(("stream", "b"),)] == 1.25  # a real overspend is shown as it is
     assert remaining == {(("stream", "a"),): 0.0, (("stream", "b"),): 0.0}
@@ -76,8 +76,8 @@ def test_a_later_update_replaces_the_stream_and_non_finite_values_are_left_out()
     board.update_population("sin", epsilon=1.0, window=5, window_spent=0.2, mechanisms=2)
     board.update_population("sin", epsilon=math.inf, window=5, window_spent=0.4, mechanisms=2)
     got = scrape(board)
-    assert got["privstream_population_epsilon"] == {}
-    assert got["privstream_population_window_budget_spent"] == {(("stream", "sin"),): 0.4}
+    assert got["privstream_population_budget"] == {}
+    assert got["privstream_population_budget_spent"] == {(("stream", "sin"),): 0.4}
 
 
 def test_run_gauges_are_zero_by_default_and_set_by_set_run() -> None:
@@ -142,12 +142,12 @@ def test_the_process_board_is_served_by_the_public_registry() -> None:
     try:
         assert REGISTRY.get_sample_value("privstream_insecure_seed") == 1.0
         assert REGISTRY.get_sample_value("privstream_evaluation") == 1.0
-        remaining = "privstream_population_window_budget_remaining"
+        remaining = "privstream_population_budget_remaining"
         assert REGISTRY.get_sample_value(remaining, {"stream": "unit"}) == 0.5
     finally:
         BOARD.clear()
     assert REGISTRY.get_sample_value("privstream_insecure_seed") == 0.0
-    assert REGISTRY.get_sample_value("privstream_population_epsilon", {"stream": "unit"}) is None
+    assert REGISTRY.get_sample_value("privstream_population_budget", {"stream": "unit"}) is None
 
 
 def test_the_last_released_slot_is_what_was_handed_to_the_sink() -> None:
@@ -208,10 +208,10 @@ def test_ledger_gauges_read_the_entry_envelope_and_its_details() -> None:
     got = scrape(board)
     lpu_labels = (("mechanism", "LPU"), ("stream", "s"))
     pbd_labels = (("mechanism", "PBD"), ("stream", "s"))
-    assert got["privstream_epsilon"] == {lpu_labels: 0.5, pbd_labels: 1.0}
-    assert got["privstream_window"] == {lpu_labels: 10.0, pbd_labels: 4.0}
-    assert got["privstream_window_budget_spent"] == {lpu_labels: 0.5, pbd_labels: 1.5}
-    assert got["privstream_window_budget_remaining"] == {lpu_labels: 0.0, pbd_labels: 0.5}
+    assert got["privstream_budget"] == {lpu_labels: 0.5, pbd_labels: 1.0}
+    assert got["privstream_scope_slots"] == {lpu_labels: 10.0, pbd_labels: 4.0}
+    assert got["privstream_scope_budget_spent"] == {lpu_labels: 0.5, pbd_labels: 1.5}
+    assert got["privstream_scope_budget_remaining"] == {lpu_labels: 0.0, pbd_labels: 0.5}
     assert got["privstream_window_users_used"] == {lpu_labels: 30.0, pbd_labels: 10.0}
     assert got["privstream_users_available"] == {lpu_labels: 70.0, pbd_labels: 10.0}
     assert got["privstream_class_users"] == {
@@ -221,9 +221,9 @@ def test_ledger_gauges_read_the_entry_envelope_and_its_details() -> None:
     }
     # per class, the spend is compared with the class's own ε_c: the personalized mechanism's
     # worst class spent 1.5 of its 2.0, above the stream default ε = 1.0 and yet within budget
-    assert got["privstream_class_epsilon"] == {
+    assert got["privstream_class_budget"] == {
         (("class", "w10_e0.5"), *lpu_labels): 0.5,
         (("class", "w4_e1"), *pbd_labels): 1.0,
         (("class", "w2_e2"), *pbd_labels): 2.0,
     }
-    assert got["privstream_window_budget_spent"][pbd_labels] > got["privstream_epsilon"][pbd_labels]
+    assert got["privstream_scope_budget_spent"][pbd_labels] > got["privstream_budget"][pbd_labels]

@@ -66,7 +66,7 @@ def of_selected_flows(expr: str) -> str:
     """Keep only the series of ``expr`` (a per-process metric without a stream label) that
     come from a flow serving a selected stream × mechanism: joined on the scrape's ``instance``,
     the public endpoint both are served from."""
-    return f"({expr} and on (instance) {sel('privstream_epsilon')})"
+    return f"({expr} and on (instance) {sel('privstream_budget')})"
 
 
 def query(expr: str, legend: str, ref: str = "A", *, instant: bool = False) -> prometheus.Dataquery:
@@ -246,8 +246,8 @@ def pair_spend_panels() -> list[Builder[model.Panel]]:
             "mechanisms: the spend is their class closest to its own ε_c, which may lie above "
             "the stream's default ε — read the per-class panel for them.",
             [
-                pair("privstream_window_budget_spent", "spent"),
-                pair("privstream_epsilon", "ε", "B"),
+                pair("privstream_scope_budget_spent", "spent"),
+                pair("privstream_budget", "ε", "B"),
             ],
             dashed=["B"],
         ),
@@ -260,11 +260,11 @@ def pair_spend_panels() -> list[Builder[model.Panel]]:
             "violation (the PrivstreamWindowBudgetAboveEpsilon alert).",
             [
                 query(
-                    f"{by_class} ({sel('privstream_class_window_budget_spent')})",
+                    f"{by_class} ({sel('privstream_class_budget_spent')})",
                     "{{stream}} {{mechanism}} {{class}} spent",
                 ),
                 query(
-                    f"{by_class} ({sel('privstream_class_epsilon')})",
+                    f"{by_class} ({sel('privstream_class_budget')})",
                     "{{stream}} {{mechanism}} {{class}} ε_c",
                     "B",
                 ),
@@ -294,11 +294,11 @@ def composed_spend_panels() -> list[Builder[model.Panel]]:
             [
                 query(
                     "max by (stream) "
-                    f"({sel('privstream_population_window_budget_spent', mechanism=False)})",
+                    f"({sel('privstream_population_budget_spent', mechanism=False)})",
                     "{{stream}} spent",
                 ),
                 query(
-                    f"max by (stream) ({sel('privstream_population_epsilon', mechanism=False)})",
+                    f"max by (stream) ({sel('privstream_population_budget', mechanism=False)})",
                     "{{stream}} ε",
                     "B",
                 ),
@@ -370,8 +370,8 @@ def progress_panels() -> list[Builder[model.Panel]]:
 def configuration_panel() -> table.Panel:
     """The configured ε, window and population per stream × mechanism, as one table."""
     columns = {
-        "A": ("privstream_epsilon", "ε"),
-        "B": ("privstream_window", "window w (slots)"),
+        "A": ("privstream_budget", "ε"),
+        "B": ("privstream_scope_slots", "window w (slots)"),
         "C": ("privstream_population", "population n"),
     }
     targets = [
@@ -584,10 +584,10 @@ def variables() -> list[Builder[model.VariableModel]]:
 
     return [
         dashboard_builders.DatasourceVariable("datasource").label("Data source").type("prometheus"),
-        label_values("stream", "label_values(privstream_epsilon, stream)", "Stream"),
+        label_values("stream", "label_values(privstream_budget, stream)", "Stream"),
         label_values(
             "mechanism",
-            'label_values(privstream_epsilon{stream=~"$stream"}, mechanism)',
+            'label_values(privstream_budget{stream=~"$stream"}, mechanism)',
             "Mechanism",
         ),
     ]

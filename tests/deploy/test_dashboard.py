@@ -115,8 +115,8 @@ def test_dashboard_identity_and_variables(dashboard: dict[str, Any]) -> None:
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
     expected = {
-        "stream": "label_values(privstream_epsilon, stream)",
-        "mechanism": 'label_values(privstream_epsilon{stream=~"$stream"}, mechanism)',
+        "stream": "label_values(privstream_budget, stream)",
+        "mechanism": 'label_values(privstream_budget{stream=~"$stream"}, mechanism)',
     }
     for name, query in expected.items():
         variable = variables[name]
@@ -202,7 +202,7 @@ def test_queries_filter_on_stream_and_mechanism(dashboard: dict[str, Any]) -> No
     # the per-process flags follow the selection through the flows that serve it
     flags = [e for t, e in panel_queries(dashboard) if "privstream_insecure_seed" in e]
     assert flags and all(
-        'and on (instance) privstream_epsilon{stream=~"$stream"' in e for e in flags
+        'and on (instance) privstream_budget{stream=~"$stream"' in e for e in flags
     )
 
 

@@ -160,7 +160,7 @@ def test_requirements_are_registered_before_the_data_and_cannot_change() -> None
         ("requirement_changed", "u30"),
         ("unregistered_user", "u77"),
     ]
-    classes = {(c.window, c.epsilon, c.users) for c in ledger[-1].classes}
+    classes = {(c.scope, c.budget, c.users) for c in ledger[-1].classes}
     assert classes == {(4, 2.0, 20), (6, 1.0, 40)}
     assert all(entry.insecure_seed for entry in ledger)  # secret=3 is a public seed
 
@@ -189,7 +189,7 @@ def test_who_is_counted_does_not_depend_on_who_sent_data() -> None:
         ledger: list[Any] = []
         op.output("l", out.ledger, TestingSink(ledger))
         run_main(flow)
-        return {(c.window, c.epsilon, c.users) for c in ledger[-1].classes}
+        return {(c.scope, c.budget, c.users) for c in ledger[-1].classes}
 
     assert classes(range(30)) == classes(range(5, 25)) == {(4, 2.0, 10), (6, 1.0, 20)}
 
@@ -278,7 +278,7 @@ def test_class_gauges_are_exported() -> None:
     spent = [
         line
         for line in text.splitlines()
-        if line.startswith("privstream_class_window_budget_spent{")
+        if line.startswith("privstream_class_budget_spent{")
         and 'mechanism="PBA",stream="a"' in line
     ]
     assert {line.split('class="')[1].split('"')[0] for line in spent} == {

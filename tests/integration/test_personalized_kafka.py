@@ -93,7 +93,7 @@ def test_personalized_flow_over_kafka(
             assert max(sum(charge[i : i + w]) for i in range(len(charge))) <= eps * (1 + 1e-9)
         # both mechanisms together: the class closest to its full requirement stays within it
         for e in rows:
-            assert e["population_window_spent"] <= e["population_epsilon"] * (1 + 1e-9)
+            assert e["population_spent"] <= e["population_budget"] * (1 + 1e-9)
     dead = [
         (dict(m.headers())[DEAD_LETTER_REASON_HEADER].decode(), json.loads(m.value())["user"])
         for m in read_all(kafka, topics.dlq)
