@@ -172,13 +172,20 @@ def payer_of(division: Division, spend: ClassSpend, personalized: bool) -> Payer
 def charges_for(
     guarantee: Guarantee, division: Division, classes: tuple[ClassSpend, ...]
 ) -> tuple[Charge, ...]:
-    """The charges of one ledger entry's classes, in the guarantee's measure and scope (the
-    numbers are the classes' own, unchanged)."""
+    """The charges of one ledger entry's classes, in the guarantee's measure (the numbers are
+    the classes' own, unchanged). A windowed guarantee charges each class over its own window
+    w_c (a personal window under ``ClassScope``; a uniform baseline's classes keep theirs); the
+    other scopes are the guarantee's."""
     kind = charge_type(guarantee)
     personalized = isinstance(guarantee.scope, ClassScope)
+    windowed = isinstance(guarantee.scope, WindowScope)
     out = []
     for c in classes:
-        scope: Scope = ClassScope(c.scope) if personalized else guarantee.scope
+        scope: Scope = guarantee.scope
+        if personalized:
+            scope = ClassScope(c.scope)
+        elif windowed:
+            scope = WindowScope(c.scope)
         payer = payer_of(division, c, personalized)
         out.append(kind(payer, scope, c.scope, c.users, c.charged, c.spent, c.budget))
     return tuple(out)
@@ -208,6 +215,11 @@ def _span(scope: Scope) -> tuple[str, int]:
     if isinstance(scope, PeriodScope):
         return "period", scope.length
     return scope.kind, 0
+
+
+def window_of(scope: Scope) -> int | None:
+    """The window length of a w-event or personal-window scope (None for the others)."""
+    return scope.window if isinstance(scope, (WindowScope, ClassScope)) else None
 
 
 def composable(a: Charge, b: Charge) -> str | None:

@@ -252,8 +252,8 @@ def test_run_personalized_writes_releases_and_class_ledgers(tmp_path: Path) -> N
     entry = json.loads(ledger.read_text().splitlines()[-1])
     # spec §6.3: types draw ε_i from {0.6, ..., 1.0} and w_i from {40}, the grid values ≤ w;
     # each of the two mechanisms charges a class its half of ε_i
-    assert {c["window"] for c in entry["classes"]} == {40}
-    assert all(c["epsilon"] >= 0.6 / 2 for c in entry["classes"])
+    assert {c["scope"] for c in entry["classes"]} == {40}
+    assert all(c["budget"] >= 0.6 / 2 for c in entry["classes"])
     assert sum(c["users"] for c in entry["classes"]) == 2000
     # the population accountant: both mechanisms together stay within the full requirement
     assert entry["population_budget"] >= 0.6

@@ -336,8 +336,9 @@ def _schema_problem(schema: Any) -> str | None:
     if schema in READABLE:
         return None
     if schema is None:
-        return f"no schema field (a privstream output from before schema {SCHEMA})"
-    return f"schema {schema!r}, but this audit reads schema {SCHEMA}"
+        return f"no schema field (a privstream output from before schema {READABLE[0]})"
+    readable = " and ".join(map(str, READABLE))
+    return f"schema {schema!r}, but this audit reads schemas {readable}"
 
 
 def _raw_id_field(record: Any) -> str | None:

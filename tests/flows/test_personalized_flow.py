@@ -82,7 +82,7 @@ def check_class_windows(ledger_lines: list[str]) -> int:
         split = zip(entry["details"]["epsilon_dc"], entry["details"]["epsilon_pub"], strict=True)
         for c, (dc, pub) in zip(entry["classes"], split, strict=True):
             assert c["charged"] == dc + pub  # the split into DC and publication adds up
-            key = (entry["stream"], entry["mechanism"], c["window"], c["epsilon"])
+            key = (entry["stream"], entry["mechanism"], c["scope"], c["budget"])
             charges[key][entry["slot"]] = c["charged"]
     checked = 0
     for (_s, _m, w, eps), by_slot in charges.items():
@@ -99,7 +99,7 @@ def test_every_mechanism_releases_every_slot_within_every_class_budget(mechanism
     run_main(flow)
     ids = sorted(json.loads(line)["release_id"] for line in out["releases"])
     assert ids == sorted(f"{s}/{mechanism}/{t}" for s in "ab" for t in range(1, T + 1))
-    classes = {(c["window"], c["epsilon"]) for c in json.loads(out["ledger"][0])["classes"]}
+    classes = {(c["scope"], c["budget"]) for c in json.loads(out["ledger"][0])["classes"]}
     assert classes == set(zip(TYPE_WIN.tolist(), TYPE_EPS.tolist(), strict=True))
     assert check_class_windows(out["ledger"]) >= 2 * T * 4
 
@@ -215,7 +215,7 @@ def test_the_ready_flow_takes_a_registration_table(tmp_path: Path) -> None:
     )  # fmt: skip
     run_main(flow)
     last = json.loads(ledger.read_text().splitlines()[-1])
-    assert {(c["window"], c["epsilon"], c["users"]) for c in last["classes"]} == {
+    assert {(c["scope"], c["budget"], c["users"]) for c in last["classes"]} == {
         (5, 3.0, 2),
         (6, 1.0, 8),
     }

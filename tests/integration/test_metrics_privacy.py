@@ -258,7 +258,7 @@ def fake_exposition(leak: str | None = None) -> str:
     Gauge(PREFIX + "population", "n.", pair, registry=registry).labels("sin", "LBU").set(5000)
     used = Gauge(PREFIX + "window_users_used", "Used.", pair, registry=registry)
     used.labels("sin", "LBU").set(4544)  # a true count, but published already: allowed
-    Gauge(PREFIX + "population_epsilon", "ε.", ["stream"], registry=registry).labels("sin").set(1)
+    Gauge(PREFIX + "population_budget", "ε.", ["stream"], registry=registry).labels("sin").set(1)
     if leak is not None:
         _leak(leak, registry, spent)
     return generate_latest(registry).decode()
@@ -443,7 +443,7 @@ def test_metrics_of_a_kafka_flow_disclose_nothing_private(
     assert exposed == PUBLIC_METRICS - cluster_only
     assert sample_values(exposition, PREFIX + "insecure_seed") == {(): 0.0}  # a real secret
     assert sample_values(exposition, PREFIX + "evaluation") == {(): 0.0}  # a split budget
-    assert sample_values(exposition, PREFIX + "population_epsilon") == {
+    assert sample_values(exposition, PREFIX + "population_budget") == {
         (("stream", "sin"),): EPSILON
     }
 
