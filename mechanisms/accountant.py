@@ -42,6 +42,7 @@ from privstream.mechanisms.errors import PrivacyBudgetExceeded
 from privstream.mechanisms.guarantees import Guarantee
 from privstream.mechanisms.ledger import RELATIVE_TOLERANCE, budget_limit
 
+
 class ClassKey(NamedTuple):
     """A privacy class of the population: its scope ``w_c`` (slots) and full budget (in the
     measure's additive unit: ε, μ² or ρ). A tuple: snapshots of plain ``(w, ε)`` pairs read

@@ -147,9 +147,7 @@ class ZcdpCharge(Charge):
         return {"rho": value}
 
 
-CHARGES: dict[str, type[Charge]] = {
-    c.measure: c for c in (PureCharge, GaussianCharge, ZcdpCharge)
-}
+CHARGES: dict[str, type[Charge]] = {c.measure: c for c in (PureCharge, GaussianCharge, ZcdpCharge)}
 """The charge type of each measure kind (``guarantees.Measure.kind``); ``approx`` charges its
 ε as a ``PureCharge`` (its δ is composed per stream, ``accountant.compose_deltas``)."""
 

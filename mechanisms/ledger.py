@@ -53,6 +53,7 @@ def _accept(ledger: Any, event: Charge) -> None:
     if not ledger.supports(event):
         raise refuse(type(ledger).__name__, event, ledger.supported())
 
+
 RELATIVE_TOLERANCE = 1e-9  # float slack of a window sum, relative to its budget (spec §9.3 M9)
 
 

@@ -664,7 +664,10 @@ def test_records_of_another_schema_are_refused_by_name(tmp_path: Path, ldp: Run)
     }
 
 
-OLD_NAMES = {"population_budget": "population_epsilon", "population_spent": "population_window_spent"}
+OLD_NAMES = {
+    "population_budget": "population_epsilon",
+    "population_spent": "population_window_spent",
+}
 OLD_CLASS_NAMES = {"scope": "window", "budget": "epsilon", "spent": "window_spent"}
 
 
@@ -692,6 +695,7 @@ def test_schema_2_ledgers_from_before_the_rename_are_read_alike(
     assert '"population_epsilon"' in old[0] and '"window_spent"' in old[0]
     old_status, old_report = audit(tmp_path, [schema_2(x) for x in r.releases], old, **more)
     assert (old_status, old_report["counts"]) == (status, report["counts"]) == (0, report["counts"])
+
     def lie(e: dict[str, Any]) -> None:
         e["classes"][0]["spent"] = e["classes"][0]["spent"] / 2 + 1e-3
 

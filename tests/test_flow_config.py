@@ -479,7 +479,9 @@ def test_population_delta_is_shared_by_share_or_given_per_stream(
     # a Gaussian-DP stream in its own unit: μ, its ε named as the ε at δ (never μ² as an ε)
     lines = [line for line in out.splitlines() if line.startswith("stream ")]
     shown = [float(line.split("μ = ")[1].split(" ")[0]) for line in lines]
-    assert all(f"(ε {s.epsilon:g} at δ)" in line for s, line in zip(config.streams, lines))
+    assert all(
+        f"(ε {s.epsilon:g} at δ)" in line for s, line in zip(config.streams, lines, strict=True)
+    )
     for stream, value in zip(config.streams, shown, strict=True):
         mu = agm_mu(stream.epsilon, float(stream.options["delta"]))
         assert value == pytest.approx(mu, rel=1e-5)

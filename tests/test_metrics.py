@@ -275,7 +275,9 @@ def test_a_gaussian_class_is_named_and_shown_in_mu() -> None:
     mu = 0.0889833  # √0.00791805
     cgm = Guarantee(GaussianDP(mu), StreamScope(), "ldp")
     assert class_label(10, mu**2, cgm) == "s10_mu0.0889833"
-    assert class_label(1, mu**2, Guarantee(GaussianDP(mu), PeriodScope(1), "ldp")).startswith("s1_mu")
+    assert class_label(1, mu**2, Guarantee(GaussianDP(mu), PeriodScope(1), "ldp")).startswith(
+        "s1_mu"
+    )
     assert class_label(5, 1.0) == "w5_e1"
     entry = LedgerEntry("s", "CGM", 1, cgm, "user", (ClassSpend(10, mu**2, 50, 0.0, 0.0),), _cgm())
     board = LedgerBoard()

@@ -97,7 +97,12 @@ def test_an_equal_split_keeps_every_user_within_epsilon() -> None:
         assert entry["population_budget"] == EPS and not entry["evaluation"]
         assert entry["population_spent"] == pytest.approx(spend[entry["slot"]])
     assert REGISTRY.get_sample_value("privstream_evaluation") == 0.0
-    assert REGISTRY.get_sample_value("privstream_population_budget", {"stream": "s", "measure": "pure"}) == EPS
+    assert (
+        REGISTRY.get_sample_value(
+            "privstream_population_budget", {"stream": "s", "measure": "pure"}
+        )
+        == EPS
+    )
 
 
 def test_weights_divide_the_budget() -> None:

@@ -141,9 +141,7 @@ def test_promql_matches_the_releases_and_the_spend_stays_within_epsilon(
         assert [s.value for s in prom.query("privstream_population_mechanisms" + population)] == [
             3.0
         ]
-        composed = prom.query(
-            f"max_over_time(privstream_population_budget_spent{population}[10m])"
-        )
+        composed = prom.query(f"max_over_time(privstream_population_budget_spent{population}[10m])")
         assert len(composed) == 1 and 0 < composed[0].value <= budget_limit(EPSILON), composed
         over = prom.query(
             f"max_over_time(privstream_population_budget_spent{population}[10m])"
