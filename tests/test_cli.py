@@ -46,7 +46,7 @@ def test_run_ldp_ids_writes_one_release_per_slot(tmp_path: Path) -> None:
     releases = read(out)
     assert [r["slot"] for r in releases] == list(range(1, 61))
     for r in releases:
-        assert r.keys() == RELEASE_FIELDS and r["schema"] == 2
+        assert r.keys() == RELEASE_FIELDS and r["schema"] == 3
         assert r["strategy"] in ("publish", "approximate", "nullified")
         assert r["guarantee"] == {
             "measure": "pure", "epsilon": 1.0, "scope": "window", "window": 20, "model": "ldp"

@@ -286,4 +286,7 @@ def test_class_gauges_are_exported() -> None:
     }  # fmt: skip
     for line in spent:
         assert 0 < float(line.rsplit(" ", 1)[1]) <= 4.0
-    assert 'privstream_class_users{class="w2_e4",mechanism="PBA",stream="a"} 100.0' in text
+    assert (
+        'privstream_class_users{class="w2_e4",measure="pure",mechanism="PBA",stream="a"} 100.0'
+        in text
+    )

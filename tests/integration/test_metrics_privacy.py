@@ -444,7 +444,7 @@ def test_metrics_of_a_kafka_flow_disclose_nothing_private(
     assert sample_values(exposition, PREFIX + "insecure_seed") == {(): 0.0}  # a real secret
     assert sample_values(exposition, PREFIX + "evaluation") == {(): 0.0}  # a split budget
     assert sample_values(exposition, PREFIX + "population_budget") == {
-        (("stream", "sin"),): EPSILON
+        (("measure", "pure"), ("stream", "sin")): EPSILON
     }
 
     synthetic = SyntheticStream("sin", USERS, SLOTS, seed=DATA_SEED)
