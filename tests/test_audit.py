@@ -1107,3 +1107,14 @@ def test_the_readme_and_deploy_docs_list_every_check() -> None:
     row = next(x for x in deploy.splitlines() if x.startswith("| `privstream_audit_check_passed"))
     names = [n for n in re.findall(r"`([a-z_]+)`", row) if n != "inputs"]
     assert sorted(names) == sorted(CHECKS)
+
+
+def test_the_audit_names_each_guarantee_in_its_own_units() -> None:
+    """The audit's text shows CGM's Gaussian-DP guarantee in μ, never its μ² as an ε; the
+    per-window checks name a budget, not an ε."""
+    from privstream.audit.main import _Guarantee
+
+    cgm = _Guarantee(measure="gaussian", mu=0.2680511232112917, scope="stream", model="ldp")
+    assert cgm.text() == "gaussian μ=0.268051 over stream (ldp)"
+    lbu = _Guarantee(measure="pure", epsilon=1.0, scope="window", window=5, model="ldp")
+    assert lbu.text() == "pure ε=1 over window w=5 (ldp)"

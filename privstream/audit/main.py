@@ -1103,7 +1103,7 @@ def _checks(
             f"{collector.conflicting} with a payload that differs from an earlier copy"
         )),
         "window_budget": _check(windows.over_budget + windows.over_users + windows.user_spends, (
-            f"{windows.over_budget} windows over a mechanism's or class's ε, "
+            f"{windows.over_budget} windows over a mechanism's or class's budget, "
             f"{windows.over_users} over n={population} users, {windows.user_spends} per-user "
             "spends their charges cannot explain"
         )),
@@ -1112,7 +1112,7 @@ def _checks(
             f"{accountant.mismatches} population_spent differ from the recomputation"
         )),
         "population_accountant": _check(accountant.over_budget, (
-            f"{accountant.over_budget} (stream, class, slot) windows over the population's ε"
+            f"{accountant.over_budget} (stream, class, slot) windows over the population's budget"
         )),
         "no_user_ids": _check(collector.user_fields, (
             f"{collector.user_fields} outputs with a raw user id field"
@@ -1147,7 +1147,7 @@ def _claim_checks(claims: ClaimCounts, expect: Expectation) -> dict[str, dict[st
         checks["flow_file"] = _check(
             claims.flow,
             (
-                f"{claims.flow} streams not in {expect.flow.path} or entries whose population ε "
+                f"{claims.flow} streams not in {expect.flow.path} or entries whose population budget "
                 "is not the file's share × ε"
             ),
         )
