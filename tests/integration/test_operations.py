@@ -175,7 +175,9 @@ class _Cells(html.parser.HTMLParser):
         self.cells: dict[tuple[str, tuple[tuple[str, str], ...], str], tuple[str, str]] = {}
         self.text = ""
         self.state = ""
-        self.measures: dict[str, str] = {}  # data-metric -> its data-measure ("" for none)
+        self.measure = ""
+        self.measures: dict[tuple[str, tuple[tuple[str, str], ...], str], str] = {}
+        """Each budget cell's ``data-measure`` (the others have none)."""
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         found = {k: v or "" for k, v in attrs}
@@ -189,7 +191,7 @@ class _Cells(html.parser.HTMLParser):
             }
         elif tag == "td" and "data-metric" in found:
             self.cell = (found["data-metric"], found.get("data-value", ""))
-            self.measures[found["data-metric"]] = found.get("data-measure", "")
+            self.measure = found.get("data-measure", "")
             self.text = ""
 
     def handle_data(self, data: str) -> None:
@@ -200,6 +202,8 @@ class _Cells(html.parser.HTMLParser):
         if tag == "td" and self.cell is not None:
             key = (self.table, tuple(sorted(self.row.items())), self.cell[0])
             self.cells[key] = (self.cell[1], self.text.strip())
+            if self.measure:
+                self.measures[key] = self.measure
             self.cell = None
 
 
@@ -273,7 +277,9 @@ def test_the_page_without_grafana_shows_the_flows_metrics(
             continue
         truth, measure = _truth(exposed, "privstream_" + metric, row)
         assert float(value) == truth, (table, row, metric)
-        if measure:  # a budget, in its measure's own unit: never μ² shown as an ε
+        expected = measure if "budget" in metric else ""  # the budget cells name theirs
+        assert page.measures.get((table, row, metric), "") == expected, (table, row, metric)
+        if "budget" in metric:  # a budget, in its measure's own unit: never μ² shown as an ε
             symbol, root = UNITS[measure]
             assert text.startswith(symbol + " "), (table, row, metric, text)
             shown = float(text.removeprefix(symbol + " "))
@@ -290,7 +296,7 @@ def test_the_page_without_grafana_shows_the_flows_metrics(
     assert {r for t, r in rows if t == "population"} == {(("stream", s.stream),) for s in FLOWS}
     assert checked >= 6 * 10
     assert budgets.get("pure", 0) > 0 and budgets.get("gaussian", 0) > 0  # CGM shown in μ
-    assert page.measures["budget"] in ("pure", "gaussian")
+    assert set(page.measures.values()) == {"pure", "gaussian"}
     shot = tmp_path / "page.png"
     _chromium(url, f"--screenshot={shot}", "--window-size=1400,1000", "--hide-scrollbars")
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
