@@ -43,7 +43,7 @@ from privstream.connectors.registrations import load_preferences
 from privstream.families.registry import FAMILIES, Family
 from privstream.families.spec import TaskType
 from privstream.mechanisms.accountant import BudgetSplit, compose_deltas
-from privstream.mechanisms.guarantees import PeriodScope, WindowScope
+from privstream.mechanisms.guarantees import ZCDP, GaussianDP, PeriodScope, WindowScope
 from privstream.mechanisms.ledger import budget_limit
 from privstream.mechanisms.tasks import BallTask, EstimationTask, FrequencyTask, MeanTask
 from privstream.mechanisms.validation import MAX_WINDOW, check_fraction, check_requirement
@@ -797,7 +797,7 @@ def describe(config: FlowConfig) -> list[str]:
         lines.append(
             f"stream {s.name}: {s.family} {', '.join(s.mechanisms)}{split}; "
             f"{_task_text(s)}; ε = {s.share:g} × {pop.epsilon:g} = "
-            f"{s.epsilon:g}{each}{_delta_text(s)}; w = {s.window}"
+            f"{s.epsilon:g}{each}{_delta_text(s)}; w = {s.window}{_measure_text(s, pop)}"
         )
     total = math.fsum(s.share for s in config.streams)
     deltas = [d for s in config.streams if (d := stream_delta(s)) is not None]
@@ -816,6 +816,22 @@ def stream_delta(stream: StreamSection) -> float | None:
     """The stream's δ: its family's declared δ option (``Family.delta_option``), if any."""
     name = FAMILIES[stream.family].delta_option
     return float(stream.options[name]) if name and name in stream.options else None
+
+
+def _measure_text(stream: StreamSection, population: PopulationSection) -> str:
+    """A stream whose guarantee is not pure ε, in its own unit: Gaussian DP as μ (the stream's
+    ε is its ε at δ), zCDP as ρ; empty for pure ε (docs/accounting.md)."""
+    family = FAMILIES[stream.family]
+    try:
+        config = _family_config(family, stream, population)
+        measure = family.build(stream.mechanisms[0], config).privacy_cost.measure
+    except ValueError:
+        return ""
+    if isinstance(measure, GaussianDP):
+        return f"; Gaussian DP: μ = {measure.mu:.6g} (ε {stream.epsilon:g} at δ)"
+    if isinstance(measure, ZCDP):
+        return f"; zCDP: ρ = {measure.rho:.6g}"
+    return ""
 
 
 def _delta_text(stream: StreamSection) -> str:

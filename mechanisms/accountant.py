@@ -27,15 +27,29 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import ClassVar, Final, NamedTuple
 
+from privstream.mechanisms.accounting import (
+    Charge,
+    GaussianCharge,
+    PureCharge,
+    ZcdpCharge,
+    check_composable,
+    refuse,
+)
 from privstream.mechanisms.contract import LedgerEntry
 from privstream.mechanisms.errors import PrivacyBudgetExceeded
 from privstream.mechanisms.guarantees import Guarantee
 from privstream.mechanisms.ledger import RELATIVE_TOLERANCE, budget_limit
 
-ClassKey = tuple[int, float]
-"""A privacy class of the population: its window ``w_c`` and full budget ``ε_c``."""
+
+class ClassKey(NamedTuple):
+    """A privacy class of the population: its scope ``w_c`` (slots) and full budget (in the
+    measure's additive unit: ε, μ² or ρ). A tuple: snapshots of plain ``(w, ε)`` pairs read
+    back equal."""
+
+    scope: int
+    budget: float
 
 
 @dataclass(frozen=True)
@@ -102,9 +116,18 @@ def class_spend(
     population's). With per-user requirements each class is keyed by its full (unshared)
     requirement ``ε_c·s / s`` (the mechanism ran with its share ``s`` of every class's budget).
     """
+    return charge_spend(entry.accounting_events, share, population)
+
+
+def charge_spend(
+    charges: Sequence[Charge], share: float, population: ClassKey | None = None
+) -> dict[ClassKey, float]:
+    """``class_spend`` from a mechanism's accounting events: each charge's ``spent`` keyed by
+    its population class (``population`` when the users share one requirement, else the
+    charge's ``(slots, budget / share)``)."""
     if population is not None:
-        return {population: max((c.window_spent for c in entry.classes), default=0.0)}
-    return {(c.window, _full(c.epsilon, share)): c.window_spent for c in entry.classes}
+        return {ClassKey(*population): max((c.spent for c in charges), default=0.0)}
+    return {ClassKey(c.slots, _full(c.budget, share)): c.spent for c in charges}
 
 
 def _full(epsilon: float, share: float) -> float:
@@ -139,6 +162,39 @@ class PopulationAccountant:
     evaluation: bool = False
     last: dict[ClassKey, float] = field(default_factory=dict)
 
+    SUPPORTED: ClassVar[tuple[type[Charge], ...]] = (PureCharge, GaussianCharge, ZcdpCharge)
+    """The measures it adds up (each in its additive unit: ε, μ², ρ)."""
+
+    def supports(self, event: Charge) -> bool:
+        """Whether this accountant can compose ``event`` (the ``dp_accounting`` model)."""
+        return isinstance(event, self.SUPPORTED)
+
+    def charge_events(
+        self,
+        slot: int,
+        charges: Sequence[tuple[Sequence[Charge], float, ClassKey | None]],
+    ) -> None:
+        """Compose the mechanisms' accounting events at ``slot``: per mechanism its charges,
+        its budget share and its population class (None: per-user requirements). Refuses an
+        unsupported charge, charges to one class that do not compose (another measure or
+        scope, ``accounting.composable``) and, unless an evaluation, an overspend."""
+        keyed: dict[ClassKey, list[Charge]] = {}
+        spends = []
+        for events, share, population in charges:
+            for event in events:
+                if not self.supports(event):
+                    raise refuse("the population accountant", event, self._supported())
+                key = population or ClassKey(event.slots, _full(event.budget, share))
+                keyed.setdefault(ClassKey(*key), []).append(event)
+            spends.append(charge_spend(events, share, population))
+        if not self.evaluation:  # an evaluation composes nothing
+            for group in keyed.values():
+                check_composable(group)
+        self.charge(slot, spends)
+
+    def _supported(self) -> str:
+        return ", ".join(f"{c.measure} ({c.unit})" for c in self.SUPPORTED)
+
     def charge(self, slot: int, spends: Sequence[Mapping[ClassKey, float]]) -> None:
         """Compose the mechanisms' window spends at ``slot``; refuse an overspend (before
         release) unless this is an evaluation."""
@@ -147,21 +203,22 @@ class PopulationAccountant:
             for key, value in spend.items():
                 total[key] = total.get(key, 0.0) + value
         if not self.evaluation:
-            for (window, epsilon), value in total.items():
-                if value > budget_limit(epsilon):
+            for (scope, budget), value in total.items():
+                if value > budget_limit(budget):
                     raise PrivacyBudgetExceeded(
-                        f"the stream's mechanisms together charged {value:.6g} > ε={epsilon:g} "
-                        f"over the window of w={window} ending at slot {slot}: the population "
-                        "budget is overspent (split it with --budget-split)"
+                        f"the stream's mechanisms together charged {value:.6g} > budget "
+                        f"{budget:g} over the scope of {scope} slot(s) ending at slot {slot}: "
+                        "the population budget is overspent (split it with --budget-split)"
                     )
         self.last = total
 
     def worst(self) -> tuple[int, float, float] | None:
-        """``(w_c, ε_c, composed spend)`` of the class closest to (or furthest past) its limit."""
+        """``(scope, budget, composed spend)`` of the class closest to (or furthest past) its
+        limit, in the measure's additive unit."""
         if not self.last:
             return None
-        (window, epsilon), spent = max(self.last.items(), key=lambda kv: kv[1] / kv[0][1])
-        return window, epsilon, spent
+        (scope, budget), spent = max(self.last.items(), key=lambda kv: kv[1] / kv[0][1])
+        return scope, budget, spent
 
 
 LARGE_DELTA_FLAG: Final = "population.allow_large_delta = true (--allow-large-delta)"

@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, Final, Generic, Literal, TypeVar, cast
 
+from privstream.mechanisms.accounting import Charge, charges_for
 from privstream.mechanisms.client import ClientPort, CuratorPort, ReportPort
 from privstream.mechanisms.errors import IncompatibleState
 from privstream.mechanisms.guarantees import Guarantee
@@ -80,9 +81,35 @@ def _is_curator(port: object) -> bool:
     return callable(getattr(port, "class_histogram", None))
 
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 """Version of the release and ledger envelopes (``schema`` in every output record). 2: one
-envelope for every family, the guarantee as data and a typed per-family ``details`` object."""
+envelope for every family, the guarantee as data and a typed per-family ``details`` object.
+3: measure-neutral names (``SCHEMA_RENAMES``; docs/accounting.md)."""
+
+SCHEMA_RENAMES: Final[dict[str, str]] = {
+    "population_epsilon": "population_budget",
+    "population_window_spent": "population_spent",
+}
+"""Ledger-entry keys renamed by schema 3 (old -> new); ``CLASS_RENAMES`` inside ``classes``."""
+
+CLASS_RENAMES: Final[dict[str, str]] = {"window": "scope", "epsilon": "budget",
+                                        "window_spent": "spent"}  # fmt: skip
+"""Keys of each ``classes`` item renamed by schema 3 (old -> new)."""
+
+
+def upgrade_record(record: dict[str, Any]) -> dict[str, Any]:
+    """A schema-2 release or ledger record with the schema-3 names (numbers unchanged); a
+    record of another schema is returned as it is."""
+    if record.get("schema") != 2:
+        return record
+    out = {SCHEMA_RENAMES.get(k, k): v for k, v in record.items()}
+    if isinstance(out.get("classes"), list):
+        out["classes"] = [
+            {CLASS_RENAMES.get(k, k): v for k, v in c.items()} if isinstance(c, dict) else c
+            for c in out["classes"]
+        ]
+    out["schema"] = SCHEMA_VERSION
+    return out
 
 
 @dataclass(frozen=True)
@@ -147,38 +174,41 @@ class Release:
 
 @dataclass(frozen=True)
 class ClassSpend:
-    """One privacy class's spend after one slot, in the guarantee's budget unit.
+    """One privacy class's spend after one slot, in the guarantee measure's additive unit
+    (ε for pure DP, μ² for Gaussian DP, ρ for zCDP: ``guarantees.budget_of``).
 
-    Every member of the class (``users`` users sharing the requirement ``(window, epsilon)``) was
-    charged at most ``charged`` at this slot and at most ``window_spent`` over the class's
-    window ending here, never above ``epsilon``. Families whose users share one requirement have
-    one class. Class sizes are public metadata; no user is named.
+    Every member of the class (``users`` users sharing the requirement ``(scope, budget)``) was
+    charged at most ``charged`` at this slot and at most ``spent`` over the class's scope
+    ending here (``scope`` slots: the w-event window w_c, or a user-division ledger's reports
+    per budget), never above ``budget``. Families whose users share one requirement have one
+    class. Class sizes are public metadata; no user is named.
     """
 
-    window: int
-    epsilon: float
+    scope: int
+    budget: float
     users: int
     charged: float
-    window_spent: float
+    spent: float
 
     @property
     def spent_ratio(self) -> float:
-        """``window_spent / ε``, at most 1 (the class gauge)."""
-        return self.window_spent / self.epsilon
+        """``spent / budget``, at most 1 (the class gauge)."""
+        return self.spent / self.budget
 
 
 @dataclass(frozen=True)
 class LedgerEntry:
     """The ledger after one slot: the envelope every family emits.
 
-    ``classes`` holds every privacy class's spend (``ClassSpend``); ``window_spent`` and the
-    ``epsilon``/``window`` properties describe the class closest to its limit. ``division`` says
+    ``classes`` holds every privacy class's spend (``ClassSpend``); the ``spent``, ``budget``
+    and ``scope`` properties describe the class closest to its limit; ``charges`` are the
+    same spends as typed accounting events (``mechanisms.accounting``, not serialized). ``division`` says
     how the ledger charges: ``budget`` charges every user alike (per-slot charges add up over a
     window), ``population`` charges disjoint users (each at most once per window), ``user``
     keeps one account per user (users join at different slots; a class's ``charged`` is what a
-    reporting user paid at the slot and ``window_spent`` the most-charged user's spend in the
+    reporting user paid at the slot and ``spent`` the most-charged user's spend in the
     guarantee's scope).
-    ``population_epsilon`` and ``population_window_spent`` are the composed spend of all the
+    ``population_budget`` and ``population_spent`` are the composed spend of all the
     stream's mechanisms (set by the operator, ``mechanisms.accountant``).
     """
 
@@ -189,38 +219,52 @@ class LedgerEntry:
     division: Division
     classes: tuple[ClassSpend, ...]
     details: Details
-    population_epsilon: float | None = None
-    """The population's budget per window that all mechanisms of the stream share (for
-    personalized mechanisms: ε_c of the class closest to its limit), set by the operator."""
-    population_window_spent: float | None = None
-    """What all mechanisms of the stream together charged that user or class over the window
-    ending at this slot (the composed guarantee; at most ``population_epsilon`` unless
+    population_budget: float | None = None
+    """The population's budget per scope that all mechanisms of the stream share (for
+    personalized mechanisms: the budget of the class closest to its limit), set by the
+    operator; in the measure's additive unit."""
+    population_spent: float | None = None
+    """What all mechanisms of the stream together charged that user or class over the scope
+    ending at this slot (the composed guarantee; at most ``population_budget`` unless
     ``evaluation``)."""
     insecure_seed: bool = False
     evaluation: bool = False
+    charges: tuple[Charge, ...] = field(default=(), compare=False, repr=False)
+    """The slot's accounting events (``mechanisms.accounting``); empty on an entry read back
+    from an older snapshot, where ``accounting_events`` derives them from ``classes``."""
+
+    @property
+    def accounting_events(self) -> tuple[Charge, ...]:
+        """The typed charges of this entry: the ones the mechanism emitted, or (an entry from
+        an older snapshot) the same derived from its classes."""
+        emitted: tuple[Charge, ...] = getattr(self, "charges", ())
+        return emitted or charges_for(self.guarantee, self.division, self.classes)
 
     @property
     def worst(self) -> ClassSpend | None:
         """The class closest to its limit (None while nobody is registered)."""
         if not self.classes:
             return None
-        return max(self.classes, key=lambda c: c.window_spent / c.epsilon)
+        return max(self.classes, key=lambda c: c.spent / c.budget)
 
     @property
-    def window_spent(self) -> float:
+    def spent(self) -> float:
+        """The worst class's spend over its scope (additive unit)."""
         worst = self.worst
-        return 0.0 if worst is None else worst.window_spent
+        return 0.0 if worst is None else worst.spent
 
     @property
-    def epsilon(self) -> float:
+    def budget(self) -> float:
+        """The worst class's budget (the guarantee's, while nobody is registered)."""
         worst = self.worst
-        return self.guarantee.budget if worst is None else worst.epsilon
+        return self.guarantee.budget if worst is None else worst.budget
 
     @property
-    def window(self) -> int:
+    def scope(self) -> int:
+        """The worst class's scope length in slots (the guarantee's window, else 1)."""
         worst = self.worst
         if worst is not None:
-            return worst.window
+            return worst.scope
         window = self.guarantee.window
         return 1 if window is None else window
 
@@ -235,8 +279,8 @@ class LedgerEntry:
             "division": self.division,
             "classes": [asdict(c) for c in self.classes],
             "details": self.details.to_dict(),
-            "population_epsilon": self.population_epsilon,
-            "population_window_spent": self.population_window_spent,
+            "population_budget": self.population_budget,
+            "population_spent": self.population_spent,
             "insecure_seed": self.insecure_seed,
             "evaluation": self.evaluation,
         }
@@ -389,16 +433,25 @@ class Mechanism(ABC, Generic[C, S]):
     def ledger_entry(
         self, slot: Slot, classes: tuple[ClassSpend, ...], details: Details
     ) -> LedgerEntry:
-        """The slot's ledger entry in the one envelope, with the declared guarantee."""
+        """The slot's ledger entry in the one envelope, with the declared guarantee and the
+        slot's accounting events (``charges``)."""
+        guarantee = self.privacy_cost
         return LedgerEntry(
             stream=slot.stream,
             mechanism=self.name,
             slot=slot.index,
-            guarantee=self.privacy_cost,
+            guarantee=guarantee,
             division=self.division,
             classes=classes,
             details=details,
+            charges=self.charges(guarantee, classes),
         )
+
+    def charges(self, guarantee: Guarantee, classes: tuple[ClassSpend, ...]) -> tuple[Charge, ...]:
+        """The typed accounting events of a slot's classes: one charge per class, in the
+        guarantee's measure (``accounting.charges_for``). A family with another account
+        overrides it."""
+        return charges_for(guarantee, self.division, classes)
 
     def check_state(self, state: S) -> None:
         """Refuse a state written by an incompatible version of this mechanism."""

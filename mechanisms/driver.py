@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from privstream.mechanisms.accountant import ClassKey, PopulationAccountant, class_spend
+from privstream.mechanisms.accountant import ClassKey, PopulationAccountant
+from privstream.mechanisms.accounting import Charge, UnsupportedCharge
 from privstream.mechanisms.client import ClientPort, CuratorPort
 from privstream.mechanisms.contract import LedgerEntry, Mechanism, Release, Slot
 from privstream.mechanisms.errors import PrivacyBudgetExceeded
@@ -58,7 +59,7 @@ class Lane:
     state: Any
     clients: Any = None
     share: float = 1.0
-    population: tuple[int, float] | None = None
+    population: ClassKey | None = None
     last_ledger: LedgerEntry | None = None
     halted: bool = False
 
@@ -174,27 +175,28 @@ def _compose(
     stepped: Mapping[str, Stepped],
     slot: int,
 ) -> str | None:
-    """Charge the population accountant with every mechanism's window spend (a halted
-    mechanism's last one still counts); the refusal's reason on an overspend, else None."""
+    """Charge the population accountant with every mechanism's accounting events (a halted
+    mechanism's last ones still count); the refusal's reason on an overspend, or on charges the
+    accountant does not support or cannot compose (``mechanisms.accounting``), else None."""
     try:
-        accountant.charge(slot, spends(lanes, stepped))
-    except PrivacyBudgetExceeded as exc:
+        accountant.charge_events(slot, spends(lanes, stepped))
+    except (PrivacyBudgetExceeded, UnsupportedCharge) as exc:
         return f"population budget refused slot {slot}: {exc}"
     return None
 
 
 def spends(
     lanes: Mapping[str, Lane], stepped: Mapping[str, Stepped]
-) -> Sequence[Mapping[ClassKey, float]]:
-    """Each mechanism's window spend per population class at the slot: from its ledger entry
-    of the slot, else its last one (in the lanes' order)."""
+) -> Sequence[tuple[Sequence[Charge], float, ClassKey | None]]:
+    """Each mechanism's accounting events at the slot with its budget share and population
+    class: from its ledger entry of the slot, else its last one (in the lanes' order)."""
     out = []
     for name, lane in lanes.items():
         events = stepped[name].events if name in stepped else ()
         entry = next((e for e in events if isinstance(e, LedgerEntry)), None)
         entry = entry or lane.last_ledger
         if entry is not None:
-            out.append(class_spend(entry, lane.share, lane.population))
+            out.append((entry.accounting_events, lane.share, lane.population))
     return out
 
 
@@ -207,5 +209,5 @@ def stamp_event(event: Event, stamp: Stamp, worst: tuple[int, float, float] | No
     if stamp.evaluation:
         flags["evaluation"] = True
     if isinstance(event, LedgerEntry) and worst is not None:
-        flags["population_epsilon"], flags["population_window_spent"] = worst[1], worst[2]
+        flags["population_budget"], flags["population_spent"] = worst[1], worst[2]
     return dataclasses.replace(event, **flags) if flags else event

@@ -17,17 +17,42 @@ an over-budget report can be released. Slots here are the mechanism's step count
 The sliding sums are generic over the guarantee's measure (``mechanisms.guarantees``): what they
 add up is the measure's additive budget (``budget_of``: ε for pure and (ε, δ) DP, μ² for
 Gaussian DP, ρ for zCDP), so one ledger serves every measure whose composition adds.
+
+Each ledger declares the accounting events it can hold (``supports``, the ``dp_accounting``
+model; ``mechanisms.accounting``) and ``accept`` refuses the rest, naming the event's measure
+and scope and what the ledger supports: a sliding window of w slots cannot hold a whole-stream
+charge, nor one over another window length.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from privstream.mechanisms.accounting import (
+    AllUsers,
+    Charge,
+    GaussianCharge,
+    PrivacyClass,
+    PureCharge,
+    ZcdpCharge,
+    refuse,
+    window_of,
+)
 from privstream.mechanisms.errors import PrivacyBudgetExceeded
+
+ADDITIVE: tuple[type[Charge], ...] = (PureCharge, GaussianCharge, ZcdpCharge)
+"""The charges a sliding sum adds up (each in its additive unit: ε, μ², ρ)."""
+
+
+def _accept(ledger: Any, event: Charge) -> None:
+    """Refuse ``event`` unless ``ledger.supports`` it (the one refusal of every ledger)."""
+    if not ledger.supports(event):
+        raise refuse(type(ledger).__name__, event, ledger.supported())
+
 
 RELATIVE_TOLERANCE = 1e-9  # float slack of a window sum, relative to its budget (spec §9.3 M9)
 
@@ -58,6 +83,23 @@ class BudgetLedger:
     epsilon: float
     window: int
     slots: NDArray[np.int64] = field(init=False)
+    SUPPORTS: ClassVar[str] = "charges to all users alike in ε, μ² or ρ over its window"
+
+    def supports(self, event: Charge) -> bool:
+        """An additive charge to all users over a window of exactly this ledger's ``w``."""
+        return (
+            isinstance(event, ADDITIVE)
+            and isinstance(event.payer, AllUsers)
+            and window_of(event.scope) == self.window
+        )
+
+    def supported(self) -> str:
+        return f"{self.SUPPORTS} (w={self.window})"
+
+    def accept(self, event: Charge) -> None:
+        """Refuse an accounting event this ledger cannot hold (``supports``)."""
+        _accept(self, event)
+
     m1: NDArray[np.float64] = field(init=False)
     m2: NDArray[np.float64] = field(init=False)
 
@@ -111,6 +153,23 @@ class PopulationLedger:
 
     population: int
     window: int
+    SUPPORTS: ClassVar[str] = "pure ε charges to a class reporting at most once per window"
+
+    def supports(self, event: Charge) -> bool:
+        """A pure ε charge (each report uses the full ε) to a class over this ledger's ``w``."""
+        return (
+            isinstance(event, PureCharge)
+            and isinstance(event.payer, PrivacyClass)
+            and window_of(event.scope) == self.window
+        )
+
+    def supported(self) -> str:
+        return f"{self.SUPPORTS} (w={self.window})"
+
+    def accept(self, event: Charge) -> None:
+        """Refuse an accounting event this ledger cannot hold (``supports``)."""
+        _accept(self, event)
+
     last_report: NDArray[np.int64] = field(init=False)
     slots: NDArray[np.int64] = field(init=False)
     counts_m1: NDArray[np.int64] = field(init=False)
@@ -209,6 +268,23 @@ class PersonalizedLedger:
     epsilons: NDArray[np.float64]
     last: int = 0
     horizon: int = 1
+    SUPPORTS: ClassVar[str] = "charges to a privacy class in ε, μ² or ρ over its own window w_c"
+
+    def supports(self, event: Charge) -> bool:
+        """An additive charge to a class ``(w_c, budget)`` this ledger holds, over ``w_c``."""
+        payer = event.payer
+        if not (isinstance(event, ADDITIVE) and isinstance(payer, PrivacyClass)):
+            return False
+        same = (self.windows == payer.scope) & (self.epsilons == payer.budget)
+        return bool(same.any()) and window_of(event.scope) == payer.scope
+
+    def supported(self) -> str:
+        return f"{self.SUPPORTS} (its {self.classes} classes)"
+
+    def accept(self, event: Charge) -> None:
+        """Refuse an accounting event this ledger cannot hold (``supports``)."""
+        _accept(self, event)
+
     slots: NDArray[np.int64] = field(init=False)
     dc: NDArray[np.float64] = field(init=False)
     pub: NDArray[np.float64] = field(init=False)

@@ -17,11 +17,11 @@ metric has to be classified before it can be exported (the privacy audit enforce
   across restarts.
 * **Population gauges** (``BOARD.update_population``, label ``{stream}``):
 
-  - ``privstream_population_epsilon``: the population's composed budget ε per window;
-  - ``privstream_population_window``: that window, in slots;
-  - ``privstream_population_window_budget_spent``: the composed spend of the most-charged user
-    (or privacy class) over all mechanisms over the window ending at the last slot;
-  - ``privstream_population_window_budget_remaining``: ε minus that spend;
+  - ``privstream_population_budget``: the population's composed budget per scope;
+  - ``privstream_population_scope_slots``: that scope, in slots;
+  - ``privstream_population_budget_spent``: the composed spend of the most-charged user
+    (or privacy class) over all mechanisms over the scope ending at the last slot;
+  - ``privstream_population_budget_remaining``: the budget minus that spend;
   - ``privstream_population_mechanisms``: how many mechanisms share the budget;
   - ``privstream_population_enrolled_ratio`` (``BOARD.update_enrolment``, streams of named
     users): the enrolled users over the population n — how full it is. Under LDP the users who
@@ -79,16 +79,20 @@ from privstream.schema.events import LATE, DeadLetter
 from privstream.schema.exposition import INTERNAL, INTERNAL_PREFIX, PREFIX
 
 LABELS: Final = ("stream", "mechanism")  # plus "class" on the privacy class gauges
+MEASURE: Final = "measure"
+"""The label of every budget-valued gauge: the guarantee's measure (``pure``, ``approx``,
+``gaussian``, ``zcdp``). Their values are in its additive unit: ε, μ² or ρ
+(docs/accounting.md); a reader shows μ = √value for ``gaussian``, never the value as ε."""
 
 # The allow-list of the public endpoint, by exposed name (counters with their ``_total``).
 GENERIC_PUBLIC_METRICS: Final[frozenset[str]] = frozenset(
     {
         # configuration and ledger spend, per (stream, mechanism)
-        "privstream_epsilon",
-        "privstream_window",
+        "privstream_budget",
+        "privstream_scope_slots",
         "privstream_population",
-        "privstream_window_budget_spent",
-        "privstream_window_budget_remaining",
+        "privstream_scope_budget_spent",
+        "privstream_scope_budget_remaining",
         "privstream_window_users_used",
         "privstream_users_available",
         "privstream_last_released_slot",
@@ -100,15 +104,15 @@ GENERIC_PUBLIC_METRICS: Final[frozenset[str]] = frozenset(
         "privstream_privacy_violations_total",
         # privacy classes (public metadata and their spend; one class where users share one
         # requirement)
-        "privstream_class_window_budget_spent",
-        "privstream_class_window_budget_remaining",
+        "privstream_class_budget_spent",
+        "privstream_class_budget_remaining",
         "privstream_class_users",
-        "privstream_class_epsilon",
+        "privstream_class_budget",
         # the population's composed budget, per stream
-        "privstream_population_epsilon",
-        "privstream_population_window",
-        "privstream_population_window_budget_spent",
-        "privstream_population_window_budget_remaining",
+        "privstream_population_budget",
+        "privstream_population_scope_slots",
+        "privstream_population_budget_spent",
+        "privstream_population_budget_remaining",
         "privstream_population_mechanisms",
         "privstream_population_enrolled_ratio",
         # how the run was configured
@@ -154,7 +158,7 @@ def window_budget_spent(cost: Guarantee, entry: LedgerEntry | None) -> tuple[flo
     """
     if entry is None:
         return 0.0, cost.budget
-    return _clamp(entry.window_spent, entry.epsilon), entry.epsilon
+    return _clamp(entry.spent, entry.budget), entry.budget
 
 
 def _users(entry: LedgerEntry | None, name: str, population: int) -> int:
@@ -168,38 +172,60 @@ def _users(entry: LedgerEntry | None, name: str, population: int) -> int:
     return int(value) if value is not None else sum(c.users for c in entry.classes)
 
 
-def class_label(window: int, epsilon: float) -> str:
-    """The ``class`` label of a privacy class: ``w<window>_e<ε>``."""
-    return f"w{window}_e{epsilon:g}"
+def class_label(scope: int, budget: float, guarantee: Guarantee | None = None) -> str:
+    """The ``class`` label of a privacy class, its budget in the measure's own unit:
+    ``w<w>_e<ε>`` (pure or approximate DP over a window), ``w<w>_rho<ρ>`` (zCDP),
+    ``s<scope>_mu<μ>`` (Gaussian DP, μ = √budget: never μ² as an ε); ``s`` where the scope is
+    not a window (its length in slots, e.g. a user-division ledger's reports per budget)."""
+    kind = "pure" if guarantee is None else guarantee.measure.kind
+    prefix = "w" if guarantee is None or guarantee.window is not None else "s"
+    if kind == "gaussian":
+        return f"{prefix}{scope}_mu{math.sqrt(budget):g}"
+    if kind == "zcdp":
+        return f"{prefix}{scope}_rho{budget:g}"
+    return f"{prefix}{scope}_e{budget:g}"
 
 
 @dataclass(frozen=True)
 class _Population:
-    epsilon: float
-    window: int
-    window_spent: float
+    budget: float
+    scope: int
+    spent: float
     mechanisms: int
+    measure: str = "pure"
+
+
+_MEASURED: Final = frozenset({"budget", "spent", "remaining"})
+"""The per-mechanism families whose value is a budget (labelled with ``MEASURE``)."""
 
 
 def _mechanism_families() -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
     def gauge(name: str, doc: str) -> GaugeMetricFamily:
         return GaugeMetricFamily(PREFIX + name, doc, labels=LABELS)
 
+    def measured(name: str, doc: str) -> GaugeMetricFamily:
+        return GaugeMetricFamily(PREFIX + name, doc, labels=(*LABELS, MEASURE))
+
     def counter(name: str, doc: str) -> CounterMetricFamily:
         return CounterMetricFamily(PREFIX + name, doc, labels=LABELS)
 
     return {
-        "epsilon": gauge("epsilon", "Configured window budget ε per user."),
-        "window": gauge("window", "Configured window size w in slots."),
-        "population": gauge("population", "Registered population size n."),
-        "spent": gauge(
-            "window_budget_spent",
-            "Most privacy budget any user has spent in the window ending at the last "
-            "released slot (never above ε; personalized: the class closest to its limit).",
+        "budget": measured(
+            "budget",
+            "Configured budget per user over the scope, in the measure's additive unit "
+            "(label measure: pure ε, gaussian μ², zcdp ρ).",
         ),
-        "remaining": gauge(
-            "window_budget_remaining",
-            "Budget left to that user: ε (or the class's ε_c) minus the spend.",
+        "scope": gauge("scope_slots", "Configured scope in slots (the window w; 0: none)."),
+        "population": gauge("population", "Registered population size n."),
+        "spent": measured(
+            "scope_budget_spent",
+            "Most privacy budget any user has spent in the scope ending at the last released "
+            "slot, additive unit (never above the budget; personalized: the class closest to "
+            "its limit).",
+        ),
+        "remaining": measured(
+            "scope_budget_remaining",
+            "Budget left to that user: the budget (or the class's) minus the spend.",
         ),
         "used": gauge(
             "window_users_used", "Users who reported in the window (population division)."
@@ -221,8 +247,8 @@ def _account_values(account: _Account) -> dict[str, float | None]:
     entry = tally.last_ledger
     spent, limit = window_budget_spent(cost, entry)
     return {
-        "epsilon": cost.budget,
-        "window": cost.window,
+        "budget": cost.budget,
+        "scope": cost.window,
         "population": account.population,
         "spent": spent,
         "remaining": max(limit - spent, 0.0),
@@ -238,16 +264,16 @@ def _account_values(account: _Account) -> dict[str, float | None]:
 
 
 def _class_families(accounts: dict[tuple[str, str], _Account]) -> Iterator[Metric]:
-    class_labels = (*LABELS, "class")
+    class_labels = (*LABELS, "class", MEASURE)
     spent = GaugeMetricFamily(
-        PREFIX + "class_window_budget_spent",
-        "A privacy class's spend over its own window w_c (personalized mechanisms have one "
-        "class per requirement, the others one class).",
+        PREFIX + "class_budget_spent",
+        "A privacy class's spend over its own scope (personalized mechanisms have one class "
+        "per requirement, the others one class), in the measure's additive unit.",
         labels=class_labels,
     )
     remaining = GaugeMetricFamily(
-        PREFIX + "class_window_budget_remaining",
-        "ε_c minus the privacy class's window spend.",
+        PREFIX + "class_budget_remaining",
+        "The class's budget minus its spend over its scope.",
         labels=class_labels,
     )
     users = GaugeMetricFamily(
@@ -255,29 +281,32 @@ def _class_families(accounts: dict[tuple[str, str], _Account]) -> Iterator[Metri
         "Registered users in the privacy class (public metadata).",
         labels=class_labels,
     )
-    epsilon = GaugeMetricFamily(
-        PREFIX + "class_epsilon",
-        "The privacy class's window budget ε_c: its spend must never exceed it.",
+    budget = GaugeMetricFamily(
+        PREFIX + "class_budget",
+        "The privacy class's budget over its scope: its spend must never exceed it.",
         labels=class_labels,
     )
     for (stream, mechanism), account in sorted(accounts.items()):
-        entry = account.tally.last_ledger
+        entry, cost = account.tally.last_ledger, account.cost
         for c in entry.classes if entry is not None else ():
-            labels = [stream, mechanism, class_label(c.window, c.epsilon)]
-            c_spent = _clamp(c.window_spent, c.epsilon)
+            labels = [stream, mechanism, class_label(c.scope, c.budget, cost),
+                      cost.measure.kind]  # fmt: skip
+            c_spent = _clamp(c.spent, c.budget)
             spent.add_metric(labels, c_spent)
-            remaining.add_metric(labels, max(c.epsilon - c_spent, 0.0))
+            remaining.add_metric(labels, max(c.budget - c_spent, 0.0))
             users.add_metric(labels, c.users)
-            epsilon.add_metric(labels, c.epsilon)
-    yield from (spent, remaining, users, epsilon)
+            budget.add_metric(labels, c.budget)
+    yield from (spent, remaining, users, budget)
 
 
 def _account_families(accounts: dict[tuple[str, str], _Account]) -> Iterator[Metric]:
     families = _mechanism_families()
     for (stream, mechanism), account in sorted(accounts.items()):
+        measure = [account.cost.measure.kind]
         for key, value in _account_values(account).items():
             if value is not None and math.isfinite(value):
-                families[key].add_metric([stream, mechanism], float(value))
+                labels = [stream, mechanism, *(measure if key in _MEASURED else ())]
+                families[key].add_metric(labels, float(value))
     yield from families.values()
     yield from _declared_families(accounts)
     yield from _class_families(accounts)
@@ -325,32 +354,40 @@ def __getattr__(name: str) -> frozenset[str]:
 
 
 def _population_families(populations: dict[str, _Population]) -> Iterator[Metric]:
-    def gauge(name: str, doc: str) -> GaugeMetricFamily:
-        return GaugeMetricFamily(PREFIX + "population_" + name, doc, labels=("stream",))
+    def gauge(name: str, doc: str, measured: bool = False) -> GaugeMetricFamily:
+        labels = ("stream", MEASURE) if measured else ("stream",)
+        return GaugeMetricFamily(PREFIX + "population_" + name, doc, labels=labels)
 
     families = {
-        "epsilon": gauge("epsilon", "The population's composed budget ε per window."),
-        "window": gauge("window", "The window of the composed budget, in slots."),
-        "spent": gauge(
-            "window_budget_spent",
-            "Composed spend of the most-charged user (or privacy class) over all mechanisms "
-            "over the window ending at the last slot.",
+        "budget": gauge(
+            "budget",
+            "The population's composed budget per scope, in the measure's additive unit "
+            "(label measure: pure ε, gaussian μ², zcdp ρ).",
+            True,
         ),
-        "remaining": gauge("window_budget_remaining", "The composed ε minus that spend."),
+        "scope": gauge("scope_slots", "The scope of the composed budget, in slots."),
+        "spent": gauge(
+            "budget_spent",
+            "Composed spend of the most-charged user (or privacy class) over all mechanisms "
+            "over the scope ending at the last slot.",
+            True,
+        ),
+        "remaining": gauge("budget_remaining", "The composed budget minus that spend.", True),
         "mechanisms": gauge("mechanisms", "Mechanisms sharing the population's budget."),
     }
     for stream, p in sorted(populations.items()):
-        spent = _clamp(p.window_spent, p.epsilon)
+        spent = _clamp(p.spent, p.budget)
         values = {
-            "epsilon": p.epsilon,
-            "window": p.window,
+            "budget": p.budget,
+            "scope": p.scope,
             "spent": spent,
-            "remaining": max(p.epsilon - spent, 0.0),
+            "remaining": max(p.budget - spent, 0.0),
             "mechanisms": p.mechanisms,
         }
         for key, value in values.items():
             if math.isfinite(value):
-                families[key].add_metric([stream], float(value))
+                measured = key in _MEASURED
+                families[key].add_metric([stream, *([p.measure] if measured else [])], value)
     yield from families.values()
 
 
@@ -433,12 +470,20 @@ class LedgerBoard(Collector):
             self._handed[key] = max(self._handed.get(key, -1), slot)
 
     def update_population(
-        self, stream: str, epsilon: float, window: int, window_spent: float, mechanisms: int
+        self,
+        stream: str,
+        budget: float,
+        scope: int,
+        spent: float,
+        mechanisms: int,
+        measure: str = "pure",
     ) -> None:
-        """Show the composed budget of ``stream``'s population: ε per window of ``window``
-        slots, the composed spend of the most-charged user (or class) over all ``mechanisms``
-        over the window ending at the last slot."""
-        population = _Population(float(epsilon), int(window), float(window_spent), int(mechanisms))
+        """Show the composed budget of ``stream``'s population: ``budget`` per scope of
+        ``scope`` slots, the composed spend of the most-charged user (or class) over all
+        ``mechanisms`` over the scope ending at the last slot, in ``measure``'s additive unit."""
+        population = _Population(
+            float(budget), int(scope), float(spent), int(mechanisms), str(measure)
+        )
         with self._lock:
             self._populations[stream] = population
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from privstream.mechanisms.accountant import ClassKey
 from privstream.mechanisms.contract import Halt, Release
 from privstream.mechanisms.driver import Lane, SlotStep, Stamp, drive_slot
 from privstream.mechanisms.seeding import SlotRandomness
@@ -88,8 +89,8 @@ class Runner:
             for event in stepped.events:
                 out.append(("release", event) if isinstance(event, Release) else ("ledger", event))
         if emitted.worst is not None:
-            window, epsilon, spent = emitted.worst
-            notes.populations.append((state.stream, epsilon, window, spent))
+            scope, budget, spent = emitted.worst
+            notes.populations.append((state.stream, budget, scope, spent))
 
     def halt(
         self,
@@ -108,9 +109,9 @@ class Runner:
         out.append(("ledger", Halt(state.stream, name, slot, state.halted[name])))
         log.error("step %s: stream %r halted: %s", self.step_id, state.stream, state.halted[name])
 
-    def class_of(self, name: str) -> tuple[int, float] | None:
+    def class_of(self, name: str) -> ClassKey | None:
         """The one class of a population without per-user requirements: the declared window
         and the population's budget (None when users register their own requirements)."""
         if self.plan.ports.tracks_requirements:
             return None
-        return self.plan.mechanisms[name].privacy_cost.window or 1, self.plan.epsilon
+        return ClassKey(self.plan.mechanisms[name].privacy_cost.window or 1, self.plan.epsilon)

@@ -276,8 +276,9 @@ class SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
             EVENTS.labels(stream).inc(accepted)
         for stream, name, seconds in notes.steps:
             STEP_SECONDS.labels(stream, name).observe(seconds)
-        for stream, epsilon, window, spent in notes.populations:
-            BOARD.update_population(stream, epsilon, window, spent, len(self.mechanisms))
+        measure = next(iter(self.mechanisms.values())).privacy_cost.measure.kind
+        for stream, budget, scope, spent in notes.populations:
+            BOARD.update_population(stream, budget, scope, spent, len(self.mechanisms), measure)
         for stream, last_closed, advance in notes.clocks:
             BOARD.update_clock(stream, last_closed, advance)
         if self.state is not None:

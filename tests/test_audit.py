@@ -295,10 +295,10 @@ def test_a_population_window_with_too_many_users_is_caught(tmp_path: Path, ldp: 
 
 def test_a_personalized_class_overspending_is_caught(tmp_path: Path, pers: Run) -> None:
     entry = next(r for r in pers.records("ledger") if r["mechanism"] == "PBD" and r["slot"] == 20)
-    window = entry["classes"][0]["window"]
+    window = entry["classes"][0]["scope"]
 
     def overspend(r: dict[str, Any]) -> None:
-        r["classes"][0]["charged"] += r["classes"][0]["epsilon"]
+        r["classes"][0]["charged"] += r["classes"][0]["budget"]
 
     ledger = edit(pers.ledger, at("PBD", 20), overspend)
     status, report = audit(tmp_path, pers.releases, ledger)
@@ -334,7 +334,7 @@ def test_the_accountant_overspend_across_mechanisms_is_caught(tmp_path: Path, ld
 
     def triple(r: dict[str, Any]) -> None:
         r["guarantee"]["epsilon"] *= 3
-        for field in ("epsilon", "charged", "window_spent"):
+        for field in ("budget", "charged", "spent"):
             r["classes"][0][field] *= 3
         for field in ("epsilon_m1", "epsilon_m2", "remaining"):
             r["details"][field] *= 3
@@ -357,7 +357,7 @@ def test_a_mechanism_charging_beyond_its_declared_share_is_caught(tmp_path: Path
     population's ε, where the stream now overspends."""
 
     def full(r: dict[str, Any]) -> None:
-        for field in ("epsilon", "charged", "window_spent"):
+        for field in ("budget", "charged", "spent"):
             r["classes"][0][field] *= 7
 
     ledger = edit(ldp.ledger, lambda r: r["mechanism"] == "LBU", full)
@@ -398,7 +398,7 @@ def test_a_uniform_baseline_gaining_a_class_is_summed_as_one_mechanism(tmp_path:
 
 def test_a_lying_window_spent_is_caught(tmp_path: Path, ldp: Run) -> None:
     def halve(r: dict[str, Any]) -> None:
-        r["classes"][0]["window_spent"] /= 2
+        r["classes"][0]["spent"] /= 2
 
     ledger = edit(ldp.ledger, at("LBD", 15), halve)
     status, report = audit(tmp_path, ldp.releases, ledger)
@@ -413,8 +413,8 @@ def test_a_lying_population_division_class_is_caught(tmp_path: Path, ldp: Run) -
     declaring less is a mismatch."""
 
     def understate(r: dict[str, Any]) -> None:
-        assert r["classes"][0]["window_spent"] > 0
-        r["classes"][0]["window_spent"] = 0.0
+        assert r["classes"][0]["spent"] > 0
+        r["classes"][0]["spent"] = 0.0
 
     ledger = edit(ldp.ledger, at("LPU", 15), understate)
     status, report = audit(tmp_path, ldp.releases, ledger)
@@ -429,7 +429,7 @@ def test_a_lying_population_window_spent_is_caught(tmp_path: Path, pers: Run) ->
     ledger = edit(
         pers.ledger,
         at("PBA", 90),
-        lambda r: r.update(population_window_spent=r["population_window_spent"] * 0.9),
+        lambda r: r.update(population_spent=r["population_spent"] * 0.9),
     )
     status, report = audit(tmp_path, pers.releases, ledger)
     assert status == 1 and failed(report) == {"declared_spend"}
@@ -503,12 +503,12 @@ def respend(
     records = [json.loads(line) for line in ledger]
     entry = next(r for r in records if r["mechanism"] == mechanism and r["slot"] == slot)
     one = entry["classes"][0]
-    new = spent(one["window_spent"])
-    shift = new - one["window_spent"]
-    one["window_spent"], entry["details"]["mu_spent"] = new, math.sqrt(new)
+    new = spent(one["spent"])
+    shift = new - one["spent"]
+    one["spent"], entry["details"]["mu_spent"] = new, math.sqrt(new)
     for r in records:
         if r["slot"] == slot:
-            r["population_window_spent"] += shift
+            r["population_spent"] += shift
     return dumps(records)
 
 
@@ -520,7 +520,7 @@ def test_the_cgm_flow_passes(tmp_path: Path, cgm: Run, scope: str) -> None:
     entries = run.records("ledger")
     assert {e["division"] for e in entries} == {"user"}
     last, spend = entries[-1], entries[-1]["classes"][0]
-    assert last["slot"] == C_SLOTS and spend["window_spent"] == pytest.approx(spend["epsilon"])
+    assert last["slot"] == C_SLOTS and spend["spent"] == pytest.approx(spend["budget"])
     if scope == "stream":
         assert last["guarantee"]["scope"] == "stream" and last["details"]["refused"] > 0
     else:
@@ -535,7 +535,7 @@ def test_the_cgm_flow_passes(tmp_path: Path, cgm: Run, scope: str) -> None:
 
 def test_a_user_spend_over_its_budget_is_caught(tmp_path: Path, cgm: Run) -> None:
     """Past the class's ε at slot 3; the next entry's honest spend then falls below it."""
-    epsilon = cgm.records("ledger")[0]["classes"][0]["epsilon"]
+    epsilon = cgm.records("ledger")[0]["classes"][0]["budget"]
     ledger = respend(cgm.ledger, "CGM", 3, lambda _: 1.01 * epsilon)
     status, report = audit(tmp_path, cgm.releases, ledger, expect=CGM_EXPECTED)
     assert status == 1 and failed(report) == {"window_budget"}
@@ -628,7 +628,7 @@ def test_an_expected_evaluation_may_exceed_the_population_budget(
 
 def test_entries_from_before_the_accountant_skip_it_with_a_note(tmp_path: Path, ldp: Run) -> None:
     def strip(r: dict[str, Any]) -> None:
-        del r["population_epsilon"], r["population_window_spent"]
+        del r["population_budget"], r["population_spent"]
 
     status, report = audit(tmp_path, ldp.releases, edit(ldp.ledger, lambda r: True, strip))
     assert status == 0
@@ -646,9 +646,9 @@ def test_a_malformed_line_fails_well_formed(tmp_path: Path, ldp: Run) -> None:
 
 
 def test_records_of_another_schema_are_refused_by_name(tmp_path: Path, ldp: Run) -> None:
-    """The audit reads schema 2 only: a record naming another schema, or none (an output from
-    before the one release envelope), is not of the schema, with the reason said."""
-    future = edit(ldp.releases[:1], lambda r: True, lambda r: r.update(schema=3))
+    """The audit reads schemas 2 and 3 only: a record naming another schema, or none (an
+    output from before the one release envelope), is not of the schema, with the reason said."""
+    future = edit(ldp.releases[:1], lambda r: True, lambda r: r.update(schema=4))
     old = '{"release_id":"sin/LBU/1","stream":"sin","mechanism":"LBU","slot":1,"epsilon":0.1}'
     halt = '{"schema":1,"kind":"halt","stream":"sin","mechanism":"LBU","slot":3,"reason":"x"}'
     releases = [*future, old, *ldp.releases[1:]]
@@ -658,10 +658,50 @@ def test_records_of_another_schema_are_refused_by_name(tmp_path: Path, ldp: Run)
     assert report["counts"]["halted"] == 0
     details = {p["id"]: p["detail"] for p in report["problems"] if p["kind"] == "malformed"}
     assert details == {
-        "release #1": "schema 3, but this audit reads schema 2",
+        "release #1": "schema 4, but this audit reads schemas 2 and 3",
         "release #2": "no schema field (a privstream output from before schema 2)",
-        "ledger #281": "halt record: schema 1, but this audit reads schema 2",
+        "ledger #281": "halt record: schema 1, but this audit reads schemas 2 and 3",
     }
+
+
+OLD_NAMES = {
+    "population_budget": "population_epsilon",
+    "population_spent": "population_window_spent",
+}
+OLD_CLASS_NAMES = {"scope": "window", "budget": "epsilon", "spent": "window_spent"}
+
+
+def schema_2(line: str) -> str:
+    """A schema-3 record as the tree before the measure-neutral rename wrote it."""
+    r = json.loads(line)
+    r = {OLD_NAMES.get(k, k): v for k, v in r.items()}
+    if "classes" in r:
+        r["classes"] = [{OLD_CLASS_NAMES.get(k, k): v for k, v in c.items()} for c in r["classes"]]
+    r["schema"] = 2
+    return json.dumps(r, separators=(",", ":"))
+
+
+@pytest.mark.parametrize("run", ["ldp", "pers", "cgm"])
+def test_schema_2_ledgers_from_before_the_rename_are_read_alike(
+    tmp_path: Path, run: str, request: pytest.FixtureRequest
+) -> None:
+    """Topics written before schema 3 (a class's window/epsilon/window_spent, the entry's
+    population_epsilon/population_window_spent) audit exactly as their schema-3 copies, and a
+    lie in an old record is still caught."""
+    r: Run = request.getfixturevalue(run)
+    more: dict[str, Any] = {"expect": CGM_EXPECTED} if run == "cgm" else {}
+    status, report = audit(tmp_path, r.releases, r.ledger, **more)
+    old = [schema_2(x) for x in r.ledger]
+    assert '"population_epsilon"' in old[0] and '"window_spent"' in old[0]
+    old_status, old_report = audit(tmp_path, [schema_2(x) for x in r.releases], old, **more)
+    assert (old_status, old_report["counts"]) == (status, report["counts"]) == (0, report["counts"])
+
+    def lie(e: dict[str, Any]) -> None:
+        e["classes"][0]["spent"] = e["classes"][0]["spent"] / 2 + 1e-3
+
+    lying = [schema_2(x) for x in edit(r.ledger, lambda e: e["slot"] == 3, lie)]
+    bad_status, _ = audit(tmp_path, r.releases, lying, **more)
+    assert bad_status == 1
 
 
 def test_input_errors_exit_2(tmp_path: Path, ldp: Run, capsys: pytest.CaptureFixture[str]) -> None:
@@ -1067,3 +1107,14 @@ def test_the_audit_page_and_deploy_docs_list_every_check() -> None:
     row = next(x for x in deploy.splitlines() if x.startswith("| `privstream_audit_check_passed"))
     names = [n for n in re.findall(r"`([a-z_]+)`", row) if n != "inputs"]
     assert sorted(names) == sorted(CHECKS)
+
+
+def test_the_audit_names_each_guarantee_in_its_own_units() -> None:
+    """The audit's text shows CGM's Gaussian-DP guarantee in μ, never its μ² as an ε; the
+    per-window checks name a budget, not an ε."""
+    from privstream.audit.main import _Guarantee
+
+    cgm = _Guarantee(measure="gaussian", mu=0.2680511232112917, scope="stream", model="ldp")
+    assert cgm.text() == "gaussian μ=0.268051 over stream (ldp)"
+    lbu = _Guarantee(measure="pure", epsilon=1.0, scope="window", window=5, model="ldp")
+    assert lbu.text() == "pure ε=1 over window w=5 (ldp)"

@@ -46,7 +46,7 @@ def test_run_ldp_ids_writes_one_release_per_slot(tmp_path: Path) -> None:
     releases = read(out)
     assert [r["slot"] for r in releases] == list(range(1, 61))
     for r in releases:
-        assert r.keys() == RELEASE_FIELDS and r["schema"] == 2
+        assert r.keys() == RELEASE_FIELDS and r["schema"] == 3
         assert r["strategy"] in ("publish", "approximate", "nullified")
         assert r["guarantee"] == {
             "measure": "pure", "epsilon": 1.0, "scope": "window", "window": 20, "model": "ldp"
@@ -252,12 +252,12 @@ def test_run_personalized_writes_releases_and_class_ledgers(tmp_path: Path) -> N
     entry = json.loads(ledger.read_text().splitlines()[-1])
     # spec §6.3: types draw ε_i from {0.6, ..., 1.0} and w_i from {40}, the grid values ≤ w;
     # each of the two mechanisms charges a class its half of ε_i
-    assert {c["window"] for c in entry["classes"]} == {40}
-    assert all(c["epsilon"] >= 0.6 / 2 for c in entry["classes"])
+    assert {c["scope"] for c in entry["classes"]} == {40}
+    assert all(c["budget"] >= 0.6 / 2 for c in entry["classes"])
     assert sum(c["users"] for c in entry["classes"]) == 2000
     # the population accountant: both mechanisms together stay within the full requirement
-    assert entry["population_epsilon"] >= 0.6
-    assert 0 < entry["population_window_spent"] <= entry["population_epsilon"] * (1 + 1e-9)
+    assert entry["population_budget"] >= 0.6
+    assert 0 < entry["population_spent"] <= entry["population_budget"] * (1 + 1e-9)
     assert not entry["insecure_seed"] and not entry["evaluation"]
 
 

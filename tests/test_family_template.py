@@ -150,7 +150,7 @@ def test_privstream_run_runs_a_new_family(toy: registry.Family, tmp_path: Path) 
     assert releases[0]["guarantee"] == {"measure": "pure", "epsilon": 1.0, "scope": "window",
                                         "window": 5, "model": "ldp"}  # fmt: skip
     entries = [json.loads(line) for line in ledger.read_text().splitlines()]
-    assert max(e["classes"][0]["window_spent"] for e in entries) == pytest.approx(1.0)
+    assert max(e["classes"][0]["spent"] for e in entries) == pytest.approx(1.0)
 
 
 def test_privstream_bench_runs_a_new_family(toy: registry.Family, tmp_path: Path) -> None:

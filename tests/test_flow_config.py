@@ -15,6 +15,8 @@ import pytest
 
 from privstream.cli.commands import main
 from privstream.flows.config import ConfigError, estimation_task, load, task_keywords
+from privstream.mechanisms.cgm_math import agm_mu
+from privstream.mechanisms.guarantees import GaussianDP
 from privstream.mechanisms.tasks import BallTask, FrequencyTask, MeanTask
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
@@ -378,7 +380,8 @@ def test_config_check_prints_every_stream(
     out = capsys.readouterr().out.splitlines()
     assert out == [
         "stream country: ldp-ids LPA; d = 8; ε = 0.5 × 2 = 1; w = 20",
-        "stream speed: cgm CGM; range [0, 120]; ε = 0.25 × 2 = 0.5, δ = 1e-05; w = 48",
+        "stream speed: cgm CGM; range [0, 120]; ε = 0.25 × 2 = 0.5, δ = 1e-05; w = 48; "
+        f"Gaussian DP: μ = {agm_mu(0.5, 1e-5):.6g} (ε 0.5 at δ)",
         "2 stream(s), n = 1000: shares sum to 0.75, so a user in every stream spends at most "
         "1.5 of ε = 2 and 1e-05 of δ = 1e-05 (1/n = 0.001) per 20 slots",
     ]
@@ -474,6 +477,18 @@ def test_population_delta_is_shared_by_share_or_given_per_stream(
     out = capsys.readouterr().out
     assert "ε = 0.5 × 2 = 1, δ = 5e-06; w = 20" in out and "δ = 2e-06; w = 20" in out
     assert "at most 2 of ε = 2 and 7e-06 of δ = 1e-05 (1/n = 0.001) per 20 slots" in out
+    # a Gaussian-DP stream in its own unit: μ, its ε named as the ε at δ (never μ² as an ε)
+    lines = [line for line in out.splitlines() if line.startswith("stream ")]
+    shown = [float(line.split("μ = ")[1].split(" ")[0]) for line in lines]
+    assert all(
+        f"(ε {s.epsilon:g} at δ)" in line for s, line in zip(config.streams, lines, strict=True)
+    )
+    for stream, value in zip(config.streams, shown, strict=True):
+        mu = agm_mu(stream.epsilon, float(stream.options["delta"]))
+        assert value == pytest.approx(mu, rel=1e-5)
+        assert GaussianDP(value).epsilon(float(stream.options["delta"])) == pytest.approx(
+            stream.epsilon, rel=1e-4
+        )
     del data["population"]["delta"]  # without it the population's δ is the streams' sum
     assert load(_write(tmp_path, data)).population.delta == pytest.approx(1e-5 + 2e-6)
     assert load(_write(tmp_path, BASE)).population.delta is None  # no stream has a δ

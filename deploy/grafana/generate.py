@@ -53,20 +53,45 @@ DASHED: Final = model.DynamicConfigValue(
 )
 
 
-def sel(metric: str, *, mechanism: bool = True) -> str:
+def sel(metric: str, *, mechanism: bool = True, measure: str | None = None) -> str:
     """``metric{stream=~"$stream", mechanism=~"$mechanism"}``: the dashboard's filters on a
-    metric labelled by stream (and by mechanism unless ``mechanism=False``)."""
+    metric labelled by stream (and by mechanism unless ``mechanism=False``; by the budget's
+    ``measure`` where given)."""
     matchers = (
         ['stream=~"$stream"', 'mechanism=~"$mechanism"'] if mechanism else ['stream=~"$stream"']
     )
+    if measure is not None:
+        matchers.append(f'measure=~"{measure}"')
     return f"{metric}{{{', '.join(matchers)}}}"
+
+
+UNITS: Final = (("pure|approx", "ε", ""), ("gaussian", "μ", "sqrt"), ("zcdp", "ρ", ""))
+"""Each measure's unit and how its budget-valued gauges (additive unit: ε, μ², ρ) become it:
+Gaussian DP's μ² is shown as μ = √(μ²), never as an ε."""
+
+
+def in_units(metric: str, by: str, *, mechanism: bool = True) -> str:
+    """``max by (by)`` of a budget-valued ``metric`` in its measure's own unit, with a ``unit``
+    label (ε, μ or ρ) for the legend."""
+    parts = []
+    for measures, unit, function in UNITS:
+        inner = f"max by ({by}) ({sel(metric, mechanism=mechanism, measure=measures)})"
+        inner = f"{function}({inner})" if function else inner
+        parts.append(f'label_replace({inner}, "unit", "{unit}", "", "")')
+    return " or ".join(parts)
+
+
+def measured(metric: str, legend: str, ref: str = "A") -> prometheus.Dataquery:
+    """A budget-valued gauge per stream × mechanism in its measure's own unit (``in_units``)."""
+    expr = in_units(metric, "stream, mechanism")
+    return query(expr, f"{{{{stream}}}} {{{{mechanism}}}} {legend}", ref)
 
 
 def of_selected_flows(expr: str) -> str:
     """Keep only the series of ``expr`` (a per-process metric without a stream label) that
     come from a flow serving a selected stream × mechanism: joined on the scrape's ``instance``,
     the public endpoint both are served from."""
-    return f"({expr} and on (instance) {sel('privstream_epsilon')})"
+    return f"({expr} and on (instance) {sel('privstream_budget')})"
 
 
 def query(expr: str, legend: str, ref: str = "A", *, instant: bool = False) -> prometheus.Dataquery:
@@ -234,38 +259,39 @@ def liveness_flags() -> list[Builder[model.Panel]]:
 
 def pair_spend_panels() -> list[Builder[model.Panel]]:
     """The ledger's spend against ε per stream × mechanism, and per privacy class."""
-    by_class = "max by (stream, mechanism, class)"
+    by_class = "stream, mechanism, class"
     return [
         graph(
-            "Window budget spent vs ε",
-            "The most budget any single user has spent in the sliding window ending at the "
-            "last released slot, per stream × mechanism, with the configured ε as a dashed "
-            "line. The ledger never lets the spend cross ε (w-event privacy): good is a solid "
+            "Budget spent vs budget",
+            "The most budget any single user has spent in the scope ending at the last "
+            "released slot, per stream × mechanism, with the configured budget as a dashed "
+            "line, each in its measure's own unit (legend: ε for pure DP, μ for Gaussian DP, "
+            "ρ for zCDP). The ledger never lets the spend cross the budget: good is a solid "
             "line at or under its dashed line. Mechanisms that spend their whole window by "
             "design (LBU, population division) sit at ε; that is normal. Personalized "
             "mechanisms: the spend is their class closest to its own ε_c, which may lie above "
             "the stream's default ε — read the per-class panel for them.",
             [
-                pair("privstream_window_budget_spent", "spent"),
-                pair("privstream_epsilon", "ε", "B"),
+                measured("privstream_scope_budget_spent", "spent {{unit}}"),
+                measured("privstream_budget", "budget {{unit}}", "B"),
             ],
             dashed=["B"],
         ),
         graph(
             "Spend per privacy class",
-            "Each privacy class's spend over its own window w_c (class label w<w_c>_e<ε_c>), "
-            "with its budget ε_c dashed. Personalized mechanisms have one class per privacy "
+            "Each privacy class's spend over its own scope (class label w<w_c>_e<ε_c>; "
+            "s<l>_mu<μ> for Gaussian DP), with its budget dashed, in the measure's unit. Personalized mechanisms have one class per privacy "
             "requirement, the other families one class of all users. The ledger never lets a "
             "class's spend cross its ε_c: a solid line above its dashed line is a privacy "
             "violation (the PrivstreamWindowBudgetAboveEpsilon alert).",
             [
                 query(
-                    f"{by_class} ({sel('privstream_class_window_budget_spent')})",
-                    "{{stream}} {{mechanism}} {{class}} spent",
+                    in_units("privstream_class_budget_spent", by_class),
+                    "{{stream}} {{mechanism}} {{class}} spent {{unit}}",
                 ),
                 query(
-                    f"{by_class} ({sel('privstream_class_epsilon')})",
-                    "{{stream}} {{mechanism}} {{class}} ε_c",
+                    in_units("privstream_class_budget", by_class),
+                    "{{stream}} {{mechanism}} {{class}} budget {{unit}}",
                     "B",
                 ),
             ],
@@ -288,18 +314,18 @@ def composed_spend_panels() -> list[Builder[model.Panel]]:
         graph(
             "Population budget (all mechanisms composed)",
             "The accountant's composed spend of the most-charged user (or class) over every "
-            "mechanism of the stream, over the window ending at the last slot, with the "
-            "population's composed ε dashed. Per stream only (all mechanisms share it). Bad: "
-            "the solid line above the dashed one.",
+            "mechanism of the stream, over the scope ending at the last slot, with the "
+            "population's composed budget dashed, in the measure's unit (ε; μ for Gaussian "
+            "DP; ρ). Per stream only (all mechanisms share it). Bad: the solid line above the "
+            "dashed one.",
             [
                 query(
-                    "max by (stream) "
-                    f"({sel('privstream_population_window_budget_spent', mechanism=False)})",
-                    "{{stream}} spent",
+                    in_units("privstream_population_budget_spent", "stream", mechanism=False),
+                    "{{stream}} spent {{unit}}",
                 ),
                 query(
-                    f"max by (stream) ({sel('privstream_population_epsilon', mechanism=False)})",
-                    "{{stream}} ε",
+                    in_units("privstream_population_budget", "stream", mechanism=False),
+                    "{{stream}} budget {{unit}}",
                     "B",
                 ),
             ],
@@ -370,23 +396,25 @@ def progress_panels() -> list[Builder[model.Panel]]:
 def configuration_panel() -> table.Panel:
     """The configured ε, window and population per stream × mechanism, as one table."""
     columns = {
-        "A": ("privstream_epsilon", "ε"),
-        "B": ("privstream_window", "window w (slots)"),
+        "A": ("privstream_budget", "budget (in unit)"),
+        "B": ("privstream_scope_slots", "scope (slots)"),
         "C": ("privstream_population", "population n"),
     }
+    exprs = {ref: f"max by (stream, mechanism) ({sel(metric)})" for ref, (metric, _) in
+             columns.items()}  # fmt: skip
+    exprs["A"] = in_units("privstream_budget", "stream, mechanism")  # ε, μ or ρ: never μ² as ε
     targets = [
-        query(f"max by (stream, mechanism) ({sel(metric)})", "", ref, instant=True).format(
-            prometheus_model.PromQueryFormat.TABLE
-        )
-        for ref, (metric, _) in columns.items()
+        query(expr, "", ref, instant=True).format(prometheus_model.PromQueryFormat.TABLE)
+        for ref, expr in exprs.items()
     ]
     rename = {f"Value #{ref}": name for ref, (_, name) in columns.items()}
     return (
         table.Panel()
         .title("Configuration")
         .description(
-            "The privacy parameters each stream × mechanism runs with: ε per window of w "
-            "slots over a registered population of n users. Public configuration; a value "
+            "The privacy parameters each stream × mechanism runs with: its budget (column unit: "
+            "ε, μ for Gaussian DP, ρ for zCDP) per scope of w slots over a registered "
+            "population of n users. Public configuration; a value "
             "that differs from the deployment's intent is bad."
         )
         .datasource(DATASOURCE)
@@ -584,10 +612,10 @@ def variables() -> list[Builder[model.VariableModel]]:
 
     return [
         dashboard_builders.DatasourceVariable("datasource").label("Data source").type("prometheus"),
-        label_values("stream", "label_values(privstream_epsilon, stream)", "Stream"),
+        label_values("stream", "label_values(privstream_budget, stream)", "Stream"),
         label_values(
             "mechanism",
-            'label_values(privstream_epsilon{stream=~"$stream"}, mechanism)',
+            'label_values(privstream_budget{stream=~"$stream"}, mechanism)',
             "Mechanism",
         ),
     ]

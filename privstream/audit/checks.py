@@ -41,8 +41,8 @@ class LedgerTable:
     charge privacy classes of their own (personalized), each composing under ``ε_c / s``.
     ``m1``, ``m2``, ``users1``, ``users2`` and ``window_users`` are the LDP-IDS details a
     population-division entry is checked from (NaN or −1 where a family does not write them).
-    ``pop_epsilon``/``pop_spent`` are NaN where an entry lacks ``population_epsilon`` /
-    ``population_window_spent``. ``user_division`` marks the entries that keep one account per
+    ``pop_epsilon``/``pop_spent`` are NaN where an entry lacks ``population_budget`` /
+    ``population_spent``. ``user_division`` marks the entries that keep one account per
     user (CGM: users join at different slots; ``plain``, one requirement), whose scope renews
     every ``period`` slots (0: the whole stream) and whose details' ``mu_spent`` (NaN where
     absent) is their most-charged user's μ.
@@ -342,7 +342,7 @@ def _budget_windows(pub: Published, findings: Findings, counts: WindowCounts) ->
         f"{name(k)}per-slot charges sum to {sums[k]:.12g} over its window ending here"
     ))  # fmt: skip
     _report(findings, pub, rows, wrong, "declared_mismatch", lambda k: (
-        f"{name(k)}window_spent {declared[k]:.12g} but the per-slot charges sum to "
+        f"{name(k)}spent {declared[k]:.12g} but the per-slot charges sum to "
         f"{sums[k]:.12g}"
     ))  # fmt: skip
 
@@ -389,7 +389,7 @@ def _population_windows(
 
 def _user_windows(pub: Published, findings: Findings, counts: WindowCounts) -> None:
     """User division: one account per user, users joining at different slots, so the
-    most-charged user's spend (the class's ``window_spent``) is not the sum of the per-slot
+    most-charged user's spend (the class's ``spent``) is not the sum of the per-slot
     charges, only bounded by them (``_user_bounds``); it never passes the class's ε, and the
     details' ``mu_spent`` is its square root (μ of Gaussian DP, whose budget is μ²)."""
     led, cls = pub.ledger, pub.classes
@@ -418,7 +418,7 @@ def _user_windows(pub: Published, findings: Findings, counts: WindowCounts) -> N
         f"the most-charged user's spend {spent[k]:.12g} {why(k)}"
     ))  # fmt: skip
     _report(findings, pub, rows, wrong, "declared_mismatch", lambda k: (
-        f"mu_spent {mu[k]:.12g} but the square root of window_spent is {np.sqrt(spent[k]):.12g}"
+        f"mu_spent {mu[k]:.12g} but the square root of spent is {np.sqrt(spent[k]):.12g}"
     ))  # fmt: skip
 
 
@@ -549,14 +549,14 @@ def _shares(pub: Published, pairs: I64, evaluation: bool) -> F64 | None:
 def _stream_plan(
     pub: Published, src: _Sources, name: str, rows: I64, members: I64, findings: Findings
 ) -> _Stream | None:
-    """The class key of every source of one stream — ``(w, population_epsilon)`` for the
+    """The class key of every source of one stream — ``(w, population_budget)`` for the
     families with one requirement, ``(w_c, ε_c·s / s)`` per personalized class (12
     significant digits, so every mechanism names the same class) — or None (with a note)
     when the entries cannot say it."""
     led = pub.ledger
     if np.isnan(led.pop_epsilon[rows]).any() or np.isnan(led.pop_spent[rows]).any():
         findings.notes.append(
-            f"stream {name!r}: entries without population_epsilon (a run from before the "
+            f"stream {name!r}: entries without population_budget (a run from before the "
             "population accountant): composition not checked"
         )
         return None
@@ -602,8 +602,8 @@ def check_accountant(pub: Published, findings: Findings) -> AccountantCounts:
     """At every slot of every stream, the mechanisms' per-user window spends — recomputed; a
     mechanism past its last entry (halted) keeps its last window spend, as the accountant
     counts it — summed per class key stay within the key's ε unless the entries are marked
-    ``evaluation``; and every entry's ``population_window_spent`` is the composed spend of the
-    class closest to its limit, whose ε is its ``population_epsilon``."""
+    ``evaluation``; and every entry's ``population_spent`` is the composed spend of the
+    class closest to its limit, whose budget is its ``population_budget``."""
     counts = AccountantCounts()
     led = pub.ledger
     src = _sources(pub)
@@ -668,6 +668,6 @@ def _judge(
     ).any(axis=0)
     counts.mismatches += int((~match).sum())
     _report(findings, pub, plan.rows, ~match, "declared_mismatch", lambda k: (
-        f"population_window_spent {declared[k]:.12g} of ε={declared_epsilon[k]:g}, but the "
+        f"population_spent {declared[k]:.12g} of budget {declared_epsilon[k]:g}, but the "
         f"class closest to its limit has {totals[:, at[k]].tolist()} of {budgets.tolist()}"
     ))  # fmt: skip

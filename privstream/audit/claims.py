@@ -301,7 +301,7 @@ def check_flow(pub: Published, flow: FlowPlan, findings: Findings, counts: Claim
     counts.flow += int(wrong.sum())
     rows = np.arange(led.slot.size)
     _report(findings, pub, rows, wrong, "population_epsilon_not_the_flow_files", lambda k: (
-        f"population_epsilon {led.pop_epsilon[k]:g} but the flow file gives this stream "
+        f"population_budget {led.pop_epsilon[k]:g} but the flow file gives this stream "
         f"share × ε = {expected[k]:g}"
     ))  # fmt: skip
 

@@ -16,20 +16,21 @@ It reads the releases and ledger entries a flow wrote — JSON-lines files (``pr
    requirement, one per class for personalized mechanisms); population division — a window
    holds at most n reporting users (``population``, from the details' ``users_m1`` +
    ``users_m2``) and a reporting user spends ε; user division (one account per user, CGM) —
-   the most-charged user's ``window_spent`` is within the class's ε, never falls within its
+   the most-charged user's ``spent`` is within the class's ε, never falls within its
    scope (the stream, or each period), never passes the charges so far nor stays below the
    slot's charge;
 4. ``population_accountant``: the stream's mechanisms together stay within the population's ε
    per class key at every slot, unless the entries are marked ``evaluation`` (a user-division
    mechanism contributes its declared, bounded spend);
-5. ``declared_spend``: every class's ``window_spent`` (and, population division, ``charged``
+5. ``declared_spend``: every class's ``spent`` (and, population division, ``charged``
    and the details' ``window_users``; user division, the details' ``mu_spent`` as its square
-   root) and every ``population_window_spent`` an entry declares equals the recomputation
+   root) and every ``population_spent`` an entry declares equals the recomputation
    (1e-9 relative);
 6. ``no_user_ids``: no output carries a raw user id field (``user``, ``user_id``, a list of
    ``users``; at the top, in ``details`` or in a class); ``well_formed``: every line is a
-   release or ledger record of schema 2 (``SCHEMA``: the one release envelope; a record of
-   another schema is refused, naming it).
+   release or ledger record of schema 3 (``SCHEMA``: the one release envelope, measure-neutral
+   names) or of schema 2 (its old names read as the new ones, ``READABLE``); a record of
+   another schema is refused, naming it.
 
 Nothing of the operators, the mechanisms' ledgers or the population accountant is imported:
 the audit shares no code with what it audits (``privstream.audit.checks`` recomputes all).
@@ -106,9 +107,16 @@ _UNSET: Any = msgspec.UNSET
 # and the raw-id fields no output may carry): the auditor must not decode with the classes of
 # the code it audits. Only what the checks read is declared; other fields are ignored.
 
-SCHEMA = 2
+SCHEMA = 3
 """The version of the release and ledger envelopes this audit reads (``schema`` in every
-record): one envelope for every family, the guarantee as data, per-family ``details``."""
+record): one envelope for every family, the guarantee as data, per-family ``details``, and
+measure-neutral names (a class's ``scope``/``budget``/``spent``, ``population_budget`` and
+``population_spent``; docs/accounting.md)."""
+
+READABLE = (2, 3)
+"""The schemas read: 2 is 3 under its old names (a class's ``window``/``epsilon``/
+``window_spent``, ``population_epsilon``/``population_window_spent``), from topics written
+before the rename; ``_ENTRY_V2`` decodes them into the same records."""
 
 
 class _Guarantee(msgspec.Struct, frozen=True, gc=False):
@@ -166,11 +174,23 @@ class _Details(msgspec.Struct, gc=False):
 
 
 class _ClassSpend(msgspec.Struct, gc=False):
-    window: int
-    epsilon: float
+    scope: int
+    budget: float
     users: int | list[Any]
     charged: float
-    window_spent: float
+    spent: float
+    user: Any = _UNSET
+    user_id: Any = _UNSET
+
+
+class _ClassSpendV2(msgspec.Struct, gc=False):
+    """A schema-2 class: the same attributes under their old names."""
+
+    scope: int = msgspec.field(name="window")
+    budget: float = msgspec.field(name="epsilon")
+    users: int | list[Any]
+    charged: float
+    spent: float = msgspec.field(name="window_spent")
     user: Any = _UNSET
     user_id: Any = _UNSET
 
@@ -184,8 +204,28 @@ class _Entry(msgspec.Struct, gc=False):
     classes: tuple[_ClassSpend, ...]
     details: _Details
     schema: int | None = None
-    population_epsilon: float | None = None
-    population_window_spent: float | None = None
+    population_budget: float | None = None
+    population_spent: float | None = None
+    evaluation: bool = False
+    insecure_seed: bool = False
+    user: Any = _UNSET
+    user_id: Any = _UNSET
+    users: Any = _UNSET
+
+
+class _EntryV2(msgspec.Struct, gc=False):
+    """A schema-2 ledger entry: ``_Entry``'s attributes under their old names."""
+
+    stream: str
+    mechanism: str
+    slot: int
+    guarantee: _Guarantee
+    division: str
+    classes: tuple[_ClassSpendV2, ...]
+    details: _Details
+    schema: int | None = None
+    population_budget: float | None = msgspec.field(name="population_epsilon", default=None)
+    population_spent: float | None = msgspec.field(name="population_window_spent", default=None)
     evaluation: bool = False
     insecure_seed: bool = False
     user: Any = _UNSET
@@ -230,6 +270,9 @@ class _Versioned(msgspec.Struct):
 
 _RELEASE = msgspec.json.Decoder(_Release)
 _ENTRY = msgspec.json.Decoder(_Entry)
+_ENTRY_V2 = msgspec.json.Decoder(_EntryV2)
+_OLDER = {id(_ENTRY): _ENTRY_V2}
+"""The decoder of the older schema's names, tried on a line the current one refuses."""
 _HALT = msgspec.json.Decoder(_Halt)
 _VERSIONED = msgspec.json.Decoder(_Versioned)
 _STRATEGIES = {"publish": PUBLISH, "approximate": APPROXIMATE, "nullified": NULLIFIED}
@@ -261,6 +304,24 @@ def _budgets(guarantees: Sequence[_Guarantee]) -> F64:
     return _floats([_budget(g) for g in guarantees])
 
 
+def _decode_any(decoder: msgspec.json.Decoder[Any], line: bytes) -> Any:
+    """Decode ``line`` with ``decoder``; a line it refuses that is of schema 2 is decoded with
+    the old names (``READABLE``). The current decoder's error stands otherwise."""
+    try:
+        return decoder.decode(line)
+    except msgspec.ValidationError:
+        older = _OLDER.get(id(decoder))
+        if older is None:
+            raise
+        try:
+            record = older.decode(line)
+        except msgspec.DecodeError:
+            record = None
+        if record is None or record.schema != 2:
+            raise
+        return record
+
+
 def _undecodable(line: bytes, source: str, exc: msgspec.DecodeError) -> str:
     """Why a line is no record of ``source``: another schema when it names one (or none),
     else the decoder's error."""
@@ -273,11 +334,12 @@ def _undecodable(line: bytes, source: str, exc: msgspec.DecodeError) -> str:
 
 def _schema_problem(schema: Any) -> str | None:
     """Why a record's ``schema`` is not the one this audit reads, or None."""
-    if schema == SCHEMA:
+    if schema in READABLE:
         return None
     if schema is None:
-        return f"no schema field (a privstream output from before schema {SCHEMA})"
-    return f"schema {schema!r}, but this audit reads schema {SCHEMA}"
+        return f"no schema field (a privstream output from before schema {READABLE[0]})"
+    readable = " and ".join(map(str, READABLE))
+    return f"schema {schema!r}, but this audit reads schemas {readable}"
 
 
 def _raw_id_field(record: Any) -> str | None:
@@ -398,7 +460,7 @@ class Collector:
         keep = np.ones(len(lines), dtype=np.bool_)
         for i, line in enumerate(lines):
             try:
-                records.append(decoder.decode(line))
+                records.append(_decode_any(decoder, line))
             except msgspec.DecodeError as exc:
                 keep[i] = False
                 self._malformed(source, numbers[i], _undecodable(line, source, exc))
@@ -485,7 +547,7 @@ class Collector:
         ids = map(release_id, fields["stream"], fields["mechanism"], fields["slot"])
         named = np.array(list(map(operator.eq, fields["release_id"], ids)), dtype=np.bool_)
         good = named & (slot >= 0) & (slot < MAX_SLOT) & (epsilon > 0) & (epsilon < math.inf)
-        good &= np.array([s == SCHEMA for s in fields["schema"]], dtype=np.bool_)
+        good &= np.array([s in READABLE for s in fields["schema"]], dtype=np.bool_)
         good &= np.array([s in _STRATEGIES for s in fields["strategy"]], dtype=np.bool_)
         for i in np.flatnonzero(~good).tolist():
             self._malformed("release", where[i], _schema_problem(records[i].schema) or (
@@ -723,7 +785,7 @@ def _entry_columns(
     population = np.array(list(map("population".__eq__, division)), dtype=np.bool_)
     user = np.array(list(map("user".__eq__, division)), dtype=np.bool_)
     known = population | user | np.array(list(map("budget".__eq__, division)), dtype=np.bool_)
-    known &= np.array([v == SCHEMA for v in fields["schema"]], dtype=np.bool_)
+    known &= np.array([v in READABLE for v in fields["schema"]], dtype=np.bool_)
     guarantees, details = fields["guarantee"], fields["details"]
 
     def detail(name: str) -> tuple[Any, ...]:
@@ -740,8 +802,8 @@ def _entry_columns(
         "users1": _counts(detail("users_m1")),
         "users2": _counts(detail("users_m2")),
         "window_users": _counts(detail("window_users")),
-        "pop_epsilon": _optional(fields["population_epsilon"]),
-        "pop_spent": _optional(fields["population_window_spent"]),
+        "pop_epsilon": _optional(fields["population_budget"]),
+        "pop_spent": _optional(fields["population_spent"]),
         "evaluation": np.array(fields["evaluation"], dtype=np.bool_),
         "user_division": user,
         "period": _ints(list(map(_period, guarantees))) if user.any() else np.zeros_like(slot),
@@ -795,10 +857,10 @@ def _class_columns(
     sizes = np.array([len(x) for x in classes], dtype=np.int64)
     columns = {
         "row": np.repeat(np.arange(sizes.size, dtype=np.int64), sizes),
-        "window": _ints(column("window")),
-        "epsilon": _floats(column("epsilon")),
+        "window": _ints(column("scope")),
+        "epsilon": _floats(column("budget")),
         "charged": _floats(column("charged")),
-        "spent": _floats(column("window_spent")),
+        "spent": _floats(column("spent")),
     }
     window, epsilon = columns["window"], columns["epsilon"]
     ok = (window >= 1) & (window < _COUNT_LIMIT) & (epsilon > 0) & (epsilon < math.inf)
@@ -866,14 +928,14 @@ def _entry_problem(rec: _Entry) -> str | None:
         return "slot outside [0, 2**40) or the guarantee's window outside [1, 2**40)"
     if not 0 < budget < math.inf:
         return "the guarantee's budget is not positive and finite"
-    pe, ps = rec.population_epsilon, rec.population_window_spent
+    pe, ps = rec.population_budget, rec.population_spent
     if (pe is not None and not 0 < pe < math.inf) or (ps is not None and ps < 0):
-        return "population_epsilon not positive and finite, or negative population spend"
+        return "population_budget not positive and finite, or negative population spend"
     for c in rec.classes:
-        if not (1 <= c.window < _COUNT_LIMIT and 0 < c.epsilon < math.inf):
-            return f"class (w={c.window}, ε={c.epsilon}) out of range"
-        if min(c.charged, c.window_spent) < 0:
-            return f"class (w={c.window}, ε={c.epsilon}) has a negative spend"
+        if not (1 <= c.scope < _COUNT_LIMIT and 0 < c.budget < math.inf):
+            return f"class (scope={c.scope}, budget={c.budget}) out of range"
+        if min(c.charged, c.spent) < 0:
+            return f"class (scope={c.scope}, budget={c.budget}) has a negative spend"
     if rec.division == "user":
         return _user_problem(rec)
     return _population_problem(rec) if rec.division == "population" else None
@@ -883,7 +945,7 @@ def _user_problem(rec: _Entry) -> str | None:
     """Why a user-division entry cannot be audited, or None."""
     if _period(rec.guarantee) < 0:
         return "user division needs a stream scope or a period scope of length in [1, 2**40)"
-    if len(rec.classes) != 1 or not close(rec.classes[0].epsilon, _budget(rec.guarantee)):
+    if len(rec.classes) != 1 or not close(rec.classes[0].budget, _budget(rec.guarantee)):
         return "user division needs one class, of the guarantee's budget"
     return None
 
@@ -892,7 +954,7 @@ def _population_problem(rec: _Entry) -> str | None:
     """Why a population-division entry cannot be audited, or None."""
     d, window, budget = rec.details, rec.guarantee.window, _budget(rec.guarantee)
     one = rec.classes[0] if len(rec.classes) == 1 else None
-    own = one is not None and one.window == window and bool(close(one.epsilon, budget))
+    own = one is not None and one.scope == window and bool(close(one.budget, budget))
     if rec.guarantee.scope != "window" or not own:
         return "population division needs a w-event guarantee and one class, of its (w, ε)"
     spends, counts = (d.epsilon_m1, d.epsilon_m2), (d.users_m1, d.users_m2, d.window_users)
@@ -1042,16 +1104,16 @@ def _checks(
             f"{collector.conflicting} with a payload that differs from an earlier copy"
         )),
         "window_budget": _check(windows.over_budget + windows.over_users + windows.user_spends, (
-            f"{windows.over_budget} windows over a mechanism's or class's ε, "
+            f"{windows.over_budget} windows over a mechanism's or class's budget, "
             f"{windows.over_users} over n={population} users, {windows.user_spends} per-user "
             "spends their charges cannot explain"
         )),
         "declared_spend": _check(windows.mismatches + accountant.mismatches, (
             f"{windows.mismatches} declared window spends or user counts and "
-            f"{accountant.mismatches} population_window_spent differ from the recomputation"
+            f"{accountant.mismatches} population_spent differ from the recomputation"
         )),
         "population_accountant": _check(accountant.over_budget, (
-            f"{accountant.over_budget} (stream, class, slot) windows over the population's ε"
+            f"{accountant.over_budget} (stream, class, slot) windows over the population's budget"
         )),
         "no_user_ids": _check(collector.user_fields, (
             f"{collector.user_fields} outputs with a raw user id field"
@@ -1086,7 +1148,7 @@ def _claim_checks(claims: ClaimCounts, expect: Expectation) -> dict[str, dict[st
         checks["flow_file"] = _check(
             claims.flow,
             (
-                f"{claims.flow} streams not in {expect.flow.path} or entries whose population ε "
+                f"{claims.flow} streams not in {expect.flow.path} or entries whose population budget "
                 "is not the file's share × ε"
             ),
         )

@@ -190,9 +190,9 @@ def _report(result: dict[str, Any], metrics: list[str]) -> str:
     )
     print("privacy spend (privstream_ metrics at the end of the run):")
     shown = (
-        "privstream_window_budget_spent",
+        "privstream_scope_budget_spent",
         "privstream_privacy_violations",
-        "privstream_population_window_budget_spent",
+        "privstream_population_budget_spent",
         "privstream_evaluation",
     )
     for line in metrics:

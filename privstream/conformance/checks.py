@@ -218,15 +218,15 @@ def check_declared_cost(mech: Mechanism[Any, Any]) -> None:
 def _check_class(mech: Mechanism[Any, Any], k: int, rows: list[ClassSpend]) -> None:
     cost, cls = mech.privacy_cost, rows[0]
     charged = np.array([c.charged for c in rows])
-    spent = np.array([c.window_spent for c in rows])
-    _require(spent.max() <= cls.epsilon * (1 + TOLERANCE), mech, f"class {k} overspent")
+    spent = np.array([c.spent for c in rows])
+    _require(spent.max() <= cls.budget * (1 + TOLERANCE), mech, f"class {k} overspent")
     _require(bool((charged >= 0).all()), mech, f"class {k}: a negative charge")
     if mech.division == "budget":
-        sums = np.convolve(charged, np.ones(cls.window))[: len(charged)]
+        sums = np.convolve(charged, np.ones(cls.scope))[: len(charged)]
         _require(np.allclose(spent, sums, rtol=0, atol=1e-12), mech,
                  f"class {k}: window spend is not the sum of its charges")  # fmt: skip
     elif mech.division == "population":
-        _require(set(charged) | set(spent) <= {0.0, cls.epsilon}, mech,
+        _require(set(charged) | set(spent) <= {0.0, cls.budget}, mech,
                  f"class {k}: population division charges the whole ε or nothing")  # fmt: skip
     if isinstance(cost.scope, WindowScope) and mech.division == "budget":
         uniform = np.convolve(charged, np.ones(cost.scope.window))[: len(charged)]

@@ -52,7 +52,7 @@ def per_user_spend(entry: dict[str, Any]) -> float:
     it (the details' ``window_users``)."""
     if entry["division"] == "budget":
         (one,) = entry["classes"]
-        return float(one["window_spent"])
+        return float(one["spent"])
     reported = entry["details"]["window_users"] > 0
     return float(entry["guarantee"]["epsilon"]) if reported else 0.0
 
@@ -82,7 +82,7 @@ def test_side_by_side_with_the_full_budget_overspends_and_says_so() -> None:
     worst = max(composed(out).values())
     assert worst > 5 * EPS  # the audit measured 6.84ε
     assert all(r["evaluation"] for r in out["releases"] + out["ledger"])
-    assert max(e["population_window_spent"] for e in out["ledger"]) == pytest.approx(worst)
+    assert max(e["population_spent"] for e in out["ledger"]) == pytest.approx(worst)
     assert REGISTRY.get_sample_value("privstream_evaluation") == 1.0
 
 
@@ -94,10 +94,15 @@ def test_an_equal_split_keeps_every_user_within_epsilon() -> None:
     assert len(spend) == T and max(spend.values()) <= budget_limit(EPS)
     assert max(spend.values()) > 0.8 * EPS  # and the budget is actually used
     for entry in out["ledger"]:
-        assert entry["population_epsilon"] == EPS and not entry["evaluation"]
-        assert entry["population_window_spent"] == pytest.approx(spend[entry["slot"]])
+        assert entry["population_budget"] == EPS and not entry["evaluation"]
+        assert entry["population_spent"] == pytest.approx(spend[entry["slot"]])
     assert REGISTRY.get_sample_value("privstream_evaluation") == 0.0
-    assert REGISTRY.get_sample_value("privstream_population_epsilon", {"stream": "s"}) == EPS
+    assert (
+        REGISTRY.get_sample_value(
+            "privstream_population_budget", {"stream": "s", "measure": "pure"}
+        )
+        == EPS
+    )
 
 
 def test_weights_divide_the_budget() -> None:
@@ -202,7 +207,7 @@ def test_personalized_classes_compose_per_class() -> None:
     total: dict[tuple[int, int, float], float] = defaultdict(float)
     for entry in out["ledger"]:
         for c in entry["classes"]:
-            total[(entry["slot"], c["window"], c["epsilon"] * len(names))] += c["window_spent"]
+            total[(entry["slot"], c["scope"], c["budget"] * len(names))] += c["spent"]
     assert {round(k[2], 9) for k in total} == {1.0, 2.0}
     assert all(spent <= budget_limit(eps) for (_, _, eps), spent in total.items())
 

@@ -153,8 +153,8 @@ def test_neighbouring_first_events_export_the_same_population_metrics() -> None:
     sizes, users available or used, population, budgets — are the same for neighbours."""
     names = (
         "privstream_class_users", "privstream_users_available", "privstream_window_users_used",
-        "privstream_population", "privstream_epsilon", "privstream_window",
-        "privstream_population_epsilon",
+        "privstream_population", "privstream_budget", "privstream_scope_slots",
+        "privstream_population_budget",
     )  # fmt: skip
     run(events(15, t_max=15))  # scraped right after slot 15: X sent data or not yet
     at15 = public_metric_samples(names)

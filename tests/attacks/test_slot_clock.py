@@ -84,7 +84,7 @@ def test_before_a_forged_marker_and_an_unbounded_carry_reveal_the_victim() -> No
     assert len(out["releases"]) == FORCED and not out["dead_letters"]
     mean = victim_mean(out)
     assert abs(mean - 1.0) < 4 * SIGMA_MEAN and mean > 10 * SIGMA_MEAN
-    spent = max(e["population_window_spent"] for e in out["ledger"])
+    spent = max(e["population_spent"] for e in out["ledger"])
     assert spent <= EPSILON * (1 + 1e-9)  # every window "within ε"
 
 

@@ -90,7 +90,7 @@ def test_users_stating_their_own_requirement_are_accepted_at_a_share(tmp_path: P
     assert out["dead_letters"] == []
     assert len(out["releases"]) == T
     # the mechanisms still run every user at share × ε_i: the classes are (0.5, 6) and (1, 12)
-    classes = {(c["epsilon"], c["window"]) for c in out["ledger"][-1]["classes"]}
+    classes = {(c["budget"], c["scope"]) for c in out["ledger"][-1]["classes"]}
     assert classes == {(0.5, 6), (1.0, 12)}
 
 

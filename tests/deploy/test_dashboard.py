@@ -115,8 +115,8 @@ def test_dashboard_identity_and_variables(dashboard: dict[str, Any]) -> None:
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
     expected = {
-        "stream": "label_values(privstream_epsilon, stream)",
-        "mechanism": 'label_values(privstream_epsilon{stream=~"$stream"}, mechanism)',
+        "stream": "label_values(privstream_budget, stream)",
+        "mechanism": 'label_values(privstream_budget{stream=~"$stream"}, mechanism)',
     }
     for name, query in expected.items():
         variable = variables[name]
@@ -202,7 +202,7 @@ def test_queries_filter_on_stream_and_mechanism(dashboard: dict[str, Any]) -> No
     # the per-process flags follow the selection through the flows that serve it
     flags = [e for t, e in panel_queries(dashboard) if "privstream_insecure_seed" in e]
     assert flags and all(
-        'and on (instance) privstream_epsilon{stream=~"$stream"' in e for e in flags
+        'and on (instance) privstream_budget{stream=~"$stream"' in e for e in flags
     )
 
 
@@ -251,3 +251,31 @@ def test_provisioning_files() -> None:
     assert (provider["type"], provider["folder"]) == ("file", "privstream")
     assert provider["options"]["path"] == "/var/lib/grafana/dashboards/privstream"
     assert datasources["apiVersion"] == dashboards["apiVersion"] == 1
+
+
+MEASURED = frozenset(
+    {"privstream_scope_budget_spent", "privstream_budget", "privstream_class_budget_spent",
+     "privstream_class_budget", "privstream_population_budget_spent",
+     "privstream_population_budget"}
+)  # fmt: skip
+
+
+def test_budgets_are_shown_in_their_measures_units(dashboard: dict[str, Any]) -> None:
+    """Every panel query of a budget-valued gauge (additive unit: ε, μ², ρ) reads each measure
+    apart and labels its unit: Gaussian DP's μ² only under ``sqrt`` (shown as μ), never as an
+    ε; a reader's legend names the unit."""
+    shown = 0
+    for title, expr in panel_queries(dashboard):
+        if "and on (instance)" in expr:  # the per-process flags only join on privstream_budget
+            continue
+        for metric, matchers in selectors(expr):
+            if metric not in MEASURED:
+                continue
+            assert "measure=~" in matchers, f"{title}: {metric} mixes the measures"
+            if 'measure=~"gaussian"' in matchers:
+                assert re.search(r"sqrt\(max by \([^)]*\) \(" + metric + r"\{", expr), title
+        if any(m in MEASURED for m, _ in selectors(expr)):
+            for unit in ("ε", "μ", "ρ"):
+                assert f'"unit", "{unit}"' in expr, f"{title}: no {unit} unit in {expr}"
+            shown += 1
+    assert shown >= 5

@@ -101,7 +101,7 @@ def test_a_flow_runs_stops_on_sigterm_resumes_and_passes_the_audit(
         out, err = stop(flow)
     assert flow.returncode == 0, err[-3000:]
     assert "received SIGTERM" in err
-    assert "privstream_epsilon" in public and "privstream_internal_" not in public
+    assert "privstream_budget" in public and "privstream_internal_" not in public
     assert "privstream_internal_" in internal
     assert b"run" in command and not any(b"entrypoint" in arg for arg in command)  # exec'd
     assert list((tmp_path / "recovery").glob("*.sqlite3"))

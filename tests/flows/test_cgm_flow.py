@@ -50,8 +50,8 @@ def test_a_budget_split_composes_in_gaussian_dp(tmp_path: Path) -> None:
     mu_star = agm_mu(2.0, 1e-5)
     assert mu["CGM"] == pytest.approx(mu_star / 2**0.5) and mu["Alg1"] == mu["CGM"]
     last = ledger[-1]
-    assert last["population_epsilon"] == pytest.approx(mu_star**2)  # μ² adds: √(μ²/2 + μ²/2)
-    assert last["population_window_spent"] == pytest.approx(mu_star**2, rel=1e-9)
+    assert last["population_budget"] == pytest.approx(mu_star**2)  # μ² adds: √(μ²/2 + μ²/2)
+    assert last["population_spent"] == pytest.approx(mu_star**2, rel=1e-9)
 
 
 def test_per_timestamp_budgets_renew_and_the_chain_goes_on(tmp_path: Path) -> None:

@@ -82,7 +82,7 @@ def check_class_windows(ledger_lines: list[str]) -> int:
         split = zip(entry["details"]["epsilon_dc"], entry["details"]["epsilon_pub"], strict=True)
         for c, (dc, pub) in zip(entry["classes"], split, strict=True):
             assert c["charged"] == dc + pub  # the split into DC and publication adds up
-            key = (entry["stream"], entry["mechanism"], c["window"], c["epsilon"])
+            key = (entry["stream"], entry["mechanism"], c["scope"], c["budget"])
             charges[key][entry["slot"]] = c["charged"]
     checked = 0
     for (_s, _m, w, eps), by_slot in charges.items():
@@ -99,7 +99,7 @@ def test_every_mechanism_releases_every_slot_within_every_class_budget(mechanism
     run_main(flow)
     ids = sorted(json.loads(line)["release_id"] for line in out["releases"])
     assert ids == sorted(f"{s}/{mechanism}/{t}" for s in "ab" for t in range(1, T + 1))
-    classes = {(c["window"], c["epsilon"]) for c in json.loads(out["ledger"][0])["classes"]}
+    classes = {(c["scope"], c["budget"]) for c in json.loads(out["ledger"][0])["classes"]}
     assert classes == set(zip(TYPE_WIN.tolist(), TYPE_EPS.tolist(), strict=True))
     assert check_class_windows(out["ledger"]) >= 2 * T * 4
 
@@ -160,7 +160,7 @@ def test_requirements_are_registered_before_the_data_and_cannot_change() -> None
         ("requirement_changed", "u30"),
         ("unregistered_user", "u77"),
     ]
-    classes = {(c.window, c.epsilon, c.users) for c in ledger[-1].classes}
+    classes = {(c.scope, c.budget, c.users) for c in ledger[-1].classes}
     assert classes == {(4, 2.0, 20), (6, 1.0, 40)}
     assert all(entry.insecure_seed for entry in ledger)  # secret=3 is a public seed
 
@@ -189,7 +189,7 @@ def test_who_is_counted_does_not_depend_on_who_sent_data() -> None:
         ledger: list[Any] = []
         op.output("l", out.ledger, TestingSink(ledger))
         run_main(flow)
-        return {(c.window, c.epsilon, c.users) for c in ledger[-1].classes}
+        return {(c.scope, c.budget, c.users) for c in ledger[-1].classes}
 
     assert classes(range(30)) == classes(range(5, 25)) == {(4, 2.0, 10), (6, 1.0, 20)}
 
@@ -215,7 +215,7 @@ def test_the_ready_flow_takes_a_registration_table(tmp_path: Path) -> None:
     )  # fmt: skip
     run_main(flow)
     last = json.loads(ledger.read_text().splitlines()[-1])
-    assert {(c["window"], c["epsilon"], c["users"]) for c in last["classes"]} == {
+    assert {(c["scope"], c["budget"], c["users"]) for c in last["classes"]} == {
         (5, 3.0, 2),
         (6, 1.0, 8),
     }
@@ -278,7 +278,7 @@ def test_class_gauges_are_exported() -> None:
     spent = [
         line
         for line in text.splitlines()
-        if line.startswith("privstream_class_window_budget_spent{")
+        if line.startswith("privstream_class_budget_spent{")
         and 'mechanism="PBA",stream="a"' in line
     ]
     assert {line.split('class="')[1].split('"')[0] for line in spent} == {
@@ -286,4 +286,7 @@ def test_class_gauges_are_exported() -> None:
     }  # fmt: skip
     for line in spent:
         assert 0 < float(line.rsplit(" ", 1)[1]) <= 4.0
-    assert 'privstream_class_users{class="w2_e4",mechanism="PBA",stream="a"} 100.0' in text
+    assert (
+        'privstream_class_users{class="w2_e4",measure="pure",mechanism="PBA",stream="a"} 100.0'
+        in text
+    )

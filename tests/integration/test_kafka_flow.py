@@ -110,8 +110,8 @@ def test_kafka_flow_equals_the_file_flow_on_the_same_events(
         (m, t) for m in ("LBU", "LPA") for t in range(1, 13)
     }
     # the population accountant: both mechanisms together stay within ε
-    assert all(e["population_epsilon"] == EPSILON for e in ledger)
-    assert all(0 < e["population_window_spent"] <= EPSILON * (1 + 1e-9) for e in ledger)
+    assert all(e["population_budget"] == EPSILON for e in ledger)
+    assert all(0 < e["population_spent"] <= EPSILON * (1 + 1e-9) for e in ledger)
 
     # The same events from a file through the file source give byte-identical releases.
     path = tmp_path / "events.jsonl"

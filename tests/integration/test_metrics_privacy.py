@@ -53,14 +53,15 @@ from .conftest import PRIVSTREAM, Topics, cli_env, run_cli
 from .prometheus import FlowProcess, read_keyed
 
 PREFIX = "privstream_"
-ALLOWED_LABELS = frozenset({"stream", "mechanism", "class", "client"})
+ALLOWED_LABELS = frozenset({"stream", "mechanism", "class", "client", "measure"})
 KAFKA_CLIENTS = frozenset({"source", "sink"})  # privstream_kafka_connected{client}
+MEASURES = frozenset({"pure", "approx", "gaussian", "zcdp"})  # {measure}: the guarantee's
 # The public names of the operational metrics before they moved to the internal registry.
 OLD_NAMES = frozenset(
     PREFIX + name
     for name in ("events_total", "events_rejected_total", "late_events_total", "step_seconds")
 )
-CLASS_LABEL = re.compile(r"w[1-9][0-9]*_e[0-9.e+-]+")
+CLASS_LABEL = re.compile(r"[ws][1-9][0-9]*_(?:e|mu|rho)[0-9.e+-]+")  # scope, budget in its unit
 # A produced user id ("u0" .. "u{n-1}") as a token of its own.
 USER_ID = re.compile(r"(?<!\w)u\d+(?!\w)")
 SECRET = "RaRI3ATqVl9AinbJ3RJ88GkURnYsncB7QKAXKcvvY_c"  # a fixed random key: base64url, 32 bytes
@@ -159,7 +160,8 @@ def sample_problems(exposition: str, policy: Disclosure) -> list[str]:
     """Labels other than configured ones, and values equal to a true count that is not public."""
     problems = []
     forbidden = policy.forbidden
-    allowed = {"stream": policy.streams, "mechanism": policy.mechanisms, "client": KAFKA_CLIENTS}
+    allowed = {"stream": policy.streams, "mechanism": policy.mechanisms, "client": KAFKA_CLIENTS,
+               "measure": MEASURES}  # fmt: skip
     for family in text_string_to_metric_families(exposition):
         for sample in family.samples:
             if not sample.name.startswith(PREFIX):
@@ -169,7 +171,7 @@ def sample_problems(exposition: str, policy: Disclosure) -> list[str]:
                 problems.append(f"{where}: label {label!r} is not one of {sorted(ALLOWED_LABELS)}")
             for label, text in sample.labels.items():
                 if label == "class" and not CLASS_LABEL.fullmatch(text):
-                    problems.append(f"{where}: class={text!r} is not a (w, ε) class name")
+                    problems.append(f"{where}: class={text!r} is not a (scope, budget) class name")
                 elif label in allowed and text not in allowed[label]:
                     problems.append(f"{where}: {label}={text!r} is not configured")
             value = float(sample.value)
@@ -253,12 +255,12 @@ def fake_exposition(leak: str | None = None) -> str:
     """A small exposition in privstream's shape, optionally with one deliberate leak."""
     registry = CollectorRegistry()
     pair = ["stream", "mechanism"]
-    spent = Gauge(PREFIX + "window_budget_spent", "Spend.", pair, registry=registry)
+    spent = Gauge(PREFIX + "scope_budget_spent", "Spend.", pair, registry=registry)
     spent.labels("sin", "LBU").set(0.5)
     Gauge(PREFIX + "population", "n.", pair, registry=registry).labels("sin", "LBU").set(5000)
     used = Gauge(PREFIX + "window_users_used", "Used.", pair, registry=registry)
     used.labels("sin", "LBU").set(4544)  # a true count, but published already: allowed
-    Gauge(PREFIX + "population_epsilon", "ε.", ["stream"], registry=registry).labels("sin").set(1)
+    Gauge(PREFIX + "population_budget", "ε.", ["stream"], registry=registry).labels("sin").set(1)
     if leak is not None:
         _leak(leak, registry, spent)
     return generate_latest(registry).decode()
@@ -443,8 +445,8 @@ def test_metrics_of_a_kafka_flow_disclose_nothing_private(
     assert exposed == PUBLIC_METRICS - cluster_only
     assert sample_values(exposition, PREFIX + "insecure_seed") == {(): 0.0}  # a real secret
     assert sample_values(exposition, PREFIX + "evaluation") == {(): 0.0}  # a split budget
-    assert sample_values(exposition, PREFIX + "population_epsilon") == {
-        (("stream", "sin"),): EPSILON
+    assert sample_values(exposition, PREFIX + "population_budget") == {
+        (("measure", "pure"), ("stream", "sin")): EPSILON
     }
 
     synthetic = SyntheticStream("sin", USERS, SLOTS, seed=DATA_SEED)

@@ -175,6 +175,9 @@ class _Cells(html.parser.HTMLParser):
         self.cells: dict[tuple[str, tuple[tuple[str, str], ...], str], tuple[str, str]] = {}
         self.text = ""
         self.state = ""
+        self.measure = ""
+        self.measures: dict[tuple[str, tuple[tuple[str, str], ...], str], str] = {}
+        """Each budget cell's ``data-measure`` (the others have none)."""
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         found = {k: v or "" for k, v in attrs}
@@ -188,6 +191,7 @@ class _Cells(html.parser.HTMLParser):
             }
         elif tag == "td" and "data-metric" in found:
             self.cell = (found["data-metric"], found.get("data-value", ""))
+            self.measure = found.get("data-measure", "")
             self.text = ""
 
     def handle_data(self, data: str) -> None:
@@ -198,6 +202,8 @@ class _Cells(html.parser.HTMLParser):
         if tag == "td" and self.cell is not None:
             key = (self.table, tuple(sorted(self.row.items())), self.cell[0])
             self.cells[key] = (self.cell[1], self.text.strip())
+            if self.measure:
+                self.measures[key] = self.measure
             self.cell = None
 
 
@@ -221,15 +227,33 @@ def _exposed(flows: dict[str, FlowProcess]) -> dict[tuple[str, tuple[tuple[str, 
     return samples
 
 
+UNITS = {"pure": ("ε", 1), "approx": ("ε", 1), "gaussian": ("μ", 2), "zcdp": ("ρ", 1)}
+"""The symbol a budget-valued cell shows for each measure, and the root taken of its value
+(Gaussian DP's metrics hold μ², the page shows μ)."""
+
+
+def _truth(
+    exposed: dict[tuple[str, tuple[tuple[str, str], ...]], float],
+    name: str,
+    row: tuple[tuple[str, str], ...],
+) -> tuple[float, str]:
+    """The exposed value of ``name`` for ``row`` and its ``measure`` label ("" for none)."""
+    for (found, labels), value in exposed.items():
+        rest = tuple(kv for kv in labels if kv[0] != "measure")
+        if found == name and rest == row:
+            return value, dict(labels).get("measure", "")
+    raise KeyError((name, row))
+
+
 def _share(
     exposed: dict[tuple[str, tuple[tuple[str, str], ...]], float], row: tuple[tuple[str, str], ...]
 ) -> float:
     """The spend of the (stream, mechanism)'s class closest to its own ε_c, as a share of it."""
     ratios = [
-        value / exposed[("privstream_class_epsilon", labels)]
+        value / exposed[("privstream_class_budget", labels)]
         for (name, labels), value in exposed.items()
-        if name == "privstream_class_window_budget_spent"
-        and {k: v for k, v in labels if k != "class"} == dict(row)
+        if name == "privstream_class_budget_spent"
+        and {k: v for k, v in labels if k not in ("class", "measure")} == dict(row)
     ]
     return max(ratios)
 
@@ -243,17 +267,26 @@ def test_the_page_without_grafana_shows_the_flows_metrics(
     assert page.state == "ready"
     exposed = _exposed(operations.flows)
     checked = 0
+    budgets: dict[str, int] = {}
     for (table, row, metric), (value, text) in page.cells.items():
         if not value:
             continue
-        truth = (
-            _share(exposed, row) if metric == "share" else exposed[("privstream_" + metric, row)]
-        )
         if metric == "share":
+            truth = _share(exposed, row)
             assert float(value) == truth and 0 < truth <= 1, (row, value)
             continue
+        truth, measure = _truth(exposed, "privstream_" + metric, row)
         assert float(value) == truth, (table, row, metric)
-        assert float(text) == pytest.approx(truth, rel=1e-3), (table, row, metric, text)
+        expected = measure if "budget" in metric else ""  # the budget cells name theirs
+        assert page.measures.get((table, row, metric), "") == expected, (table, row, metric)
+        if "budget" in metric:  # a budget, in its measure's own unit: never μ² shown as an ε
+            symbol, root = UNITS[measure]
+            assert text.startswith(symbol + " "), (table, row, metric, text)
+            shown = float(text.removeprefix(symbol + " "))
+            assert shown == pytest.approx(truth ** (1 / root), rel=1e-3), (row, metric, text)
+            budgets[measure] = budgets.get(measure, 0) + 1
+        else:
+            assert float(text) == pytest.approx(truth, rel=1e-3), (table, row, metric, text)
         checked += 1
     rows = {(t, r) for t, r, _m in page.cells}
     mechanisms = {r for t, r in rows if t == "mechanisms"}
@@ -262,6 +295,8 @@ def test_the_page_without_grafana_shows_the_flows_metrics(
     }
     assert {r for t, r in rows if t == "population"} == {(("stream", s.stream),) for s in FLOWS}
     assert checked >= 6 * 10
+    assert budgets.get("pure", 0) > 0 and budgets.get("gaussian", 0) > 0  # CGM shown in μ
+    assert set(page.measures.values()) == {"pure", "gaussian"}
     shot = tmp_path / "page.png"
     _chromium(url, f"--screenshot={shot}", "--window-size=1400,1000", "--hide-scrollbars")
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000

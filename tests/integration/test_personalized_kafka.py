@@ -82,18 +82,18 @@ def test_personalized_flow_over_kafka(
     for mechanism in ("PBD", "PBA"):
         rows = sorted((e for e in ledger if e["mechanism"] == mechanism), key=lambda e: e["slot"])
         # each mechanism charges a class its share (1/2) of the class's ε
-        assert {(c["window"], c["epsilon"], c["users"]) for c in rows[-1]["classes"]} == {
+        assert {(c["scope"], c["budget"], c["users"]) for c in rows[-1]["classes"]} == {
             (5, 1.0, 100),
             (10, 0.5, 200),
         }
         for c_index in range(2):  # each class's spend over its own window
             w = rows[-1]["classes"][c_index]["window"]
             eps = rows[-1]["classes"][c_index]["epsilon"]
-            charge = [next(c["charged"] for c in r["classes"] if c["window"] == w) for r in rows]
+            charge = [next(c["charged"] for c in r["classes"] if c["scope"] == w) for r in rows]
             assert max(sum(charge[i : i + w]) for i in range(len(charge))) <= eps * (1 + 1e-9)
         # both mechanisms together: the class closest to its full requirement stays within it
         for e in rows:
-            assert e["population_window_spent"] <= e["population_epsilon"] * (1 + 1e-9)
+            assert e["population_spent"] <= e["population_budget"] * (1 + 1e-9)
     dead = [
         (dict(m.headers())[DEAD_LETTER_REASON_HEADER].decode(), json.loads(m.value())["user"])
         for m in read_all(kafka, topics.dlq)

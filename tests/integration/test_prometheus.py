@@ -97,14 +97,14 @@ def test_promql_matches_the_releases_and_the_spend_stays_within_epsilon(
         for entry in ledger.values():
             assert entry["guarantee"]["epsilon"] == SHARE, entry
             (one,) = entry["classes"]  # every user shares (w, ε): one class
-            assert one["epsilon"] == SHARE, entry
+            assert one["budget"] == SHARE, entry
             if entry["division"] == "budget":
-                assert 0 < one["window_spent"] <= budget_limit(SHARE), entry
+                assert 0 < one["spent"] <= budget_limit(SHARE), entry
             else:
                 assert 0 <= entry["details"]["window_users"] <= USERS, entry
             # composed over the three mechanisms, no user spent more than the population's ε
-            assert entry["population_epsilon"] == EPSILON, entry
-            assert 0 < entry["population_window_spent"] <= budget_limit(EPSILON), entry
+            assert entry["population_budget"] == EPSILON, entry
+            assert 0 < entry["population_spent"] <= budget_limit(EPSILON), entry
 
         def counters(strategy: str) -> dict[str, float]:
             return prom.by_mechanism(COUNTERS[strategy] + JOB)
@@ -121,33 +121,31 @@ def test_promql_matches_the_releases_and_the_spend_stays_within_epsilon(
 
         # Privacy spend: at every scraped instant, no user spent more than a mechanism's share
         # of ε in any window, nor more than ε over all of them.
-        epsilon = prom.by_mechanism("privstream_epsilon" + JOB)
+        epsilon = prom.by_mechanism("privstream_budget" + JOB)
         assert epsilon == dict.fromkeys(MECHANISMS, SHARE)
-        peak = prom.by_mechanism(f"max_over_time(privstream_window_budget_spent{JOB}[10m])")
+        peak = prom.by_mechanism(f"max_over_time(privstream_scope_budget_spent{JOB}[10m])")
         assert peak.keys() == set(MECHANISMS), peak
         for mechanism, spent in peak.items():
             assert 0 < spent <= epsilon[mechanism], (mechanism, spent)
         over = prom.query(
-            f"max_over_time(privstream_window_budget_spent{JOB}[10m])"
-            f" > on(stream, mechanism) privstream_epsilon{JOB}"
+            f"max_over_time(privstream_scope_budget_spent{JOB}[10m])"
+            f" > on(stream, mechanism) privstream_budget{JOB}"
         )
         assert over == [], over
-        remaining = prom.by_mechanism("min_over_time(privstream_window_budget_remaining[10m])")
+        remaining = prom.by_mechanism("min_over_time(privstream_scope_budget_remaining[10m])")
         assert all(0 <= r <= SHARE for r in remaining.values()), remaining
         population = f'{{job="privstream",stream="{STREAM}"}}'
-        assert [s.value for s in prom.query("privstream_population_epsilon" + population)] == [
+        assert [s.value for s in prom.query("privstream_population_budget" + population)] == [
             EPSILON
         ]
         assert [s.value for s in prom.query("privstream_population_mechanisms" + population)] == [
             3.0
         ]
-        composed = prom.query(
-            f"max_over_time(privstream_population_window_budget_spent{population}[10m])"
-        )
+        composed = prom.query(f"max_over_time(privstream_population_budget_spent{population}[10m])")
         assert len(composed) == 1 and 0 < composed[0].value <= budget_limit(EPSILON), composed
         over = prom.query(
-            f"max_over_time(privstream_population_window_budget_spent{population}[10m])"
-            f" > on(stream) privstream_population_epsilon{population}"
+            f"max_over_time(privstream_population_budget_spent{population}[10m])"
+            f" > on(stream) privstream_population_budget{population}"
         )
         assert over == [], over
         # a production run: a real secret, and a split budget rather than an evaluation

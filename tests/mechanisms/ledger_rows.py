@@ -32,5 +32,5 @@ def class_rows(entry: LedgerEntry) -> tuple[Row, ...]:
     out = []
     for c, dc, pub in zip(entry.classes, split.epsilon_dc, split.epsilon_pub, strict=True):
         assert c.charged == dc + pub, (c, dc, pub)
-        out.append(Row(c.window, c.epsilon, c.users, dc, pub, c.window_spent))
+        out.append(Row(c.scope, c.budget, c.users, dc, pub, c.spent))
     return tuple(out)

@@ -353,7 +353,7 @@ def test_stream_budget_admits_exactly_l_reports() -> None:
     for step in steps[9:]:
         assert step.ledger.mu_spent == pytest.approx(MU_STAR, rel=1e-12)
         assert step.ledger.epsilon_spent == pytest.approx(1.0, abs=1e-6)
-        assert step.entry.classes[0].window_spent == pytest.approx(MU_STAR**2, rel=1e-12)
+        assert step.entry.classes[0].spent == pytest.approx(MU_STAR**2, rel=1e-12)
     eleventh = steps[10]
     assert eleventh.details.reports == n // 2 and eleventh.details.refused == n // 2
     np.testing.assert_array_equal(eleventh.state.lifetime, 10)
@@ -384,7 +384,7 @@ def test_timestamp_budget_renews_while_the_chain_goes_on() -> None:
         assert step.ledger.mu_spent == pytest.approx(MU_STAR, rel=1e-12)
         assert step.ledger.epsilon_spent == pytest.approx(1.0, abs=1e-6)
         assert step.ledger.lifetime_mu == pytest.approx(math.sqrt(t) / mech.sigma1, rel=1e-12)
-        assert step.entry.classes[0].window == 1
+        assert step.entry.classes[0].scope == 1
         np.testing.assert_array_equal(step.clients.v[:, 0], v[t])
         se = mech.sigma1 * cfg.diameter * math.sqrt(n * v[t]) / n
         assert step.details.stderr == (pytest.approx(se, rel=1e-12),)

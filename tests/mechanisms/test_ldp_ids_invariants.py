@@ -171,7 +171,7 @@ def check_common(records: list[StepRecord], cfg: LdpIdsConfig) -> None:
             == LDP_IDS.build(rec.release.mechanism, cfg).privacy_cost
         )
         (one,) = rec.entry.classes  # every user shares (w, ε): one class of all n users
-        assert (one.window, one.epsilon, one.users) == (cfg.window, cfg.epsilon, cfg.population)
+        assert (one.scope, one.budget, one.users) == (cfg.window, cfg.epsilon, cfg.population)
 
 
 def check_budget_division(records: list[StepRecord], cfg: LdpIdsConfig) -> list[float]:
@@ -191,7 +191,7 @@ def check_budget_division(records: list[StepRecord], cfg: LdpIdsConfig) -> list[
     for i, rec in enumerate(records):
         window = sum(spend[max(0, i - w + 1) : i + 1])
         assert window <= cfg.epsilon + TOL, (rec.t, window)
-        assert rec.entry.window_spent == pytest.approx(window, abs=TOL)
+        assert rec.entry.spent == pytest.approx(window, abs=TOL)
         assert rec.entry.division == "budget"
     return spend
 
@@ -220,7 +220,7 @@ def check_population_division(records: list[StepRecord], cfg: LdpIdsConfig) -> d
         assert rec.led.window_users == window_users
         # a reporting user spends ε at most once per window: the class's charge and spend
         assert rec.entry.classes[0].charged == (cfg.epsilon if in_slot.size else 0.0)
-        assert rec.entry.window_spent == (cfg.epsilon if window_users else 0.0)
+        assert rec.entry.spent == (cfg.epsilon if window_users else 0.0)
         free_next = sum(
             1 for u in range(n) if not reports.get(u) or rec.t + 1 - reports[u][-1] >= w
         )

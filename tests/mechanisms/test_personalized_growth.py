@@ -289,8 +289,8 @@ def test_empty_population_approximates_and_charges_nobody(name: str) -> None:
         assert release.source_slot is None
         assert details(release).users_dc == details(release).users_pub == 0
         assert details(release).registered == 0
-        assert entry.classes == () and entry.window_spent == 0.0
-        assert (entry.epsilon, entry.window, entry.epsilon - entry.window_spent) == (1.0, 4, 1.0)
+        assert entry.classes == () and entry.spent == 0.0
+        assert (entry.budget, entry.scope, entry.budget - entry.spent) == (1.0, 4, 1.0)
     assert all(len(r) == 2 for r in rows(steps)[3:])
     assert details(steps[4][0]).registered == sum(c.users for c in steps[4][1].classes) == 2
     assert details(steps[5][0]).registered == sum(c.users for c in steps[5][1].classes) == 3

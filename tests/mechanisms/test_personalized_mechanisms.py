@@ -427,7 +427,7 @@ def test_release_and_entry_fields() -> None:
     assert details(release).error is not None and details(release).dissimilarity is not None
     assert sum(c.users for c in entry.classes) == n
     ratios = [c.spent_ratio for c in entry.classes]
-    assert entry.window_spent / entry.epsilon == max(ratios)  # properties: the binding class
+    assert entry.spent / entry.budget == max(ratios)  # properties: the binding class
     nullified = steps[3][0]
     assert nullified.strategy == "nullified" and details(nullified).users_pub == 0
     assert nullified.estimate == steps[2][0].estimate and nullified.source_slot == 3

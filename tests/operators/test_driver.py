@@ -62,7 +62,7 @@ def test_an_overspend_is_refused_before_release_and_stamps_carry_the_spend() -> 
     entry = next(e for e in step.stepped["m"].events if isinstance(e, LedgerEntry))
     release = next(e for e in step.stepped["m"].events if isinstance(e, Release))
     assert release.insecure_seed and entry.insecure_seed
-    assert step.worst is not None and entry.population_window_spent == step.worst[2]
+    assert step.worst is not None and entry.population_spent == step.worst[2]
     tight = Lane(mech, mech.initial_state(), share=1.0, population=(5, 1e-3))
     refused = _drive({"m": tight}, 1, accountant=PopulationAccountant())
     assert refused.stepped == {} and [h.violation for h in refused.halts] == [True]

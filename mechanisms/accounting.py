@@ -1,0 +1,265 @@
+"""Accounting as events: what a mechanism charged, to whom, in its own measure, over its scope.
+
+A mechanism's step emits, beside its releases and its ledger entry, one typed charge per
+privacy class it charged (carried by the entry, ``LedgerEntry.charges``). The population
+accountant (``mechanisms.accountant``) and the ledgers (``mechanisms.ledger``) read the charges,
+never a bare ``epsilon``: each declares ``supports(event)`` and refuses the rest with a message
+naming the charge's measure and what it supports (the ``dp_accounting`` model).
+
+Every charge holds three numbers in its measure's *additive* unit (the one sequential
+composition adds, ``guarantees.budget_of``): ``charged`` (this slot), ``spent`` (over the scope
+ending at this slot, for the most-charged member of the payer) and ``budget`` (the limit):
+
+- ``PureCharge``: ε (pure ε-DP; ε adds);
+- ``GaussianCharge``: μ² (μ-Gaussian DP; μ adds in squares) — shown as μ and as ε at δ;
+- ``ZcdpCharge``: ρ (ρ-zCDP; ρ adds).
+
+``shown`` turns them into the units a person reads (ε; μ and ε at δ; ρ); a μ² is never shown
+as an ε.
+
+Composition (``composable``): charges add only when they share the measure and the scope —
+what it bounds (a window, a period, the stream, a lifetime) and its length in slots. Two w-event windows of different lengths, a window
+and a whole stream, or a period and a lifetime do not add: a bound on the loss in every
+window of w slots says nothing about a window of another length or about the whole stream, so
+summing them would state a guarantee neither mechanism has. Such a combination is refused with
+the reason; run the mechanisms on separate populations, or give them the same scope. Streams of
+one population compose the same way (their shares of one budget, their δ added up by
+``accountant.compose_deltas``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from privstream.mechanisms.guarantees import (
+    ClassScope,
+    GaussianDP,
+    Guarantee,
+    PeriodScope,
+    Scope,
+    StreamScope,
+    WindowScope,
+)
+
+if TYPE_CHECKING:
+    from privstream.mechanisms.contract import ClassSpend, Division
+
+
+class UnsupportedCharge(ValueError):
+    """An accountant or ledger was handed a charge it cannot account (another measure or scope,
+    or two charges that do not compose)."""
+
+
+# -- payers ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AllUsers:
+    """Every user of the population was charged alike (budget division)."""
+
+    kind: ClassVar[str] = "all-users"
+
+
+@dataclass(frozen=True)
+class PrivacyClass:
+    """The users sharing one requirement ``(scope w_c, budget)`` (personalized w-event DP;
+    population division charges each member at most once per window)."""
+
+    scope: int
+    budget: float
+    kind: ClassVar[str] = "class"
+
+
+@dataclass(frozen=True)
+class UserAccount:
+    """One account per user; the charge's ``spent`` is the most-charged user's (user division)."""
+
+    kind: ClassVar[str] = "user"
+
+
+Payer = AllUsers | PrivacyClass | UserAccount
+
+
+# -- charges ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Charge:
+    """One charge to ``payer`` (``users`` users) over ``scope``, in the measure's additive unit.
+
+    ``slots`` is the scope's length in slots the ledger counts over (the class's window w_c,
+    or a user-division ledger's reports per budget); ``scope`` is the guarantee's scope."""
+
+    payer: Payer
+    scope: Scope
+    slots: int
+    users: int
+    charged: float
+    spent: float
+    budget: float
+    measure: ClassVar[str] = ""
+    unit: ClassVar[str] = ""
+    """The additive unit's symbol (what ``charged``/``spent``/``budget`` hold)."""
+
+    def shown(self, value: float, delta: float | None = None) -> dict[str, float]:
+        """``value`` (in the additive unit) in the units a person reads."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class PureCharge(Charge):
+    """Pure ε-DP: ε adds under sequential composition."""
+
+    measure: ClassVar[str] = "pure"
+    unit: ClassVar[str] = "ε"
+
+    def shown(self, value: float, delta: float | None = None) -> dict[str, float]:
+        return {"epsilon": value}
+
+
+@dataclass(frozen=True)
+class GaussianCharge(Charge):
+    """μ-Gaussian DP: μ adds in squares, so the additive unit is μ²; shown as μ = √(μ²) and,
+    with a δ, as the ε of the exact (ε, δ) curve (Dong, Roth & Su 2019, Cor. 2.13)."""
+
+    measure: ClassVar[str] = "gaussian"
+    unit: ClassVar[str] = "μ²"
+
+    def shown(self, value: float, delta: float | None = None) -> dict[str, float]:
+        mu = math.sqrt(max(value, 0.0))
+        out = {"mu": mu}
+        if delta is not None and 0 < delta < 1:
+            out["epsilon_at_delta"] = GaussianDP(mu).epsilon(delta) if mu > 0 else 0.0
+            out["delta"] = delta
+        return out
+
+
+@dataclass(frozen=True)
+class ZcdpCharge(Charge):
+    """ρ-zero-concentrated DP: ρ adds."""
+
+    measure: ClassVar[str] = "zcdp"
+    unit: ClassVar[str] = "ρ"
+
+    def shown(self, value: float, delta: float | None = None) -> dict[str, float]:
+        return {"rho": value}
+
+
+CHARGES: dict[str, type[Charge]] = {c.measure: c for c in (PureCharge, GaussianCharge, ZcdpCharge)}
+"""The charge type of each measure kind (``guarantees.Measure.kind``); ``approx`` charges its
+ε as a ``PureCharge`` (its δ is composed per stream, ``accountant.compose_deltas``)."""
+
+
+def charge_type(guarantee: Guarantee) -> type[Charge]:
+    """The charge a mechanism with ``guarantee`` emits (``approx`` charges ε, as pure)."""
+    kind = guarantee.measure.kind
+    return CHARGES.get(kind, PureCharge)
+
+
+def payer_of(division: Division, spend: ClassSpend, personalized: bool) -> Payer:
+    """Who a class's spend was charged to, by the ledger's division."""
+    if division == "user":
+        return UserAccount()
+    if personalized or division == "population":
+        return PrivacyClass(spend.scope, spend.budget)
+    return AllUsers()
+
+
+def charges_for(
+    guarantee: Guarantee, division: Division, classes: tuple[ClassSpend, ...]
+) -> tuple[Charge, ...]:
+    """The charges of one ledger entry's classes, in the guarantee's measure (the numbers are
+    the classes' own, unchanged). A windowed guarantee charges each class over its own window
+    w_c (a personal window under ``ClassScope``; a uniform baseline's classes keep theirs); the
+    other scopes are the guarantee's."""
+    kind = charge_type(guarantee)
+    personalized = isinstance(guarantee.scope, ClassScope)
+    windowed = isinstance(guarantee.scope, WindowScope)
+    out = []
+    for c in classes:
+        scope: Scope = guarantee.scope
+        if personalized:
+            scope = ClassScope(c.scope)
+        elif windowed:
+            scope = WindowScope(c.scope)
+        payer = payer_of(division, c, personalized)
+        out.append(kind(payer, scope, c.scope, c.users, c.charged, c.spent, c.budget))
+    return tuple(out)
+
+
+# -- composition -----------------------------------------------------------------------------
+
+
+def scope_name(scope: Scope) -> str:
+    """A reader's name for a scope (in refusals and the docs)."""
+    if isinstance(scope, WindowScope):
+        return f"a w-event window of w={scope.window}"
+    if isinstance(scope, ClassScope):
+        return f"a personal window of w={scope.window}"
+    if isinstance(scope, PeriodScope):
+        return f"a period of {scope.length} slot(s)"
+    if isinstance(scope, StreamScope):
+        return "the whole stream"
+    return "a user's lifetime"
+
+
+def _span(scope: Scope) -> tuple[str, int]:
+    """What a scope bounds: a window of w slots (w-event or a personal window alike), a period
+    of L slots, the whole stream or a lifetime."""
+    if isinstance(scope, (WindowScope, ClassScope)):
+        return "window", scope.window
+    if isinstance(scope, PeriodScope):
+        return "period", scope.length
+    return scope.kind, 0
+
+
+def window_of(scope: Scope) -> int | None:
+    """The window length of a w-event or personal-window scope (None for the others)."""
+    return scope.window if isinstance(scope, (WindowScope, ClassScope)) else None
+
+
+def composable(a: Charge, b: Charge) -> str | None:
+    """None when ``a`` and ``b`` add up (same measure, same scope); otherwise why not."""
+    if a.measure != b.measure:
+        return (
+            f"a {a.measure} charge (in {a.unit}) and a {b.measure} charge (in {b.unit}) do not "
+            "add: convert both to one measure first (guarantees.PureDP.to_zcdp, "
+            "GaussianDP.to_zcdp) or run them on separate populations"
+        )
+    if _span(a.scope) != _span(b.scope):
+        return (
+            f"{scope_name(a.scope)} and {scope_name(b.scope)} do not compose: a bound over one "
+            "says nothing about the other, so their sum would state a guarantee neither "
+            "mechanism has; give the mechanisms the same scope or separate populations"
+        )
+    return None
+
+
+def check_composable(charges: list[Charge]) -> None:
+    """Refuse charges to one population class that do not compose (``composable``)."""
+    for other in charges[1:]:
+        why = composable(charges[0], other)
+        if why is not None:
+            raise UnsupportedCharge(why)
+
+
+def refuse(holder: str, event: Charge, supported: str) -> UnsupportedCharge:
+    """The one refusal of an unsupported charge: its measure and scope, and what is supported."""
+    return UnsupportedCharge(
+        f"{holder} cannot account a {event.measure} charge (in {event.unit}) over "
+        f"{scope_name(event.scope)}; it supports {supported}"
+    )
+
+
+def describe(event: Charge, delta: float | None = None) -> dict[str, Any]:
+    """A charge as a reader sees it: measure, scope and each number in its own units."""
+    return {
+        "measure": event.measure,
+        "scope": scope_name(event.scope),
+        "payer": event.payer.kind,
+        "charged": event.shown(event.charged, delta),
+        "spent": event.shown(event.spent, delta),
+        "budget": event.shown(event.budget, delta),
+    }
