@@ -14,7 +14,7 @@ from privstream.mechanisms.client import SimulatedClientPort
 from privstream.mechanisms.ldp_ids import LBU
 from privstream.mechanisms.tasks import FrequencyTask
 from privstream.mechanisms.trust import TrustMode
-from privstream.operators.ports import SimulatedClients, TrustedCurator, ports_for
+from privstream.operators.ports import DeviceReports, SimulatedClients, TrustedCurator, ports_for
 from privstream.operators.registration import Preferences
 from privstream.operators.slotting import SlottedLogic, make_plan
 
@@ -48,9 +48,12 @@ class ReportsOnly(LBU):
     trust_modes: ClassVar[tuple[TrustMode, ...]] = ("ldp-reports",)
 
 
-def test_a_mode_without_a_server_side_port_is_refused() -> None:
-    with pytest.raises(ValueError, match="no server-side port"):
-        ports_for([ReportsOnly(ldp().config)], TASK)
+def test_device_reports_get_the_reports_port_and_no_registration_table() -> None:
+    """``ldp-reports``: the devices perturbed before the server (a stage before it), so the
+    server's port reads their reports as they are and never re-randomises them."""
+    assert isinstance(ports_for([ReportsOnly(ldp().config)], TASK), DeviceReports)
+    with pytest.raises(ValueError, match="registration table is for cdp and ldp-simulated"):
+        ports_for([ReportsOnly(ldp().config)], TASK, registration=Preferences(by_user={}))
 
 
 class Counting(LBU):
