@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from privstream.mechanisms.contract import Halt, Release
+from privstream.mechanisms.contract import ExtraRecord, Halt, Release
 from privstream.mechanisms.driver import Lane, SlotStep, Stamp, drive_slot
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.operators.ingest import Windower
@@ -86,7 +86,7 @@ class Runner:
                 state.clients[name] = stepped.clients
             state.tallies[name].record(stepped.events)
             for event in stepped.events:
-                out.append(("release", event) if isinstance(event, Release) else ("ledger", event))
+                out.append((_kind(event), event))
         if emitted.worst is not None:
             window, epsilon, spent = emitted.worst
             notes.populations.append((state.stream, epsilon, window, spent))
@@ -114,3 +114,11 @@ class Runner:
         if self.plan.ports.tracks_requirements:
             return None
         return self.plan.mechanisms[name].privacy_cost.window or 1, self.plan.epsilon
+
+
+def _kind(event: object) -> str:
+    """The operator output an event goes to: releases, extra outputs (``ExtraRecord``, each
+    routed by its output name downstream) or the ledger."""
+    if isinstance(event, Release):
+        return "release"
+    return "extra" if isinstance(event, ExtraRecord) else "ledger"
