@@ -343,9 +343,7 @@ def output_keys() -> dict[str, str]:
     """The ``[kafka]`` key of every discovered family's extra output → the output's name
     (``audit_topic`` → ``audit``)."""
     return {
-        f"{spec.dest}_topic": spec.name
-        for entry in FAMILIES.values()
-        for spec in entry.outputs
+        f"{spec.dest}_topic": spec.name for entry in FAMILIES.values() for spec in entry.outputs
     }
 
 

@@ -13,7 +13,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar, Final, Generic, Literal, TypeVar, Union, cast
+from typing import Any, ClassVar, Final, Generic, Literal, TypeVar, cast
 
 from privstream.mechanisms.client import ClientPort, CuratorPort
 from privstream.mechanisms.errors import IncompatibleState
@@ -319,7 +319,7 @@ class ExtraRecord:
         }
 
 
-Event = Union[Release, LedgerEntry, ExtraRecord]
+Event = Release | LedgerEntry | ExtraRecord
 """What a step emits: its releases, its ledger entry and any extra-output records."""
 
 

@@ -207,10 +207,18 @@ def _extra_output_flags(p: argparse.ArgumentParser, family: Family) -> None:
     declares (``Family.outputs``): an output is written only where one of them names it."""
     for spec in family.outputs:
         kind = "public" if spec.public else "internal"
-        p.add_argument(f"--{spec.name}-out", dest=f"{spec.dest}_out", metavar="PATH",
-                       help=f"{spec.help} ({kind}; JSON lines; written only when given)")
-        p.add_argument(f"--{spec.name}-topic", dest=f"{spec.dest}_topic", metavar="TOPIC",
-                       help=f"{spec.help} ({kind}; Kafka topic; written only when given)")
+        p.add_argument(
+            f"--{spec.name}-out",
+            dest=f"{spec.dest}_out",
+            metavar="PATH",
+            help=f"{spec.help} ({kind}; JSON lines; written only when given)",
+        )
+        p.add_argument(
+            f"--{spec.name}-topic",
+            dest=f"{spec.dest}_topic",
+            metavar="TOPIC",
+            help=f"{spec.help} ({kind}; Kafka topic; written only when given)",
+        )
 
 
 def _extra_routes(args: argparse.Namespace, family: Family, kind: str) -> dict[str, str]:

@@ -11,7 +11,6 @@ metric readers are plain callables the family module fills.
 from __future__ import annotations
 
 import re
-
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol

@@ -31,7 +31,10 @@ def split_release_id(key: str) -> tuple[str, str, int, tuple[str, ...]] | None:
     segments = key.split("/")
     for i in range(len(segments) - 1, 1, -1):
         if segments[i].lstrip("-").isdigit() and segments[i]:
-            return "/".join(segments[: i - 1]), segments[i - 1], int(segments[i]), tuple(
-                segments[i + 1 :]
+            return (
+                "/".join(segments[: i - 1]),
+                segments[i - 1],
+                int(segments[i]),
+                tuple(segments[i + 1 :]),
             )
     return None

@@ -1,12 +1,14 @@
 """A family from another distribution with an EXTRA OUTPUT and RELEASE-KEY PARTS (DPI's shape:
 one release per query per slot, and an internal audit stream beside the releases).
 
-Its mechanisms are LDP-IDS's LBU and LPU over a histogram of ``d = 3`` categories; each slot's
-histogram is released as three records, one per query ``cat-0``, ``cat-1``, ``cat-2`` (the
-frequency of that category; release id ``stream/mechanism/slot/cat-i``), and one record of the
-internal output ``audit`` says what the slot did (its strategy and how many queries it
-answered: facts already in the releases, nothing of a user). It declares both in this module;
-nothing in privstream names it.
+Its mechanisms are LDP-IDS's LBU and LPU over a histogram of ``d`` categories (2 for the
+synthetic binary datasets, 3 with ``--domain 3``); each slot's histogram is released as ``d``
+records, one per query ``cat-0`` … ``cat-{d-1}`` (the frequency of that category; release id
+``stream/mechanism/slot/cat-i``), and one record of the internal output ``audit`` says what
+the slot did (its strategy and how many queries it answered: facts already in the releases,
+nothing of a user). Guarantee: LBU's and LPU's w-event ε-LDP (the queries of a slot are the
+categories of one privatised histogram). It declares both in this module; nothing in
+privstream names it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,11 @@ from privstream.mechanisms.contract import Event, ExtraRecord, Release, Slot
 from privstream.mechanisms.tasks import FrequencyTask
 
 D: Final = 3
-QUERIES: Final = tuple(f"cat-{i}" for i in range(D))
+
+
+def query(i: int) -> str:
+    """The key part of category ``i``'s query."""
+    return f"cat-{i}"
 
 
 def per_query(events: Sequence[Event]) -> list[Event]:
@@ -33,22 +39,22 @@ def per_query(events: Sequence[Event]) -> list[Event]:
         if not isinstance(event, Release):
             out.append(event)
             continue
-        for i, query in enumerate(QUERIES):
+        for i, value in enumerate(event.estimate):
             out.append(Release(
                 stream=event.stream, mechanism=event.mechanism, slot=event.slot,
-                strategy=event.strategy, estimate=(event.estimate[i],),
+                strategy=event.strategy, estimate=(value,),
                 source_slot=event.source_slot, guarantee=event.guarantee, details=event.details,
-                key=(("query", query),),
+                key=(("query", query(i)),),
             ))  # fmt: skip
         out.append(ExtraRecord(
             "audit", event.stream, event.mechanism, event.slot,
-            {"strategy": event.strategy, "queries": len(QUERIES)},
+            {"strategy": event.strategy, "queries": len(event.estimate)},
         ))  # fmt: skip
     return out
 
 
 class LBUQ(ldp_ids.LBU):
-    """LBU, released per query."""
+    """LBU (spec §3.1), released per query."""
 
     name = "LBUQ"
 
@@ -57,7 +63,7 @@ class LBUQ(ldp_ids.LBU):
 
 
 class LPUQ(ldp_ids.LPU):
-    """LPU, released per query."""
+    """LPU (spec §3.3), released per query."""
 
     name = "LPUQ"
 
@@ -66,9 +72,10 @@ class LPUQ(ldp_ids.LPU):
 
 
 def _score(run: Any) -> dict[str, float]:
-    """Mean absolute error over the slots' releases (one frequency per query)."""
+    """Mean absolute error of the first query's release (``cat-0``: the harness scores a
+    slot's first release) against category 0's truth."""
     estimates, truth = np.asarray(run.estimates), np.asarray(run.truth)
-    return {"mae": float(np.abs(estimates - truth[:, : estimates.shape[1]]).mean())}
+    return {"mae": float(np.abs(estimates[:, 0] - truth[:, 0]).mean())}
 
 
 MECHANISMS: Final = {m.name: m for m in (LBUQ, LPUQ)}
