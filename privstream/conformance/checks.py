@@ -57,6 +57,7 @@ from privstream.mechanisms.errors import IncompatibleState
 from privstream.mechanisms.guarantees import WindowScope
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.trust import needs_registration
+from privstream.schema.keys import release_id
 
 SEED = 11
 TOLERANCE = 1e-9  # relative slack of a window sum of float shares (the ledgers' own)
@@ -164,29 +165,35 @@ def _releases(events: list[Release | LedgerEntry]) -> list[Release]:
 def check_one_release_per_slot(mech: Mechanism[Any, Any]) -> None:
     T = mech.conformance.slots
     _, events = run(mech, start(mech), range(1, T + 1))
-    _require(_slot_groups(events) == T, mech,
+    groups = _slot_groups(events)
+    _require(groups is not None and len(groups) == T, mech,
              "each slot must emit one release per release key, then one ledger entry")  # fmt: skip
+    for t, releases in enumerate(groups or [], start=1):
+        ids = [r.release_id for r in releases]
+        keyed = all(r.key for r in releases)
+        expected = [release_id("conf", mech.name, t, *(v for _k, v in r.key)) for r in releases]
+        _require(ids == expected and (keyed or len(ids) == 1), mech, "release ids")
 
 
-def _slot_groups(events: Sequence[Event]) -> int:
-    """How many slots ``events`` hold as releases with distinct release ids (one per release
-    key: ``Release.key``; one release where a family declares no key parts) then one ledger
-    entry each; −1 when they break that shape. Extra-output records may come anywhere."""
-    groups, ids = 0, set()
+def _slot_groups(events: Sequence[Event]) -> list[list[Release]] | None:
+    """Each slot's releases in ``events``: releases with distinct release ids (one per release
+    key, ``Release.key``; one where a family declares no key parts) then one ledger entry;
+    None when they break that shape. Extra-output records may come anywhere."""
+    groups: list[list[Release]] = []
+    current: list[Release] = []
     for event in events:
         if isinstance(event, Release):
-            if event.release_id in ids:
-                return -1
-            ids.add(event.release_id)
+            if event.release_id in {r.release_id for r in current}:
+                return None
+            current.append(event)
         elif isinstance(event, LedgerEntry):
-            if not ids:
-                return -1
-            groups, ids = groups + 1, set()
+            if not current:
+                return None
+            groups.append(current)
+            current = []
         elif not isinstance(event, ExtraRecord):
-            return -1
-    return groups if not ids else -1
-    ids = [r.release_id for r in _releases(events)]
-    _require(ids == [f"conf/{mech.name}/{t}" for t in range(1, T + 1)], mech, "release ids")
+            return None
+    return None if current else groups
 
 
 def check_pickle_restore(mech: Mechanism[Any, Any]) -> None:
