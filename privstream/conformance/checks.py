@@ -132,11 +132,11 @@ def start(mech: Mechanism[Any, Any]) -> States:
 
 def run(
     mech: Mechanism[Any, Any], states: States, slots: range, seed: int = SEED
-) -> tuple[States, list[Release | LedgerEntry]]:
+) -> tuple[States, list[Event]]:
     """Step ``mech`` through ``slots`` with the shared step driver (``mechanisms.driver``);
     the devices' state moves on with every step, as the operator moves it."""
     lane = Lane(mech, *states)
-    events: list[Release | LedgerEntry] = []
+    events: list[Event] = []
     for t in slots:
         randomness = SlotRandomness(seed, "conf", t)
 
@@ -155,7 +155,7 @@ def run(
     return (lane.state, lane.clients), events
 
 
-def _releases(events: list[Release | LedgerEntry]) -> list[Release]:
+def _releases(events: Sequence[Event]) -> list[Release]:
     return [e for e in events if isinstance(e, Release)]
 
 
