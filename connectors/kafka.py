@@ -633,9 +633,11 @@ class SlotRecord(Protocol):
 
 
 def record_message(record: SlotRecord) -> KafkaSinkMessage[bytes, bytes]:
-    """A release, ledger entry or halt record keyed by ``stream/mechanism/slot`` (the release
-    id), its value canonical JSON."""
-    key = release_id(record.stream, record.mechanism, record.slot)
+    """A release, ledger entry, halt or extra-output record keyed by its release id
+    (``stream/mechanism/slot``, with a release's key parts where its family declares some:
+    ``schema.keys.release_id``), its value canonical JSON."""
+    parts = (value for _name, value in getattr(record, "key", ()))
+    key = release_id(record.stream, record.mechanism, record.slot, *parts)
     return KafkaSinkMessage(key.encode(), to_json(record).encode())
 
 

@@ -34,7 +34,7 @@ import json
 import math
 import re
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
@@ -76,6 +76,9 @@ class KafkaSection:
     trust_input_clock: bool = False
     grow_partitions: bool = False
     input_topic_recreated: bool = False
+    extra_topics: Mapping[str, str] = field(default_factory=dict)
+    """A family's declared extra outputs (``Family.outputs``) by name → topic, from the keys
+    ``<output>_topic`` (``audit_topic``): delivered like the ledger; unnamed ones go nowhere."""
 
 
 @dataclass(frozen=True)
@@ -332,7 +335,29 @@ def load(path: str | Path) -> FlowConfig:
         raise population_table.error("retired", f"names configured stream(s) {live}")
     population = _deltas(population_table, population, streams)
     population = _registrations(population_table, population, streams)
+    _check_outputs(top.table("kafka"), kafka, streams)
     return FlowConfig(source, kafka, population, streams, run)
+
+
+def output_keys() -> dict[str, str]:
+    """The ``[kafka]`` key of every discovered family's extra output → the output's name
+    (``audit_topic`` → ``audit``)."""
+    return {
+        f"{spec.dest}_topic": spec.name for entry in FAMILIES.values() for spec in entry.outputs
+    }
+
+
+def _check_outputs(t: _Table, kafka: KafkaSection, streams: Sequence[StreamSection]) -> None:
+    """Refuse a routed extra output no stream's family declares (an internal output is
+    written only where the file names a topic for it: never onto the release topic)."""
+    for name in kafka.extra_topics:
+        if not any(name in {o.name for o in FAMILIES[s.family].outputs} for s in streams):
+            declared = sorted({o.name for s in streams for o in FAMILIES[s.family].outputs})
+            raise t.error(
+                f"{name.replace('-', '_')}_topic",
+                f"no stream's family declares the output {name!r} (declared: "
+                f"{', '.join(declared) or 'none'})",
+            )
 
 
 def _kafka(t: _Table) -> KafkaSection:
@@ -351,6 +376,7 @@ def _kafka(t: _Table) -> KafkaSection:
             "trust_input_clock",
             "grow_partitions",
             "input_topic_recreated",
+            *output_keys(),
         )
     )
     bootstrap = t.text("bootstrap", what="HOST:PORT[,...] (a non-empty string)")
@@ -359,12 +385,14 @@ def _kafka(t: _Table) -> KafkaSection:
     output_topic = t.text("output_topic", TOPIC_NAME, what)
     dead_letter_topic = t.optional_text("dead_letter_topic", TOPIC_NAME, what)
     ledger_topic = t.optional_text("ledger_topic", TOPIC_NAME, what)
+    extra = {key: t.optional_text(key, TOPIC_NAME, what) for key in output_keys() if key in t.data}
     roles: dict[str, str] = {}
     for role, topic in (
         ("input_topic", input_topic),
         ("output_topic", output_topic),
         ("dead_letter_topic", dead_letter_topic),
         ("ledger_topic", ledger_topic),
+        *extra.items(),
     ):
         if topic is not None and roles.setdefault(topic, role) != role:
             raise t.error(
@@ -382,6 +410,7 @@ def _kafka(t: _Table) -> KafkaSection:
         **_clock(t),
         grow_partitions=_flag(t, "grow_partitions"),
         input_topic_recreated=_flag(t, "input_topic_recreated"),
+        extra_topics={output_keys()[k]: v for k, v in extra.items() if v is not None},
     )
 
 

@@ -23,6 +23,9 @@ Parameters of ``build``:
         defaults when None); for central-DP families the default requirement.
     seed: seed of the synthetic data (and of a synthetic registration; never the noise).
     out, ledger_out, dead_letter_out: JSON-lines outputs (ignored with ``kafka``).
+    extra_out: the family's declared extra outputs to write, name → JSON-lines path
+        (``Family.outputs``; ignored with ``kafka``, whose ``extra_topics`` route them); an
+        output not named is written nowhere.
     lateness, client_path: slotting options (``SlottingConfig``).
     domain, mean_range, ball: task of a file or Kafka stream: ``d`` categories (default 2),
         the ``(lower, upper)`` clipping range of a numeric mean, or ``(centre, radius)`` the L2
@@ -100,12 +103,16 @@ def build(
     insecure_seed: int | None = None,
     budget_split: str | None = None,
     compare: bool = False,
+    extra_out: Mapping[str, str] | None = None,
     **options: Any,
 ) -> Dataflow:
     """The dataflow of the family ``family_name`` (``families.registry.FAMILIES``); the
     parameters are described in the module docstring."""
     entry = family(family_name)
     names = entry.names(mechanisms or entry.default)
+    routed = {**(extra_out or {}), **(kafka.extra_topics if kafka is not None else {})}
+    for name in routed:
+        entry.output(name)  # refuses an output the family does not declare
     key = resolve_noise_key(secret, insecure_seed)
     split = BudgetSplit.parse(budget_split, len(names), compare=compare)
     users = users or entry.users
@@ -129,7 +136,7 @@ def build(
     )  # fmt: skip
     return assemble(f"privstream_{step}", source, names, operator, kafka=kafka, out=out,
                     ledger_out=ledger_out, dead_letter_out=dead_letter_out,
-                    progress=progress)  # fmt: skip
+                    progress=progress, extra_out=extra_out)  # fmt: skip
 
 
 def check_task(entry: Family, task: EstimationTask, dataset: str) -> None:

@@ -9,6 +9,7 @@ format.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -40,7 +41,7 @@ from privstream.connectors.sources import SyntheticSource, detect_format, file_s
 from privstream.families.registry import Family, FamilyConfig
 from privstream.families.spec import DatasetFactory
 from privstream.flows.config import check_input_clock
-from privstream.mechanisms.contract import Gap, Halt, Release
+from privstream.mechanisms.contract import ExtraRecord, Gap, Halt, Release
 from privstream.mechanisms.tasks import BallTask, EstimationTask, FrequencyTask, MeanTask
 from privstream.operators.metrics import BOARD, count_dead_letter
 from privstream.operators.registration import Preferences
@@ -154,6 +155,9 @@ class KafkaIO:
         input_topic_recreated: accept an input topic that was deleted and re-created since the
             recovery store was written (another topic id): read every partition of the new
             topic from its beginning (``KafkaEventSource``); without it the resume is refused.
+        extra_topics: a family's declared extra outputs (``Family.outputs``) by name → topic,
+            delivered like the ledger (or the epoch fails); an output not named here is
+            written nowhere.
     """
 
     settings: KafkaSettings
@@ -175,13 +179,19 @@ class KafkaIO:
     new_population: bool = False
     grow_partitions: bool = False
     input_topic_recreated: bool = False
+    extra_topics: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_input_clock(self.clock, self.trust_input_clock)
+        if self.output_topic in self.extra_topics.values():
+            raise ValueError(
+                f"an extra output is routed to the release topic {self.output_topic!r}: give "
+                "it its own topic (an output never goes onto the public releases)"
+            )
 
     def topics(self) -> list[str]:
         names = [self.input_topic, self.output_topic, self.dead_letter_topic, self.ledger_topic]
-        return [t for t in names if t]
+        return [t for t in [*names, *self.extra_topics.values()] if t]
 
     def with_partitions(self, counts: Mapping[str, int]) -> KafkaIO:
         """This with the input topic's partition count taken from ``counts`` (topic → partition
@@ -298,10 +308,12 @@ def outputs(
     ledger_out: str | None = None,
     dead_letter_out: str | None = None,
     progress: Callable[[Release], None] | None = None,
+    extra_out: Mapping[str, str] | None = None,
 ) -> None:
     """Write releases, ledger entries and dead letters to Kafka topics or JSON-lines files,
     count dead letters in the metrics, and stop at ``kafka.until_slot`` once every (stream,
-    mechanism) of ``pairs`` has released it."""
+    mechanism) of ``pairs`` has released it. Extra outputs go where they are routed:
+    ``extra_out`` (name → JSON-lines path) or ``kafka.extra_topics``; nowhere else."""
     known = frozenset(stream for stream, _mechanism in pairs)
     releases = op.inspect(
         "handed",
@@ -322,11 +334,37 @@ def outputs(
             jsonl_output("ledger_out", mech.ledger, ledger_out)
         if dead_letter_out:
             jsonl_output("dead_letters_out", dead, dead_letter_out)
+        for name, stream in extra_streams(mech.extra, extra_out or {}):
+            jsonl_output(f"{_ident(name)}_out", stream, (extra_out or {})[name])
         return
     _kafka_outputs(kafka, releases, mech.ledger, dead)
+    for name, stream in extra_streams(mech.extra, kafka.extra_topics):
+        kafka_output(f"{_ident(name)}_out", stream, kafka.settings, kafka.extra_topics[name],
+                     record_message, stall_seconds=kafka.stall_warning_seconds)  # fmt: skip
     if kafka.until_slot is not None:
         assert stop is not None, "until_slot needs a stop signal"
         _stop_at(kafka, stop, pairs, _release_progress(releases, mech.ledger))
+
+
+def extra_streams(
+    extra: Stream[ExtraRecord] | None, routes: Mapping[str, str]
+) -> list[tuple[str, Stream[ExtraRecord]]]:
+    """One stream per routed extra output (``routes``: output name → sink), each holding only
+    the records of that name; an output without a route is dropped (never written)."""
+    if extra is None or not routes:
+        return []
+    return [
+        (name, op.filter(f"extra_{_ident(name)}", extra, functools.partial(_named, name)))
+        for name in sorted(routes)
+    ]
+
+
+def _named(name: str, record: ExtraRecord) -> bool:
+    return record.output == name
+
+
+def _ident(name: str) -> str:
+    return name.replace("-", "_")
 
 
 def _kafka_outputs(
@@ -440,6 +478,7 @@ def assemble(
     ledger_out: str | None = None,
     dead_letter_out: str | None = None,
     progress: Callable[[Release], None] | None = None,
+    extra_out: Mapping[str, str] | None = None,
 ) -> Dataflow:
     """A ready flow: ``source`` → parse → key by stream → ``operator`` → outputs.
 
@@ -461,6 +500,7 @@ def assemble(
         ledger_out=ledger_out,
         dead_letter_out=dead_letter_out,
         progress=progress,
+        extra_out=extra_out,
     )
     return flow
 

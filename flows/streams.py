@@ -57,7 +57,7 @@ def kafka_io(config: FlowConfig, until_slot: int | None = None) -> KafkaIO:
         until_slot=until_slot, max_event_bytes=k.max_event_bytes,
         stall_warning_seconds=k.stall_warning_seconds, clock=k.clock,
         trust_input_clock=k.trust_input_clock, grow_partitions=k.grow_partitions,
-        input_topic_recreated=k.input_topic_recreated,
+        input_topic_recreated=k.input_topic_recreated, extra_topics=dict(k.extra_topics),
     )  # fmt: skip
 
 
@@ -83,10 +83,17 @@ def build_streams(
         op.merge("releases", *(o.releases for o in outs)),
         op.merge("ledger", *(o.ledger for o in outs)),
         op.merge("mechanism_dead_letters", *(o.dead_letters for o in outs)),
+        _merged_extra(outs),
     )
     pairs = [(s.name, m) for s in config.streams for m in s.mechanisms]
     outputs(merged, parse_errors, pairs=pairs, kafka=kafka, stop=stop, progress=progress)
     return flow
+
+
+def _merged_extra(outs: list[MechanismOut]) -> Any:
+    """Every stream operator's extra-output records on one stream (None: no operator has one)."""
+    extra = [o.extra for o in outs if o.extra is not None]
+    return op.merge("extra", *extra) if extra else None
 
 
 @dataclass(frozen=True)

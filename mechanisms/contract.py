@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, Final, Generic, Literal, TypeVar, cast
 
@@ -150,18 +151,24 @@ class Release:
     evaluation: bool = False
     """True when mechanisms ran side by side with the full budget each (``--compare``): an
     evaluation, whose releases together do not have the stated guarantee."""
+    key: tuple[tuple[str, str], ...] = ()
+    """The family's release-key parts beyond ``stream/mechanism/slot`` as ``(name, value)`` in
+    its declared order (``Family.release_key``: DPI's ``query``); empty for one release per
+    slot. Several releases of one slot differ here."""
 
     @property
     def release_id(self) -> str:
-        return release_id(self.stream, self.mechanism, self.slot)
+        return release_id(self.stream, self.mechanism, self.slot, *(v for _k, v in self.key))
 
     def to_dict(self) -> dict[str, Any]:
+        keyed = {"key": dict(self.key)} if self.key else {}
         return {
             "schema": SCHEMA_VERSION,
             "release_id": self.release_id,
             "stream": self.stream,
             "mechanism": self.mechanism,
             "slot": self.slot,
+            **keyed,
             "strategy": self.strategy,
             "estimate": list(self.estimate),
             "source_slot": self.source_slot,
@@ -330,6 +337,47 @@ class Gap:
         return {"schema": SCHEMA_VERSION, **asdict(self)}
 
 
+@dataclass(frozen=True)
+class ExtraRecord:
+    """One record of a family's declared extra output (``Family.outputs``: an ``OutputSpec``
+    named ``output``, e.g. DPI's internal ``audit``), emitted by a step among its events.
+
+    The driver stamps it like a release (``insecure_seed``, ``evaluation``); the operator passes
+    it on its ``extra`` stream and a flow writes it only where the operator routed that output
+    (``--<output>-out``, ``<output>_topic``): an output is never merged into the releases.
+    ``payload`` is the family's own JSON-ready facts (an internal output may hold facts that
+    are not public; never a raw value or user id)."""
+
+    output: str
+    stream: str
+    mechanism: str
+    slot: int
+    payload: dict[str, Any]
+    insecure_seed: bool = False
+    evaluation: bool = False
+
+    @property
+    def release_id(self) -> str:
+        return release_id(self.stream, self.mechanism, self.slot)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA_VERSION,
+            "output": self.output,
+            "release_id": self.release_id,
+            "stream": self.stream,
+            "mechanism": self.mechanism,
+            "slot": self.slot,
+            "payload": self.payload,
+            "insecure_seed": self.insecure_seed,
+            "evaluation": self.evaluation,
+        }
+
+
+Event = Release | LedgerEntry | ExtraRecord
+"""What a step emits: its releases, its ledger entry and any extra-output records."""
+
+
 def finite_or_none(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
 
@@ -369,7 +417,7 @@ class Mechanism(ABC, Generic[C, S]):
         """State before the first slot."""
 
     @abstractmethod
-    def _advance(self, state: S, slot: Slot) -> list[Release | LedgerEntry]:
+    def _advance(self, state: S, slot: Slot) -> Sequence[Event]:
         """Advance ``state`` in place by one slot and return its events."""
 
     @property
@@ -389,13 +437,13 @@ class Mechanism(ABC, Generic[C, S]):
         more."""
         return (server_stage(self.name, self.initial_state, self.step),)
 
-    def step(self, state: S, slot: Slot) -> tuple[S, list[Release | LedgerEntry]]:
+    def step(self, state: S, slot: Slot) -> tuple[S, list[Event]]:
         """Run one slot. Pure: the input state is not modified, so a failed step (for example a
         ``PrivacyBudgetExceeded``) leaves the last good state intact."""
         self.check_state(state)
         new = copy.deepcopy(state)
         events = self._advance(new, slot)
-        return new, events
+        return new, list(events)
 
     def enter(self, state: Any, slot: Slot, population: int, expected: int) -> None:
         """The preamble every step shares: slots come in order and hold the population the
@@ -417,8 +465,10 @@ class Mechanism(ABC, Generic[C, S]):
         estimate: Any,
         source_slot: int | None,
         details: Details,
+        key: tuple[tuple[str, str], ...] = (),
     ) -> Release:
-        """The slot's release in the one envelope, with the declared guarantee."""
+        """The slot's release in the one envelope, with the declared guarantee (``key``: its
+        release-key parts, for a family that releases several records per slot)."""
         return Release(
             stream=slot.stream,
             mechanism=self.name,
@@ -428,6 +478,7 @@ class Mechanism(ABC, Generic[C, S]):
             source_slot=source_slot,
             guarantee=self.privacy_cost,
             details=details,
+            key=key,
         )
 
     def ledger_entry(

@@ -27,11 +27,10 @@ from typing import Any
 from privstream.mechanisms.accountant import ClassKey, PopulationAccountant
 from privstream.mechanisms.accounting import Charge, UnsupportedCharge
 from privstream.mechanisms.client import ClientPort, CuratorPort
-from privstream.mechanisms.contract import LedgerEntry, Mechanism, Release, Slot
+from privstream.mechanisms.contract import Event, LedgerEntry, Mechanism, Slot
 from privstream.mechanisms.errors import PrivacyBudgetExceeded
 from privstream.mechanisms.seeding import SlotRandomness
 
-Event = Release | LedgerEntry
 PortFor = Callable[[str, SlotRandomness, Any], ClientPort | CuratorPort]
 """The port of mechanism ``name`` at the slot, given its randomness and its devices' state."""
 RandomnessFor = Callable[[str], SlotRandomness]
@@ -201,8 +200,9 @@ def spends(
 
 
 def stamp_event(event: Event, stamp: Stamp, worst: tuple[int, float, float] | None) -> Event:
-    """Mark the run's provenance on an output; a ledger entry gets the composed spend
-    ``worst`` of the slot (``PopulationAccountant.worst``)."""
+    """Mark the run's provenance on an output (a release, a ledger entry or an extra-output
+    record alike); a ledger entry gets the composed spend ``worst`` of the slot
+    (``PopulationAccountant.worst``)."""
     flags: dict[str, Any] = {}
     if stamp.insecure:
         flags["insecure_seed"] = True

@@ -19,7 +19,7 @@ from privstream.schema.events import (
     WITHDRAWN,
 )
 
-Output = tuple[str, Any]  # ("release" | "ledger" | "dead_letter", event)
+Output = tuple[str, Any]  # ("release" | "ledger" | "extra" | "dead_letter", event)
 REASON: Final = (
     "", USER_ID_KIND, OUT_OF_DOMAIN, LATE, FAR_FUTURE, POPULATION_FULL, REQUIREMENT_CHANGED,
     DUPLICATE, UNREGISTERED, WITHDRAWN,

@@ -14,7 +14,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from privstream.mechanisms.accountant import ClassKey
-from privstream.mechanisms.contract import Halt, Release
+from privstream.mechanisms.contract import ExtraRecord, Halt, Release
 from privstream.mechanisms.driver import Lane, SlotStep, Stamp, drive_slot
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.operators.ingest import Windower
@@ -87,7 +87,7 @@ class Runner:
                 state.clients[name] = stepped.clients
             state.tallies[name].record(stepped.events)
             for event in stepped.events:
-                out.append(("release", event) if isinstance(event, Release) else ("ledger", event))
+                out.append((_kind(event), event))
         if emitted.worst is not None:
             scope, budget, spent = emitted.worst
             notes.populations.append((state.stream, budget, scope, spent))
@@ -115,3 +115,11 @@ class Runner:
         if self.plan.ports.tracks_requirements:
             return None
         return ClassKey(self.plan.mechanisms[name].privacy_cost.window or 1, self.plan.epsilon)
+
+
+def _kind(event: object) -> str:
+    """The operator output an event goes to: releases, extra outputs (``ExtraRecord``, each
+    routed by its output name downstream) or the ledger."""
+    if isinstance(event, Release):
+        return "release"
+    return "extra" if isinstance(event, ExtraRecord) else "ledger"

@@ -39,7 +39,7 @@ from privstream.mechanisms.accountant import (
     PopulationAccountant,
     check_shares,
 )
-from privstream.mechanisms.contract import Halt, LedgerEntry, Mechanism, Release
+from privstream.mechanisms.contract import ExtraRecord, Halt, LedgerEntry, Mechanism, Release
 from privstream.mechanisms.driver import failure
 from privstream.mechanisms.errors import IncompatibleState
 from privstream.mechanisms.seeding import EnrolmentOrder, NoiseKey
@@ -340,6 +340,11 @@ class MechanismOut:
     dead_letters: Stream[DeadLetter]
     """Inputs the operator could not use, each with its reason."""
 
+    extra: Stream[ExtraRecord] | None = None
+    """Records of the families' declared extra outputs (``Family.outputs``), every output
+    name on one stream (``ExtraRecord.output`` says which); a flow routes each name only where
+    the operator gave it a sink. None: an operator assembled without one (no output)."""
+
 
 def _pick(kind: str) -> Any:
     def pick(item: Output) -> Any:
@@ -430,4 +435,5 @@ def slotted_mechanism(
         releases=op.filter_map("releases", tagged, _pick("release")),
         ledger=op.filter_map("ledger", tagged, _pick("ledger")),
         dead_letters=op.filter_map("dead_letters", tagged, _pick("dead_letter")),
+        extra=op.filter_map("extra", tagged, _pick("extra")),
     )

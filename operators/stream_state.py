@@ -19,7 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from privstream.mechanisms.accountant import PopulationAccountant
-from privstream.mechanisms.contract import LedgerEntry, Release
+from privstream.mechanisms.contract import Event, LedgerEntry, Release
 from privstream.mechanisms.driver import failure  # noqa: F401  (re-exported)
 from privstream.mechanisms.errors import IncompatibleState
 from privstream.operators.watermark import PartitionWatermarks
@@ -47,10 +47,12 @@ class Tally:
     last_dissimilarity: float | None = None
     last_error: float | None = None
 
-    def record(self, events: Iterable[Release | LedgerEntry]) -> None:
+    def record(self, events: Iterable[Event]) -> None:
         for event in events:
             if isinstance(event, LedgerEntry):
                 self.last_ledger = event
+                continue
+            if not isinstance(event, Release):  # an extra-output record tallies nothing
                 continue
             self.last_slot = event.slot
             if event.strategy == "publish":

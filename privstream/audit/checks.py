@@ -8,6 +8,8 @@ compared with the budgets and with what the entries declare. A slot without an e
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,9 +113,36 @@ class Published:
     guarantees: list[tuple[str, float, float, str]] = field(default_factory=list)
 
     def name(self, pair: int, slot: int) -> str:
-        """The release id ``stream/mechanism/slot``."""
-        stream, mechanism = self.pairs[pair]
-        return release_id(stream, mechanism, slot)
+        """The release id ``stream/mechanism/slot`` (with a keyed pair's parts after it)."""
+        return pair_release_id(self.pairs[pair], slot)
+
+    @functools.cached_property
+    def bases(self) -> list[int]:
+        """Each pair's base pair: a keyed pair's ``(stream, mechanism)`` (its ledger, halts and
+        gaps), else itself."""
+        index = {pair: p for p, pair in enumerate(self.pairs)}
+        out = []
+        for p, (stream, keyed) in enumerate(self.pairs):
+            mechanism = keyed.split(KEY_SEP, 1)[0]
+            out.append(index.get((stream, mechanism), p))
+        return out
+
+
+KEY_SEP = "\x1f"
+"""Joins a release's mechanism and its key parts into the audit's pair name (one pair per
+key: the releases of one query form one series; the ledger stays the mechanism's)."""
+
+
+def keyed_mechanism(mechanism: str, key: Mapping[str, str] | None) -> str:
+    """The pair name of a release: its mechanism, with its key parts (``Release.key``)."""
+    return KEY_SEP.join((mechanism, *key.values())) if key else mechanism
+
+
+def pair_release_id(pair: tuple[str, str], slot: int) -> str:
+    """The release id of a (stream, keyed mechanism) pair at ``slot``
+    (``schema.keys.release_id``)."""
+    stream, mechanism, *parts = (pair[0], *pair[1].split(KEY_SEP))
+    return release_id(stream, mechanism, slot, *parts)
 
 
 @dataclass
@@ -220,6 +249,8 @@ def check_slots(pub: Published, expect_slots: int | None, findings: Findings) ->
     n = len(pub.pairs)
     releases = _slots_by_pair(pub.release_pair, pub.release_slot, n)
     ledger = _slots_by_pair(pub.ledger.pair, pub.ledger.slot, n)
+    bases = pub.bases
+    releases, ledger = _keyed_slots(bases, releases, ledger)
     for p in range(n):
         seen = np.union1d(releases[p], ledger[p])
         if seen.size == 0:
@@ -227,7 +258,7 @@ def check_slots(pub: Published, expect_slots: int | None, findings: Findings) ->
         first, end = int(seen[0]), int(seen[-1])
         if expect_slots is not None:
             end = max(end, expect_slots)
-        halt = pub.halts.get(p)
+        halt = pub.halts.get(p, pub.halts.get(bases[p]))
         if halt is not None:
             end = min(end, halt - 1)
             after = seen[seen > halt]
@@ -245,13 +276,31 @@ def check_slots(pub: Published, expect_slots: int | None, findings: Findings) ->
     return counts
 
 
+def _keyed_slots(
+    bases: Sequence[int], releases: list[I64], ledger: list[I64]
+) -> tuple[list[I64], list[I64]]:
+    """Per pair, the slots of its releases and ledger entries where releases carry key parts
+    (``Release.key``): a keyed pair's ledger slots are its mechanism's, and the mechanism's
+    release slots are those of any of its keyed pairs — so a slot with one query's release
+    missing is still missing for that query, and several queries' releases of one slot are
+    not duplicates."""
+    if all(b == p for p, b in enumerate(bases)):
+        return releases, ledger
+    releases, ledger = list(releases), list(ledger)
+    for p, b in enumerate(bases):
+        if b != p:
+            ledger[p] = ledger[b]
+            releases[b] = np.union1d(releases[b], releases[p])
+    return releases, ledger
+
+
 def _gap_slots(
     pub: Published, p: int, seen: I64, first: int, end: int, counts: SlotCounts, found: Findings
 ) -> I64:
     """The slots of ``first..end`` inside pair ``p``'s recorded gaps (not expected); what was
     published inside one is counted and reported."""
     inside: list[I64] = []
-    for lo, hi in pub.gaps.get(p, []):
+    for lo, hi in pub.gaps.get(p, pub.gaps.get(pub.bases[p], [])):
         published = seen[(seen >= lo) & (seen <= hi)]
         counts.in_gap += int(published.size)
         for t in published[: max(found.room(), 0)].tolist():

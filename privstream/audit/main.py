@@ -75,6 +75,8 @@ from privstream.audit.checks import (
     check_slots,
     check_windows,
     close,
+    keyed_mechanism,
+    pair_release_id,
 )
 from privstream.audit.claims import (
     APPROXIMATE,
@@ -259,6 +261,7 @@ class _Release(msgspec.Struct, gc=False):
     schema: int | None = None
     insecure_seed: bool = False
     evaluation: bool = False
+    key: dict[str, str] | None = None
     user: Any = _UNSET
     user_id: Any = _UNSET
     users: Any = _UNSET
@@ -276,6 +279,14 @@ _OLDER = {id(_ENTRY): _ENTRY_V2}
 _HALT = msgspec.json.Decoder(_Halt)
 _VERSIONED = msgspec.json.Decoder(_Versioned)
 _STRATEGIES = {"publish": PUBLISH, "approximate": APPROXIMATE, "nullified": NULLIFIED}
+
+
+def _keyed_id(stream: str, mechanism: str, slot: int, key: dict[str, str] | None) -> str | None:
+    """The release id a release must name: with its key parts (None: parts no id can carry)."""
+    try:
+        return release_id(stream, mechanism, slot, *(key or {}).values())
+    except (ValueError, TypeError):
+        return None
 
 
 def _estimate_hash(estimate: list[float]) -> int:
@@ -448,8 +459,7 @@ class Collector:
         return index
 
     def _name(self, pair: int, slot: int) -> str:
-        stream, mechanism = self._names[pair]
-        return release_id(stream, mechanism, slot)
+        return pair_release_id(self._names[pair], slot)
 
     def _decode(
         self, decoder: Any, lines: list[bytes], numbers: list[int], source: str
@@ -544,7 +554,7 @@ class Collector:
         records, lines, where = self._decode(_RELEASE, lines, numbers, "release")
         fields = _fields(_Release, records)
         slot, epsilon = _ints(fields["slot"]), _budgets(fields["guarantee"])
-        ids = map(release_id, fields["stream"], fields["mechanism"], fields["slot"])
+        ids = map(_keyed_id, fields["stream"], fields["mechanism"], fields["slot"], fields["key"])
         named = np.array(list(map(operator.eq, fields["release_id"], ids)), dtype=np.bool_)
         good = named & (slot >= 0) & (slot < MAX_SLOT) & (epsilon > 0) & (epsilon < math.inf)
         good &= np.array([s in READABLE for s in fields["schema"]], dtype=np.bool_)
@@ -558,7 +568,8 @@ class Collector:
         if not good.all():
             records, lines = _select(records, good), _select(lines, good)
             fields, slot, epsilon = _fields(_Release, records), slot[good], epsilon[good]
-        pair = self._pairs_of(fields["stream"], fields["mechanism"])
+        keyed = tuple(map(keyed_mechanism, fields["mechanism"], fields["key"]))
+        pair = self._pairs_of(fields["stream"], keyed)
         self._user_fields(fields, records, pair, "release")
         first = self._first_copies("release", pair, slot, lines)
         columns = {"pair": pair, "slot": slot, "epsilon": epsilon, **self._claims(fields)}
@@ -1238,7 +1249,7 @@ def _report_counts(
         "releases": distinct["release"],
         "ledger_entries": distinct["ledger"],
         "streams": len({stream for stream, _ in pub.pairs}),
-        "mechanisms": len(pub.pairs),
+        "mechanisms": len(set(pub.bases)),
         "slots_expected": slots.expected,
         "missing_slots": slots.missing,
         "halted": slots.halted,

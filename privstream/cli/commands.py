@@ -198,7 +198,34 @@ def _run_flags(p: argparse.ArgumentParser, family: Family) -> None:
     )
     _family_flags(p, family)
     _output_flags(p)
+    _extra_output_flags(p, family)
     _service_flags(p)
+
+
+def _extra_output_flags(p: argparse.ArgumentParser, family: Family) -> None:
+    """``--<name>-out PATH`` and ``--<name>-topic TOPIC`` for each extra output the family
+    declares (``Family.outputs``): an output is written only where one of them names it."""
+    for spec in family.outputs:
+        kind = "public" if spec.public else "internal"
+        p.add_argument(
+            f"--{spec.name}-out",
+            dest=f"{spec.dest}_out",
+            metavar="PATH",
+            help=f"{spec.help} ({kind}; JSON lines; written only when given)",
+        )
+        p.add_argument(
+            f"--{spec.name}-topic",
+            dest=f"{spec.dest}_topic",
+            metavar="TOPIC",
+            help=f"{spec.help} ({kind}; Kafka topic; written only when given)",
+        )
+
+
+def _extra_routes(args: argparse.Namespace, family: Family, kind: str) -> dict[str, str]:
+    """The declared outputs the run names a sink for: output name → path (``kind`` ``out``)
+    or topic (``topic``)."""
+    routes = {o.name: getattr(args, f"{o.dest}_{kind}", None) for o in family.outputs}
+    return {name: where for name, where in routes.items() if where}
 
 
 def _output_flags(p: argparse.ArgumentParser) -> None:
@@ -651,6 +678,7 @@ def _kafka_io(args: argparse.Namespace) -> Any:
         stall_warning_seconds=args.stall_warning_seconds, clock=args.clock,
         trust_input_clock=args.trust_input_clock, new_population=args.new_population,
         grow_partitions=args.grow_partitions, input_topic_recreated=args.input_topic_recreated,
+        extra_topics=_extra_routes(args, FAMILIES[args.family], "topic"),
     )  # fmt: skip
     return kafka.with_partitions(require_topics(settings, kafka.topics()))
 
@@ -730,6 +758,7 @@ def _run_family(args: argparse.Namespace) -> int:
     total = slots if synthetic or (kafka is not None and args.slots) else None
     bar = None if args.no_progress else _progress_bar(total * len(names) if total else None,
                                                        "release")  # fmt: skip
+    extra_out = _extra_routes(args, family, "out") if kafka is None else None
     flow = build(
         family.name, dataset=args.dataset, mechanisms=names, users=args.users, slots=slots,
         epsilon=args.epsilon, window=args.window or slots, seed=args.seed, out=args.out,
@@ -737,13 +766,13 @@ def _run_family(args: argparse.Namespace) -> int:
         lateness=args.lateness, stream=args.stream, **_task_options(args, family),
         progress=(lambda _release: bar.update(1)) if bar is not None else None,
         kafka=kafka, secret=secret, budget_split=args.budget_split, compare=args.compare,
-        **_flow_options(args, family),
+        extra_out=extra_out, **_flow_options(args, family),
     )  # fmt: skip
     refuse_overwrite(  # after build: a refused configuration is reported first
         incarnation, args.out if kafka is None else None, getattr(args, "overwrite_output", False)
     )
     if kafka is None:
-        for path in (args.out, args.ledger_out, args.dead_letter_out):
+        for path in (args.out, args.ledger_out, args.dead_letter_out, *(extra_out or {}).values()):
             if path:  # outputs exist after the run even when nothing was written to them
                 Path(path).touch()
     else:

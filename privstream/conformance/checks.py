@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import pickle
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +45,8 @@ from privstream.mechanisms.client import (
 from privstream.mechanisms.contract import (
     ClassSpend,
     Conformance,
+    Event,
+    ExtraRecord,
     LedgerEntry,
     Mechanism,
     Release,
@@ -56,6 +58,7 @@ from privstream.mechanisms.guarantees import WindowScope
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.stages import chain_slot, pre_server
 from privstream.mechanisms.trust import needs_registration
+from privstream.schema.keys import release_id
 
 SEED = 11
 TOLERANCE = 1e-9  # relative slack of a window sum of float shares (the ledgers' own)
@@ -133,11 +136,11 @@ def start(mech: Mechanism[Any, Any]) -> States:
 
 def run(
     mech: Mechanism[Any, Any], states: States, slots: range, seed: int = SEED
-) -> tuple[States, list[Release | LedgerEntry]]:
+) -> tuple[States, list[Event]]:
     """Step ``mech`` through ``slots`` with the shared step driver (``mechanisms.driver``);
     the devices' state moves on with every step, as the operator moves it."""
     lane = Lane(mech, *states)
-    events: list[Release | LedgerEntry] = []
+    events: list[Event] = []
     for t in slots:
         randomness = SlotRandomness(seed, "conf", t)
 
@@ -156,7 +159,7 @@ def run(
     return (lane.state, lane.clients), events
 
 
-def _releases(events: list[Release | LedgerEntry]) -> list[Release]:
+def _releases(events: Sequence[Event]) -> list[Release]:
     return [e for e in events if isinstance(e, Release)]
 
 
@@ -166,10 +169,35 @@ def _releases(events: list[Release | LedgerEntry]) -> list[Release]:
 def check_one_release_per_slot(mech: Mechanism[Any, Any]) -> None:
     T = mech.conformance.slots
     _, events = run(mech, start(mech), range(1, T + 1))
-    _require([type(e) for e in events] == [Release, LedgerEntry] * T, mech,
-             "each slot must emit one release, then one ledger entry")  # fmt: skip
-    ids = [r.release_id for r in _releases(events)]
-    _require(ids == [f"conf/{mech.name}/{t}" for t in range(1, T + 1)], mech, "release ids")
+    groups = _slot_groups(events)
+    _require(groups is not None and len(groups) == T, mech,
+             "each slot must emit one release per release key, then one ledger entry")  # fmt: skip
+    for t, releases in enumerate(groups or [], start=1):
+        ids = [r.release_id for r in releases]
+        keyed = all(r.key for r in releases)
+        expected = [release_id("conf", mech.name, t, *(v for _k, v in r.key)) for r in releases]
+        _require(ids == expected and (keyed or len(ids) == 1), mech, "release ids")
+
+
+def _slot_groups(events: Sequence[Event]) -> list[list[Release]] | None:
+    """Each slot's releases in ``events``: releases with distinct release ids (one per release
+    key, ``Release.key``; one where a family declares no key parts) then one ledger entry;
+    None when they break that shape. Extra-output records may come anywhere."""
+    groups: list[list[Release]] = []
+    current: list[Release] = []
+    for event in events:
+        if isinstance(event, Release):
+            if event.release_id in {r.release_id for r in current}:
+                return None
+            current.append(event)
+        elif isinstance(event, LedgerEntry):
+            if not current:
+                return None
+            groups.append(current)
+            current = []
+        elif not isinstance(event, ExtraRecord):
+            return None
+    return None if current else groups
 
 
 def check_pickle_restore(mech: Mechanism[Any, Any]) -> None:

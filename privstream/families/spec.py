@@ -10,6 +10,7 @@ metric readers are plain callables the family module fills.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -17,7 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from privstream.mechanisms.contract import Mechanism
+from privstream.mechanisms.contract import ExtraRecord, Mechanism
 from privstream.mechanisms.tasks import EstimationTask, FrequencyTask
 from privstream.mechanisms.trust import (
     TrustMode,
@@ -151,6 +152,41 @@ class MetricSpec:
     labels: tuple[str, ...] = ("stream", "mechanism")
 
 
+@dataclass(frozen=True)
+class OutputSpec:
+    """One extra output a family's steps emit beside releases and ledger entries (DPI's
+    internal audit stream): ``ExtraRecord``s whose ``output`` is ``name``.
+
+    ``public``: safe to show anyone; an internal output (the default) is written only where the
+    operator names a sink for it and never onto a public one (the release topic). ``record``:
+    the type of its records (``ExtraRecord``: ``to_dict`` gives the JSON line); ``help``: the
+    ``--<name>-out`` / ``--<name>-topic`` flags' help. ``name`` is a lowercase word (``-``
+    allowed): the flags are ``--<name>-out``/``--<name>-topic``, the flow key ``<name>_topic``."""
+
+    name: str
+    help: str
+    public: bool = False
+    record: type = ExtraRecord
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[a-z][a-z0-9-]*", self.name) or self.name in RESERVED_OUTPUTS:
+            raise ValueError(
+                f"output {self.name!r}: a lowercase word (letters, digits, '-') other than "
+                f"{', '.join(sorted(RESERVED_OUTPUTS))}"
+            )
+
+    @property
+    def dest(self) -> str:
+        """Its name as a Python identifier and flow-file key stem (``audit-log`` → ``audit_log``)."""
+        return self.name.replace("-", "_")
+
+
+RESERVED_OUTPUTS = frozenset(
+    {"output", "ledger", "dead-letter", "dead-letters", "releases", "input", "metrics"}
+)
+"""Names whose ``--<name>-out`` / ``<name>_topic`` the generic flows already own."""
+
+
 Requirements = Callable[[int, float, int, int], tuple[NDArray[np.float64], NDArray[np.int64]]]
 
 
@@ -191,11 +227,29 @@ class Family:
     whose users share one requirement have none."""
     metrics: tuple[MetricSpec, ...] = ()
     """The family's own metric families (beside the generic ones every stream exports)."""
+    outputs: tuple[OutputSpec, ...] = ()
+    """The family's extra outputs (``ExtraRecord``s its steps emit), routed by name."""
+    release_key: tuple[str, ...] = ()
+    """The parts of its release key beyond ``stream/mechanism/slot`` (DPI: ``("query",)``):
+    each release carries them in ``Release.key``, in this order."""
 
     def __post_init__(self) -> None:
         modes = {m.trust_modes for m in self.mechanisms.values()}
         if len(modes) != 1:
             raise ValueError(f"family {self.name}: its mechanisms declare different trust modes")
+        names = [o.name for o in self.outputs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"family {self.name}: an output declared twice in {names}")
+
+    def output(self, name: str) -> OutputSpec:
+        """The declared output ``name``; refuses an undeclared one, naming the declared."""
+        for spec in self.outputs:
+            if spec.name == name or spec.dest == name:
+                return spec
+        declared = ", ".join(o.name for o in self.outputs) or "none"
+        raise ValueError(
+            f"the {self.name} family declares no output {name!r} (its outputs: {declared})"
+        )
 
     @property
     def task_types(self) -> tuple[TaskType, ...]:

@@ -48,6 +48,7 @@ from privstream.mechanisms.guarantees import (
     WindowScope,
 )
 from privstream.schema.events import ALREADY_PUBLISHED, INCARNATION_COOLDOWN, DeadLetter, EventBatch
+from privstream.schema.keys import split_release_id
 
 log = logging.getLogger(__name__)
 
@@ -88,13 +89,14 @@ def last_published(
 
 
 def _note(last: dict[str, int], key: bytes | None) -> None:
-    """Count the release id ``key`` (``stream/mechanism/slot``) in ``last``."""
+    """Count the release id ``key`` (``stream/mechanism/slot``, with any release-key parts
+    after the slot: ``schema.keys.split_release_id``) in ``last``."""
     if key is None:
         return
-    parts = key.decode("utf-8", "replace").rsplit("/", 2)
-    if len(parts) != 3 or not parts[2].lstrip("-").isdigit():
+    parsed = split_release_id(key.decode("utf-8", "replace"))
+    if parsed is None:
         return
-    stream, slot = parts[0], int(parts[2])
+    stream, _mechanism, slot, _parts = parsed
     if slot > last.get(stream, -1):
         last[stream] = slot
 
