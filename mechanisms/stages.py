@@ -1,5 +1,5 @@
 """The stages a family runs (design §13, issue 19 item 3): who computes what, keyed by what,
-inside which trust domain. Engine-free: no Bytewax here (``privstream.flows.stages`` wires
+inside which trust domain. Engine-free: no Bytewax here (``privstream.operators.stages`` wires
 stages into a dataflow).
 
 A ``Stage`` declares
@@ -29,9 +29,6 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import numpy as np
-
-from privstream.mechanisms.client import absent_mask
-from privstream.schema.events import EventBatch
 
 Role = Literal["randomizer", "shuffler", "curator"]
 ROLES: Final[dict[str, Role]] = {
@@ -288,7 +285,7 @@ def run_chain(
 ) -> list[Any]:
     """Run event ``batches`` through ``stages`` in order, engine-free (the bench harness and
     the conformance checks run this; the dataflow runs the same ``split``/``step_piece``/
-    ``merge`` through ``flows.stages``): every row meets only its key's state in each stage;
+    ``merge`` through ``operators.stages``): every row meets only its key's state in each stage;
     ``states`` (mutated) carries the states from one call to the next. Returns the batches as
     the server receives them, in order."""
     check_chain(stages)
@@ -333,20 +330,3 @@ def pre_server(mechanisms: Sequence[Any]) -> tuple[Stage, ...]:
             f"{chains[0][-1].name!r} gives {chains[0][-1].output_name}"
         )
     return chains[0]
-
-
-def chain_slot(
-    stages: Sequence[Stage], stream: str, slot: int, values: Any, states: StageStates
-) -> Any:
-    """One slot's ``values`` (one per user index, absent: NaN or -1) through ``stages`` as one
-    event batch (``run_chain``), engine-free: the values the server receives, in a copy (the
-    absent users stay absent). Without stages, ``values`` themselves."""
-    if not stages:
-        return values
-    present = np.flatnonzero(~absent_mask(values))
-    rows = np.asarray(values[present], dtype=np.float64)
-    batch = EventBatch(stream, np.full(present.shape[0], slot, dtype=np.int64), present, rows)
-    (received,) = run_chain(stages, [batch], states)
-    out = values.copy()
-    out[np.asarray(received.users, dtype=np.int64)] = received.values
-    return out

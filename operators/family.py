@@ -33,12 +33,12 @@ from bytewax.dataflow import operator
 from bytewax.operators import KeyedStream
 
 from privstream.families.registry import Family, FamilyConfig, family
-from privstream.flows.stages import chain_events
 from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.seeding import NoiseKey
 from privstream.mechanisms.stages import pre_server
 from privstream.operators.registration import Preferences, check_closed_population
 from privstream.operators.slotting import MechanismOut, SlottingConfig, slotted_mechanism
+from privstream.operators.stages import chain_events
 from privstream.schema.events import EventBatch
 
 
@@ -68,7 +68,7 @@ def family_mechanisms(
     against the stream's one guarantee (``check_closed_population``).
 
     A mechanism that declares stages before its server stage (``Mechanism.stages()``) has them
-    wired between ``up`` and the slotted operator (``flows.stages.chain_events``), each keyed
+    wired between ``up`` and the slotted operator (``operators.stages.chain_events``), each keyed
     by its own key with its own snapshotted state; a one-stage family adds no step.
     """
     entry = _family(family)

@@ -56,8 +56,9 @@ from privstream.mechanisms.driver import Lane, drive_slot
 from privstream.mechanisms.errors import IncompatibleState
 from privstream.mechanisms.guarantees import WindowScope
 from privstream.mechanisms.seeding import SlotRandomness
-from privstream.mechanisms.stages import chain_slot, pre_server
+from privstream.mechanisms.stages import pre_server
 from privstream.mechanisms.trust import needs_registration
+from privstream.operators.chain import chain_slot
 from privstream.schema.keys import release_id
 
 SEED = 11

@@ -23,10 +23,10 @@ from bytewax.testing import TestingSink, TestingSource, cluster_main, run_main
 
 from privstream.connectors.jsonl import to_json
 from privstream.families.registry import Registered
-from privstream.flows.stages import persisted_steps
 from privstream.mechanisms.stages import pre_server
 from privstream.operators.family import family_mechanisms
 from privstream.operators.registration import Preferences
+from privstream.operators.stages import persisted_steps
 from privstream.schema.events import EventBatch
 
 N, T, SEED = 300, 16, 5
@@ -109,7 +109,7 @@ def check_two_workers(registered: Registered) -> None:
 
 def check_pinned_step_ids(registered: Registered) -> None:
     """The stateful step's id is part of the recovery format: ``<step>.mechanism.slots``
-    (after the steps of the stages before the server, ``flows.stages.persisted_steps``)."""
+    (after the steps of the stages before the server, ``operators.stages.persisted_steps``)."""
     flow, _ = _flow(registered, [])
     found: list[str] = []
 

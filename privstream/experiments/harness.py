@@ -35,8 +35,9 @@ from privstream.mechanisms.client import (
 from privstream.mechanisms.contract import Release
 from privstream.mechanisms.driver import Lane, drive_slot
 from privstream.mechanisms.seeding import SlotRandomness
-from privstream.mechanisms.stages import StageStates, chain_slot, pre_server
+from privstream.mechanisms.stages import StageStates, pre_server
 from privstream.mechanisms.tasks import EstimationTask, FrequencyTask, MeanTask
+from privstream.operators.chain import chain_slot
 
 
 def task_for(source: SlotSource) -> EstimationTask:

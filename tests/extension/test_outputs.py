@@ -45,7 +45,7 @@ def _check_run(tmp_path: Path) -> None:
         assert math.isclose(sum(r["estimate"][0] for r in releases if r["slot"] == t), 1.0)
     assert [a["slot"] for a in audit] == list(range(1, SLOTS + 1))
     assert audit[0] == {
-        "schema": 2, "output": "audit", "release_id": "lns/LBUQ/1", "stream": "lns",
+        "schema": 3, "output": "audit", "release_id": "lns/LBUQ/1", "stream": "lns",
         "mechanism": "LBUQ", "slot": 1, "payload": {"strategy": "publish", "queries": D},
         "insecure_seed": True, "evaluation": False,
     }  # fmt: skip

@@ -178,7 +178,7 @@ def test_the_dataflow_wires_the_device_stage_and_puts_batches_back_in_order(
     from bytewax.dataflow import Dataflow
     from bytewax.testing import TestingSink, TestingSource, run_main
 
-    from privstream.flows.stages import chain_events
+    from privstream.operators.stages import chain_events
 
     mech = registry.family("example-stages").build("RR", _config())
     users = np.array([f"u{i}" for i in range(300)], dtype=object)

@@ -175,7 +175,7 @@ def test_the_ledger_entry_accounts_for_both_rounds_and_the_estimates_hold(
         assert d.window_users == _used(t - WINDOW + 1, t)
         assert d.available_users == USERS - _used(t - WINDOW + 2, t)
         (spend,) = entry.classes
-        assert (spend.charged, spend.window_spent, spend.epsilon) == (EPS, EPS, EPS)
+        assert (spend.charged, spend.spent, spend.budget) == (EPS, EPS, EPS)
         assert release.strategy == ("publish" if two else "approximate")
         assert getattr(release.details, "rounds", None) == d.rounds
         source = release.source_slot

@@ -2,7 +2,7 @@
 randomise a bit with randomized response (randomizer keyed by user shard), a shuffler batches
 one epoch's reports and permutes them, dropping the senders (keyed by epoch), and an aggregator
 de-biases and releases a count per slot (keyed by stream). Each stage is a ``Stage``
-declaration wired by ``flows.stages.build_stages``.
+declaration wired by ``operators.stages.build_stages``.
 
 Randomized response with ``p = e^ε/(1+e^ε)``, ``q = 1 − p``: a user with bit ``x`` reports ``x``
 with probability ``p``. The de-biased count of ``n`` reports with sum ``S`` is
@@ -25,7 +25,6 @@ import pytest
 from bytewax.dataflow import Dataflow
 from bytewax.testing import TestingSink, TestingSource, run_main
 
-from privstream.flows.stages import build_stages
 from privstream.mechanisms.stages import (
     CURATOR,
     DEVICES,
@@ -36,6 +35,7 @@ from privstream.mechanisms.stages import (
     check_chain,
     shard_of,
 )
+from privstream.operators.stages import build_stages
 
 SEED, EPS, USERS, SHARDS, SLOTS, SLOTS_PER_EPOCH = 5, 1.0, 240, 4, 6, 2
 STREAMS = ("heart", "steps")
