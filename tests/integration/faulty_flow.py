@@ -30,7 +30,7 @@ class LBUHalts(LBU):
 def main() -> int:
     family = registry.FAMILIES["ldp-ids"]
     mechanisms = {**family.mechanisms, LBUHalts.name: LBUHalts}
-    registry.FAMILIES["ldp-ids"] = dataclasses.replace(family, mechanisms=mechanisms)
+    registry.families()["ldp-ids"] = dataclasses.replace(family, mechanisms=mechanisms)
     from privstream.cli.commands import main as cli
 
     return cli()

@@ -87,8 +87,8 @@ def test_personalized_flow_over_kafka(
             (10, 0.5, 200),
         }
         for c_index in range(2):  # each class's spend over its own window
-            w = rows[-1]["classes"][c_index]["window"]
-            eps = rows[-1]["classes"][c_index]["epsilon"]
+            w = rows[-1]["classes"][c_index]["scope"]
+            eps = rows[-1]["classes"][c_index]["budget"]
             charge = [next(c["charged"] for c in r["classes"] if c["scope"] == w) for r in rows]
             assert max(sum(charge[i : i + w]) for i in range(len(charge))) <= eps * (1 + 1e-9)
         # both mechanisms together: the class closest to its full requirement stays within it
