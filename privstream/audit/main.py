@@ -134,13 +134,17 @@ class _Guarantee(msgspec.Struct, frozen=True, gc=False):
     rho: float | None = None
     window: int | None = None
     length: int | None = None
+    budget: float | None = None
+    """A family's own measure states its additive budget here (``guarantees.budget_of``)."""
+    unit: str | None = None
+    """... and the unit a person reads it in (its charge type's ``symbol``)."""
 
     def text(self) -> str:
         """The guarantee in words, e.g. ``pure ε=1 over window w=10 (ldp)``."""
         params = [
             f"{name}={value:g}"
             for name, value in (("ε", self.epsilon), ("δ", self.delta), ("μ", self.mu),
-                                ("ρ", self.rho))
+                                ("ρ", self.rho), (self.unit or "budget", self.budget))
             if value is not None
         ]  # fmt: skip
         scope = self.scope
@@ -298,12 +302,12 @@ def _estimate_hash(estimate: list[float]) -> int:
 def _budget(guarantee: _Guarantee) -> float:
     """The guarantee's additive budget, in the unit the ledgers count: ε of a pure or an
     approximate measure, μ² of Gaussian DP (it composes in squares), ρ of zCDP; NaN for an
-    unknown measure or a missing parameter."""
+    unknown measure or a missing parameter; a family's own measure states it (``budget``)."""
     g = guarantee
     value = {
         "pure": g.epsilon, "approx": g.epsilon, "gaussian": None if g.mu is None else g.mu**2,
         "zcdp": g.rho,
-    }.get(g.measure)  # fmt: skip
+    }.get(g.measure, g.budget)  # fmt: skip
     return math.nan if value is None else float(value)
 
 
