@@ -161,7 +161,9 @@ def test_privstream_run_in_process_and_the_audit(
 ) -> None:
     releases, ledger = _run(tmp_path)
     _check_releases(releases)
-    assert [e["classes"][0]["spent"] for e in ledger] == [float(min(t, WINDOW)) for t in range(1, SLOTS + 1)]
+    assert [e["classes"][0]["spent"] for e in ledger] == [
+        float(min(t, WINDOW)) for t in range(1, SLOTS + 1)
+    ]
     argv = ["audit", "--releases", str(tmp_path / "rgm.jsonl"), "--ledger",
             str(tmp_path / "rgm-ledger.jsonl"), "--allow-insecure-seed", "--population",
             str(USERS), "--expect-slots", str(SLOTS), "--max-delta", "1e-5", "--no-progress",
