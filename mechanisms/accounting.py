@@ -30,6 +30,7 @@ one population compose the same way (their shares of one budget, their δ added 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -237,13 +238,74 @@ def measure_type(kind: str) -> type[Charge]:
     return CHARGES.get(kind, PureCharge)
 
 
+# -- divisions -------------------------------------------------------------------------------
+
+
+Recompute = Callable[[Sequence[Mapping[str, Any]]], list[tuple[int, float, float]]]
+"""A division's audit: from one mechanism's public ledger entries (the JSON objects, one per
+slot, in slot order) each entry's slot, the spend recomputed for the most-charged payer over the
+scope ending there, and the budget it must stay within."""
+
+
+@dataclass(frozen=True)
+class DivisionSpec:
+    """A division: how a ledger divides the budget among the users, declared as an object.
+
+    ``name`` is what a ledger entry states (``LedgerEntry.division``); ``payer(spend,
+    personalized)`` who a class's spend is charged to (``payer_of``); ``recompute`` how the
+    audit recomputes a scope's spend from the public ledger entries (None: the audit's own
+    checks of the built-in divisions, ``privstream.audit.checks.check_windows``). A family
+    ships its own in ``Family.divisions``; the audit asks the family for it by name."""
+
+    name: str
+    payer: Callable[[ClassSpend, bool], Payer]
+    recompute: Recompute | None = None
+    summary: str = ""
+
+
+def _class_or_all(spend: ClassSpend, personalized: bool) -> Payer:
+    return PrivacyClass(spend.scope, spend.budget) if personalized else AllUsers()
+
+
+BUDGET = DivisionSpec("budget", _class_or_all, summary="every user charged alike per slot")
+POPULATION = DivisionSpec(
+    "population",
+    lambda spend, _personalized: PrivacyClass(spend.scope, spend.budget),
+    summary="disjoint users, each charged the whole ε at most once per window",
+)
+USER = DivisionSpec(
+    "user",
+    lambda _spend, _personalized: UserAccount(),
+    summary="one account per user (users join at different slots)",
+)
+DIVISIONS: dict[str, DivisionSpec] = {d.name: d for d in (BUDGET, POPULATION, USER)}
+"""The declared divisions by name: the built-in three and those of discovered families."""
+
+
+def register_division(division: DivisionSpec) -> DivisionSpec:
+    """Declare a family's division (``Family.divisions`` does it at discovery); a built-in
+    name is refused."""
+    if division.name in (BUDGET.name, POPULATION.name, USER.name):
+        raise ValueError(f"division {division.name!r} is built in; name yours otherwise")
+    DIVISIONS[division.name] = division
+    return division
+
+
+def division_of(name: str) -> DivisionSpec:
+    """The declared division ``name`` (``DIVISIONS``); an undeclared name is refused."""
+    try:
+        return DIVISIONS[name]
+    except KeyError:
+        known = ", ".join(sorted(DIVISIONS))
+        raise ValueError(
+            f"division {name!r} is not declared (known: {known}); a family declares its own "
+            "in Family.divisions"
+        ) from None
+
+
 def payer_of(division: Division, spend: ClassSpend, personalized: bool) -> Payer:
-    """Who a class's spend was charged to, by the ledger's division."""
-    if division == "user":
-        return UserAccount()
-    if personalized or division == "population":
-        return PrivacyClass(spend.scope, spend.budget)
-    return AllUsers()
+    """Who a class's spend was charged to, by the ledger's declared division."""
+    return division_of(division).payer(spend, personalized)
 
 
 def charges_for(

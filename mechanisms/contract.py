@@ -26,7 +26,9 @@ from privstream.mechanisms.trust import TrustMode
 from privstream.schema.keys import release_id
 
 Strategy = Literal["publish", "approximate", "nullified"]
-Division = Literal["budget", "population", "user"]
+Division = str
+"""A division's name: ``budget``, ``population``, ``user`` or a family's own declared one
+(``accounting.DivisionSpec``, ``Family.divisions``)."""
 
 
 @dataclass(frozen=True)
