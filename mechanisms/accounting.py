@@ -1,7 +1,7 @@
 """Accounting as events: what a mechanism charged, to whom, in its own measure, over its scope.
 
-A mechanism's step emits, beside its releases and its ledger entry, one typed charge per
-privacy class it charged (carried by the entry, ``LedgerEntry.charges``). The population
+A mechanism's step emits, after its releases and its ledger entry, one typed charge per
+privacy class it charged, in its event list (``Mechanism.charges``). The population
 accountant (``mechanisms.accountant``) and the ledgers (``mechanisms.ledger``) read the charges,
 never a bare ``epsilon``: each declares ``supports(event)`` and refuses the rest with a message
 naming the charge's measure and what it supports (the ``dp_accounting`` model).
