@@ -43,7 +43,8 @@ from privstream.connectors.registrations import load_preferences
 from privstream.families.registry import FAMILIES, Family
 from privstream.families.spec import TaskType
 from privstream.mechanisms.accountant import BudgetSplit, compose_deltas
-from privstream.mechanisms.guarantees import ZCDP, GaussianDP, PeriodScope, WindowScope
+from privstream.mechanisms.accounting import measure_type
+from privstream.mechanisms.guarantees import PeriodScope, WindowScope, budget_of
 from privstream.mechanisms.ledger import budget_limit
 from privstream.mechanisms.tasks import BallTask, EstimationTask, FrequencyTask, MeanTask
 from privstream.mechanisms.validation import MAX_WINDOW, check_fraction, check_requirement
@@ -856,11 +857,11 @@ def _measure_text(stream: StreamSection, population: PopulationSection) -> str:
         measure = family.build(stream.mechanisms[0], config).privacy_cost.measure
     except ValueError:
         return ""
-    if isinstance(measure, GaussianDP):
-        return f"; Gaussian DP: μ = {measure.mu:.6g} (ε {stream.epsilon:g} at δ)"
-    if isinstance(measure, ZCDP):
-        return f"; zCDP: ρ = {measure.rho:.6g}"
-    return ""
+    kind = measure_type(measure.kind)
+    if not kind.title:
+        return ""
+    text = f"; {kind.title}: {kind.symbol} = {kind.reads(budget_of(measure)):.6g}"
+    return text + kind.aside(stream.epsilon)
 
 
 def _delta_text(stream: StreamSection) -> str:

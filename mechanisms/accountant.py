@@ -27,13 +27,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Final, NamedTuple
+from typing import Final, NamedTuple
 
 from privstream.mechanisms.accounting import (
+    CHARGES,
     Charge,
-    GaussianCharge,
-    PureCharge,
-    ZcdpCharge,
     check_composable,
     refuse,
 )
@@ -162,12 +160,11 @@ class PopulationAccountant:
     evaluation: bool = False
     last: dict[ClassKey, float] = field(default_factory=dict)
 
-    SUPPORTED: ClassVar[tuple[type[Charge], ...]] = (PureCharge, GaussianCharge, ZcdpCharge)
-    """The measures it adds up (each in its additive unit: ε, μ², ρ)."""
-
     def supports(self, event: Charge) -> bool:
-        """Whether this accountant can compose ``event`` (the ``dp_accounting`` model)."""
-        return isinstance(event, self.SUPPORTED)
+        """Whether this accountant can compose ``event`` (the ``dp_accounting`` model): any
+        charge whose type declares that it adds up in its unit (``Charge.additive``: the
+        built-in ε, μ², ρ, and a family's own measure that declares it)."""
+        return type(event).additive
 
     def charge_events(
         self,
@@ -193,7 +190,8 @@ class PopulationAccountant:
         self.charge(slot, spends)
 
     def _supported(self) -> str:
-        return ", ".join(f"{c.measure} ({c.unit})" for c in self.SUPPORTED)
+        known = ", ".join(f"{c.measure} ({c.unit})" for c in CHARGES.values() if c.additive)
+        return f"{known}: charges whose type declares an additive unit"
 
     def charge(self, slot: int, spends: Sequence[Mapping[ClassKey, float]]) -> None:
         """Compose the mechanisms' window spends at ``slot``; refuse an overspend (before

@@ -1,7 +1,7 @@
 """Accounting as events: what a mechanism charged, to whom, in its own measure, over its scope.
 
-A mechanism's step emits, beside its releases and its ledger entry, one typed charge per
-privacy class it charged (carried by the entry, ``LedgerEntry.charges``). The population
+A mechanism's step emits, after its releases and its ledger entry, one typed charge per
+privacy class it charged, in its event list (``Mechanism.charges``). The population
 accountant (``mechanisms.accountant``) and the ledgers (``mechanisms.ledger``) read the charges,
 never a bare ``epsilon``: each declares ``supports(event)`` and refuses the rest with a message
 naming the charge's measure and what it supports (the ``dp_accounting`` model).
@@ -30,6 +30,7 @@ one population compose the same way (their shares of one budget, their δ added 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -102,10 +103,50 @@ class Charge:
     measure: ClassVar[str] = ""
     unit: ClassVar[str] = ""
     """The additive unit's symbol (what ``charged``/``spent``/``budget`` hold)."""
+    additive: ClassVar[bool] = False
+    """Whether charges of this type add up under sequential composition in ``unit`` (the
+    population accountant composes only those; a measure that does not add is refused)."""
+    symbol: ClassVar[str] = ""
+    """The symbol a person reads a budget in (``reads`` converts to it); default ``unit``."""
+    label: ClassVar[str] = ""
+    """The tag of a privacy class's metric label, ``<w|s><scope>_<label><reads(budget)>``."""
+    title: ClassVar[str] = ""
+    """The measure's name in a sentence (``privstream config check``)."""
+    scale: ClassVar[str] = "linear"
+    """How ``symbol`` reads from the additive unit: ``linear`` (the value itself) or ``sqrt``
+    (μ = √(μ²)); published with the unit (``privstream_measure_unit``) for the privacy page."""
+
+    @classmethod
+    def reads(cls, value: float) -> float:
+        """``value`` (in the additive unit) in the unit a person reads (``symbol``)."""
+        return math.sqrt(max(value, 0.0)) if cls.scale == "sqrt" else value
+
+    @classmethod
+    def epsilon_at(cls, value: Any, delta: float) -> Any:
+        """``value`` (additive unit; a number or an array) as the ε of (ε, δ)-DP at
+        ``delta``, or None when the measure declares no conversion (the audit's expected-budget
+        check of a family's own measure)."""
+        return None
+
+    @classmethod
+    def aside(cls, epsilon: float) -> str:
+        """What ``config check`` adds after the budget: the stream's ε where it is one at δ."""
+        return ""
+
+    @classmethod
+    def text(cls, value: float) -> str:
+        """``value`` as a person reads it, e.g. ``ε 1`` or ``μ 0.2681``."""
+        return f"{cls.symbol or cls.unit} {cls.reads(value):.6g}"
 
     def shown(self, value: float, delta: float | None = None) -> dict[str, float]:
         """``value`` (in the additive unit) in the units a person reads."""
-        raise NotImplementedError
+        return {self.symbol or self.unit: self.reads(value)}
+
+    def composes_with(self, other: Charge) -> str | None:
+        """None when this charge adds up with ``other`` (same measure and scope already
+        checked), otherwise why not: a measure with a parameter of its own (a Rényi order)
+        refuses another value of it."""
+        return None
 
 
 @dataclass(frozen=True)
@@ -114,6 +155,9 @@ class PureCharge(Charge):
 
     measure: ClassVar[str] = "pure"
     unit: ClassVar[str] = "ε"
+    additive: ClassVar[bool] = True
+    symbol: ClassVar[str] = "ε"
+    label: ClassVar[str] = "e"
 
     def shown(self, value: float, delta: float | None = None) -> dict[str, float]:
         return {"epsilon": value}
@@ -126,6 +170,15 @@ class GaussianCharge(Charge):
 
     measure: ClassVar[str] = "gaussian"
     unit: ClassVar[str] = "μ²"
+    additive: ClassVar[bool] = True
+    symbol: ClassVar[str] = "μ"
+    label: ClassVar[str] = "mu"
+    title: ClassVar[str] = "Gaussian DP"
+    scale: ClassVar[str] = "sqrt"
+
+    @classmethod
+    def aside(cls, epsilon: float) -> str:
+        return f" (ε {epsilon:g} at δ)"
 
     def shown(self, value: float, delta: float | None = None) -> dict[str, float]:
         mu = math.sqrt(max(value, 0.0))
@@ -142,6 +195,10 @@ class ZcdpCharge(Charge):
 
     measure: ClassVar[str] = "zcdp"
     unit: ClassVar[str] = "ρ"
+    additive: ClassVar[bool] = True
+    symbol: ClassVar[str] = "ρ"
+    label: ClassVar[str] = "rho"
+    title: ClassVar[str] = "zCDP"
 
     def shown(self, value: float, delta: float | None = None) -> dict[str, float]:
         return {"rho": value}
@@ -149,22 +206,106 @@ class ZcdpCharge(Charge):
 
 CHARGES: dict[str, type[Charge]] = {c.measure: c for c in (PureCharge, GaussianCharge, ZcdpCharge)}
 """The charge type of each measure kind (``guarantees.Measure.kind``); ``approx`` charges its
-ε as a ``PureCharge`` (its δ is composed per stream, ``accountant.compose_deltas``)."""
+ε as a ``PureCharge`` (its δ is composed per stream, ``accountant.compose_deltas``). A family
+with a measure of its own adds its charge type with ``register_charge``."""
+
+
+def register_charge(kind: type[Charge]) -> type[Charge]:
+    """Declare a family's own charge type (its measure's units and whether it adds), so the
+    generic surfaces (metrics labels, ``config check``, the audit) show it in its units and
+    the population accountant composes it when it is ``additive``. A class decorator; a kind
+    already taken by a type of another name is refused (a module imported again replaces its
+    own)."""
+    taken = CHARGES.get(kind.measure)
+    same = taken is not None and _named(taken) == _named(kind)
+    if not kind.measure or (taken is not None and not same):
+        raise ValueError(f"charge measure {kind.measure!r} is empty or taken by {taken!r}")
+    CHARGES[kind.measure] = kind
+    return kind
+
+
+def _named(kind: type[Charge]) -> str:
+    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 def charge_type(guarantee: Guarantee) -> type[Charge]:
     """The charge a mechanism with ``guarantee`` emits (``approx`` charges ε, as pure)."""
-    kind = guarantee.measure.kind
+    return measure_type(guarantee.measure.kind)
+
+
+def measure_type(kind: str) -> type[Charge]:
+    """The charge type of a measure kind: a registered one, else pure ε (``approx``)."""
     return CHARGES.get(kind, PureCharge)
 
 
+# -- divisions -------------------------------------------------------------------------------
+
+
+Recompute = Callable[[Sequence[Mapping[str, Any]]], list[tuple[int, float, float]]]
+"""A division's audit: from one mechanism's public ledger entries (the JSON objects, one per
+slot, in slot order) each entry's slot, the spend recomputed for the most-charged payer over the
+scope ending there, and the budget it must stay within."""
+
+
+@dataclass(frozen=True)
+class DivisionSpec:
+    """A division: how a ledger divides the budget among the users, declared as an object.
+
+    ``name`` is what a ledger entry states (``LedgerEntry.division``); ``payer(spend,
+    personalized)`` who a class's spend is charged to (``payer_of``); ``recompute`` how the
+    audit recomputes a scope's spend from the public ledger entries (None: the audit's own
+    checks of the built-in divisions, ``privstream.audit.checks.check_windows``). A family
+    ships its own in ``Family.divisions``; the audit asks the family for it by name."""
+
+    name: str
+    payer: Callable[[ClassSpend, bool], Payer]
+    recompute: Recompute | None = None
+    summary: str = ""
+
+
+def _class_or_all(spend: ClassSpend, personalized: bool) -> Payer:
+    return PrivacyClass(spend.scope, spend.budget) if personalized else AllUsers()
+
+
+BUDGET = DivisionSpec("budget", _class_or_all, summary="every user charged alike per slot")
+POPULATION = DivisionSpec(
+    "population",
+    lambda spend, _personalized: PrivacyClass(spend.scope, spend.budget),
+    summary="disjoint users, each charged the whole ε at most once per window",
+)
+USER = DivisionSpec(
+    "user",
+    lambda _spend, _personalized: UserAccount(),
+    summary="one account per user (users join at different slots)",
+)
+DIVISIONS: dict[str, DivisionSpec] = {d.name: d for d in (BUDGET, POPULATION, USER)}
+"""The declared divisions by name: the built-in three and those of discovered families."""
+
+
+def register_division(division: DivisionSpec) -> DivisionSpec:
+    """Declare a family's division (``Family.divisions`` does it at discovery); a built-in
+    name is refused."""
+    if division.name in (BUDGET.name, POPULATION.name, USER.name):
+        raise ValueError(f"division {division.name!r} is built in; name yours otherwise")
+    DIVISIONS[division.name] = division
+    return division
+
+
+def division_of(name: str) -> DivisionSpec:
+    """The declared division ``name`` (``DIVISIONS``); an undeclared name is refused."""
+    try:
+        return DIVISIONS[name]
+    except KeyError:
+        known = ", ".join(sorted(DIVISIONS))
+        raise ValueError(
+            f"division {name!r} is not declared (known: {known}); a family declares its own "
+            "in Family.divisions"
+        ) from None
+
+
 def payer_of(division: Division, spend: ClassSpend, personalized: bool) -> Payer:
-    """Who a class's spend was charged to, by the ledger's division."""
-    if division == "user":
-        return UserAccount()
-    if personalized or division == "population":
-        return PrivacyClass(spend.scope, spend.budget)
-    return AllUsers()
+    """Who a class's spend was charged to, by the ledger's declared division."""
+    return division_of(division).payer(spend, personalized)
 
 
 def charges_for(
@@ -234,7 +375,7 @@ def composable(a: Charge, b: Charge) -> str | None:
             "says nothing about the other, so their sum would state a guarantee neither "
             "mechanism has; give the mechanisms the same scope or separate populations"
         )
-    return None
+    return a.composes_with(b)
 
 
 def check_composable(charges: list[Charge]) -> None:

@@ -26,7 +26,9 @@ from privstream.mechanisms.trust import TrustMode
 from privstream.schema.keys import release_id
 
 Strategy = Literal["publish", "approximate", "nullified"]
-Division = Literal["budget", "population", "user"]
+Division = str
+"""A division's name: ``budget``, ``population``, ``user`` or a family's own declared one
+(``accounting.DivisionSpec``, ``Family.divisions``)."""
 
 
 @dataclass(frozen=True)
@@ -208,8 +210,8 @@ class LedgerEntry:
     """The ledger after one slot: the envelope every family emits.
 
     ``classes`` holds every privacy class's spend (``ClassSpend``); the ``spent``, ``budget``
-    and ``scope`` properties describe the class closest to its limit; ``charges`` are the
-    same spends as typed accounting events (``mechanisms.accounting``, not serialized). ``division`` says
+    and ``scope`` properties describe the class closest to its limit; the step emits the same
+    spends as typed accounting events beside it (``Mechanism.charges``). ``division`` says
     how the ledger charges: ``budget`` charges every user alike (per-slot charges add up over a
     window), ``population`` charges disjoint users (each at most once per window), ``user``
     keeps one account per user (users join at different slots; a class's ``charged`` is what a
@@ -236,16 +238,13 @@ class LedgerEntry:
     ``evaluation``)."""
     insecure_seed: bool = False
     evaluation: bool = False
-    charges: tuple[Charge, ...] = field(default=(), compare=False, repr=False)
-    """The slot's accounting events (``mechanisms.accounting``); empty on an entry read back
-    from an older snapshot, where ``accounting_events`` derives them from ``classes``."""
 
     @property
     def accounting_events(self) -> tuple[Charge, ...]:
-        """The typed charges of this entry: the ones the mechanism emitted, or (an entry from
-        an older snapshot) the same derived from its classes."""
-        emitted: tuple[Charge, ...] = getattr(self, "charges", ())
-        return emitted or charges_for(self.guarantee, self.division, self.classes)
+        """The built-in charges of this entry's classes (``accounting.charges_for``). The
+        mechanism's step emits its own (``Mechanism.charges``); this is for a reader that has
+        only the entry."""
+        return charges_for(self.guarantee, self.division, self.classes)
 
     @property
     def worst(self) -> ClassSpend | None:
@@ -375,7 +374,20 @@ class ExtraRecord:
 
 
 Event = Release | LedgerEntry | ExtraRecord
-"""What a step emits: its releases, its ledger entry and any extra-output records."""
+"""An output of a step: what the operator routes (releases, ledger entries, extra records)."""
+StepEvent = Event | Charge
+"""What a step emits: its outputs and its accounting events (``mechanisms.accounting``); the
+charges go to the accountant only, never to an output or a tally."""
+
+
+def outputs(events: Sequence[StepEvent]) -> list[Event]:
+    """A step's outputs, without its accounting events."""
+    return [e for e in events if not isinstance(e, Charge)]
+
+
+def charges_in(events: Sequence[StepEvent]) -> tuple[Charge, ...]:
+    """A step's accounting events, in the order emitted."""
+    return tuple(e for e in events if isinstance(e, Charge))
 
 
 def finite_or_none(x: float) -> float | None:
@@ -437,13 +449,17 @@ class Mechanism(ABC, Generic[C, S]):
         more."""
         return (server_stage(self.name, self.initial_state, self.step),)
 
-    def step(self, state: S, slot: Slot) -> tuple[S, list[Event]]:
+    def step(self, state: S, slot: Slot) -> tuple[S, list[StepEvent]]:
         """Run one slot. Pure: the input state is not modified, so a failed step (for example a
-        ``PrivacyBudgetExceeded``) leaves the last good state intact."""
+        ``PrivacyBudgetExceeded``) leaves the last good state intact. Its events are the slot's
+        outputs followed by its accounting events: the charges of each ledger entry
+        (``charges``)."""
         self.check_state(state)
         new = copy.deepcopy(state)
-        events = self._advance(new, slot)
-        return new, list(events)
+        events: list[StepEvent] = list(self._advance(new, slot))
+        for entry in [e for e in events if isinstance(e, LedgerEntry)]:
+            events.extend(self.charges(entry))
+        return new, events
 
     def enter(self, state: Any, slot: Slot, population: int, expected: int) -> None:
         """The preamble every step shares: slots come in order and hold the population the
@@ -484,25 +500,23 @@ class Mechanism(ABC, Generic[C, S]):
     def ledger_entry(
         self, slot: Slot, classes: tuple[ClassSpend, ...], details: Details
     ) -> LedgerEntry:
-        """The slot's ledger entry in the one envelope, with the declared guarantee and the
-        slot's accounting events (``charges``)."""
-        guarantee = self.privacy_cost
+        """The slot's ledger entry in the one envelope, with the declared guarantee."""
         return LedgerEntry(
             stream=slot.stream,
             mechanism=self.name,
             slot=slot.index,
-            guarantee=guarantee,
+            guarantee=self.privacy_cost,
             division=self.division,
             classes=classes,
             details=details,
-            charges=self.charges(guarantee, classes),
         )
 
-    def charges(self, guarantee: Guarantee, classes: tuple[ClassSpend, ...]) -> tuple[Charge, ...]:
-        """The typed accounting events of a slot's classes: one charge per class, in the
-        guarantee's measure (``accounting.charges_for``). A family with another account
-        overrides it."""
-        return charges_for(guarantee, self.division, classes)
+    def charges(self, entry: LedgerEntry) -> tuple[Charge, ...]:
+        """The typed accounting events the step emits for its ledger entry: one charge per
+        class, in the guarantee's measure (``accounting.charges_for``). A family with another
+        measure or account overrides it. Deterministic in ``entry``: the driver re-derives a
+        halted mechanism's last charges from its last entry after a restart."""
+        return charges_for(entry.guarantee, entry.division, entry.classes)
 
     def check_state(self, state: S) -> None:
         """Refuse a state written by an incompatible version of this mechanism."""

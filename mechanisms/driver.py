@@ -27,7 +27,14 @@ from typing import Any
 from privstream.mechanisms.accountant import ClassKey, PopulationAccountant
 from privstream.mechanisms.accounting import Charge, UnsupportedCharge
 from privstream.mechanisms.client import ClientPort, CuratorPort
-from privstream.mechanisms.contract import Event, LedgerEntry, Mechanism, Slot
+from privstream.mechanisms.contract import (
+    Event,
+    LedgerEntry,
+    Mechanism,
+    Slot,
+    charges_in,
+    outputs,
+)
 from privstream.mechanisms.errors import PrivacyBudgetExceeded
 from privstream.mechanisms.seeding import SlotRandomness
 
@@ -51,16 +58,23 @@ def failure(exc: BaseException) -> str:
 class Lane:
     """One mechanism on one stream, as the driver sees it: the mechanism, its state, its
     devices' state (``Mechanism.client_state``), its share of the population budget, the one
-    population class it is charged to (None: per-user requirements) and its last ledger entry
-    (a halted mechanism's last spend still counts in the composition)."""
+    population class it is charged to (None: per-user requirements) and the accounting events
+    of its last released step (a halted mechanism's last spend still counts in the
+    composition; ``last_charges`` re-derives them from its last ledger entry)."""
 
     mechanism: Mechanism[Any, Any]
     state: Any
     clients: Any = None
     share: float = 1.0
     population: ClassKey | None = None
-    last_ledger: LedgerEntry | None = None
+    charges: tuple[Charge, ...] = ()
     halted: bool = False
+
+
+def last_charges(mechanism: Mechanism[Any, Any], entry: LedgerEntry | None) -> tuple[Charge, ...]:
+    """The accounting events a mechanism emitted with its last ledger entry (none before its
+    first): ``Mechanism.charges`` is deterministic in the entry, so they survive a restart."""
+    return () if entry is None else mechanism.charges(entry)
 
 
 @dataclass(frozen=True)
@@ -84,12 +98,14 @@ class Halted:
 @dataclass(frozen=True)
 class Stepped:
     """One mechanism's step that the slot released: its new state, its devices' new state
-    (None: the port asked nothing of them), its stamped events and the step's seconds."""
+    (None: the port asked nothing of them), its stamped outputs, the step's seconds and its
+    accounting events (composed by the accountant, never an output)."""
 
     state: Any
     clients: Any
     events: list[Event]
     seconds: float
+    charges: tuple[Charge, ...] = ()
 
 
 @dataclass
@@ -165,7 +181,8 @@ def _step_one(
             raise
         return Halted(name, f"failed at slot {slot}: {failure(exc)}", False)
     seconds = time.perf_counter() - started
-    return Stepped(state, getattr(port, "client_state_after", None), list(events), seconds)
+    clients = getattr(port, "client_state_after", None)
+    return Stepped(state, clients, outputs(events), seconds, charges_in(events))
 
 
 def _compose(
@@ -188,14 +205,14 @@ def spends(
     lanes: Mapping[str, Lane], stepped: Mapping[str, Stepped]
 ) -> Sequence[tuple[Sequence[Charge], float, ClassKey | None]]:
     """Each mechanism's accounting events at the slot with its budget share and population
-    class: from its ledger entry of the slot, else its last one (in the lanes' order)."""
+    class: the ones its step emitted, else (halted, or a step without charges) the lane's last
+    ones, in the lanes' order."""
     out = []
     for name, lane in lanes.items():
-        events = stepped[name].events if name in stepped else ()
-        entry = next((e for e in events if isinstance(e, LedgerEntry)), None)
-        entry = entry or lane.last_ledger
-        if entry is not None:
-            out.append((entry.accounting_events, lane.share, lane.population))
+        charges = stepped[name].charges if name in stepped else ()
+        charges = charges or lane.charges
+        if charges:
+            out.append((charges, lane.share, lane.population))
     return out
 
 

@@ -171,12 +171,15 @@ def compose(measures: list[Measure]) -> Measure:
 
 def budget_of(measure: Measure) -> float:
     """The one number the ledgers and the accountant add up for a measure: ε (pure and the ε of
-    (ε, δ)), μ² (Gaussian DP composes in squares) or ρ (zCDP)."""
+    (ε, δ)), μ² (Gaussian DP composes in squares) or ρ (zCDP); a family's own measure
+    declares its additive number as ``budget``."""
     if isinstance(measure, (PureDP, ApproxDP)):
         return measure.epsilon
     if isinstance(measure, GaussianDP):
         return measure.mu**2
-    return measure.rho
+    if isinstance(measure, ZCDP):
+        return measure.rho
+    return float(measure.budget)
 
 
 # -- scopes -----------------------------------------------------------------------------------
@@ -280,8 +283,10 @@ class Guarantee:
             scaled = ApproxDP(m.epsilon * share, m.delta * share)
         elif isinstance(m, GaussianDP):
             scaled = GaussianDP(m.mu * math.sqrt(share))
-        else:
+        elif isinstance(m, ZCDP):
             scaled = ZCDP(m.rho * share)
+        else:  # a family's own measure scales itself
+            scaled = m.scaled(share)
         return Guarantee(scaled, self.scope, self.model)
 
     def to_dict(self) -> dict[str, Any]:

@@ -71,6 +71,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from privstream.families.spec import MetricSpec
+from privstream.mechanisms.accounting import measure_type
 from privstream.mechanisms.contract import LedgerEntry
 from privstream.mechanisms.guarantees import Guarantee
 from privstream.mechanisms.ledger import budget_limit
@@ -115,6 +116,8 @@ GENERIC_PUBLIC_METRICS: Final[frozenset[str]] = frozenset(
         "privstream_population_budget_remaining",
         "privstream_population_mechanisms",
         "privstream_population_enrolled_ratio",
+        # the unit each measure in use is read in (the privacy page shows budgets in it)
+        "privstream_measure_unit",
         # how the run was configured
         "privstream_insecure_seed",
         "privstream_evaluation",
@@ -176,14 +179,11 @@ def class_label(scope: int, budget: float, guarantee: Guarantee | None = None) -
     """The ``class`` label of a privacy class, its budget in the measure's own unit:
     ``w<w>_e<ε>`` (pure or approximate DP over a window), ``w<w>_rho<ρ>`` (zCDP),
     ``s<scope>_mu<μ>`` (Gaussian DP, μ = √budget: never μ² as an ε); ``s`` where the scope is
-    not a window (its length in slots, e.g. a user-division ledger's reports per budget)."""
-    kind = "pure" if guarantee is None else guarantee.measure.kind
+    not a window (its length in slots, e.g. a user-division ledger's reports per budget); a
+    family's own measure with its charge type's ``label`` and ``reads``."""
+    kind = measure_type("pure" if guarantee is None else guarantee.measure.kind)
     prefix = "w" if guarantee is None or guarantee.window is not None else "s"
-    if kind == "gaussian":
-        return f"{prefix}{scope}_mu{math.sqrt(budget):g}"
-    if kind == "zcdp":
-        return f"{prefix}{scope}_rho{budget:g}"
-    return f"{prefix}{scope}_e{budget:g}"
+    return f"{prefix}{scope}_{kind.label}{kind.reads(budget):g}"
 
 
 @dataclass(frozen=True)
@@ -310,6 +310,22 @@ def _account_families(accounts: dict[tuple[str, str], _Account]) -> Iterator[Met
     yield from families.values()
     yield from _declared_families(accounts)
     yield from _class_families(accounts)
+    yield from _unit_family(accounts)
+
+
+def _unit_family(accounts: dict[tuple[str, str], _Account]) -> Iterator[Metric]:
+    """``privstream_measure_unit``: for each measure in use, the symbol a person reads its
+    budgets in and how from the additive unit (``linear`` or ``sqrt``), as its charge type
+    declares it (``mechanisms.accounting``); a family's own measure is shown in its own unit."""
+    family = GaugeMetricFamily(
+        PREFIX + "measure_unit",
+        "The unit a measure's budgets are read in (1 per measure in use).",
+        labels=["measure", "unit", "scale"],
+    )
+    for kind in sorted({account.cost.measure.kind for account in accounts.values()}):
+        charge = measure_type(kind)
+        family.add_metric([kind, charge.symbol or charge.unit, charge.scale], 1.0)
+    yield family
 
 
 def _declared_metrics() -> dict[str, MetricSpec]:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from privstream.mechanisms.accountant import ClassKey
 from privstream.mechanisms.contract import ExtraRecord, Halt, Release
-from privstream.mechanisms.driver import Lane, SlotStep, Stamp, drive_slot
+from privstream.mechanisms.driver import Lane, SlotStep, Stamp, drive_slot, last_charges
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.operators.ingest import Windower
 from privstream.operators.reasons import Notes, Output
@@ -69,7 +69,7 @@ class Runner:
                 state.clients.get(name),
                 self.plan.shares[name],
                 self.class_of(name),
-                state.tallies[name].last_ledger,
+                last_charges(mechanism, state.tallies[name].last_ledger),
                 name in state.halted,
             )
             for name, mechanism in self.plan.mechanisms.items()

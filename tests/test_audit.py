@@ -387,7 +387,9 @@ def test_a_uniform_baseline_gaining_a_class_is_summed_as_one_mechanism(tmp_path:
     for t in range(1, 16):
         req = Requirements(eps, win, registered=~late | (t >= 6))
         port = SimulatedCurator(np.arange(n) % 2, config.task, req)
-        state, (release, entry) = mech.step(state, Slot("g", t, port, SlotRandomness(1, "g", t)))
+        state, (release, entry, *_) = mech.step(
+            state, Slot("g", t, port, SlotRandomness(1, "g", t))
+        )
         lines["release"].append(json.dumps(release.to_dict(), separators=(",", ":")))
         lines["ledger"].append(json.dumps(entry.to_dict(), separators=(",", ":")))
     assert [len(json.loads(x)["classes"]) for x in lines["ledger"]] == [1] * 5 + [2] * 10

@@ -54,6 +54,9 @@ class LedgerTable:
     slot: I64
     population_division: Bools
     user_division: Bools
+    declared_division: Bools
+    """Entries of a family's own division (``DivisionSpec``): audited by its ``recompute``
+    from the published entries (``Published.declared``), composed by their declared spend."""
     period: I64
     mu_spent: F64
     plain: Bools
@@ -111,6 +114,8 @@ class Published:
     """Per pair, its recorded gaps ``(first, last)`` (a new incarnation's cooldown)."""
     releases: dict[str, NDArray[Any]] = field(default_factory=dict)
     guarantees: list[tuple[str, float, float, str]] = field(default_factory=list)
+    declared: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """A family's own division's ledger entries by division name, as published."""
 
     def name(self, pair: int, slot: int) -> str:
         """The release id ``stream/mechanism/slot`` (with a keyed pair's parts after it)."""
@@ -361,7 +366,42 @@ def check_windows(pub: Published, population: int | None, findings: Findings) ->
     _budget_windows(pub, findings, counts)
     _population_windows(pub, population, findings, counts)
     _user_windows(pub, findings, counts)
+    _declared_windows(pub, findings, counts)
     return counts
+
+
+def _declared_windows(pub: Published, findings: Findings, counts: WindowCounts) -> None:
+    """A family's own division: its ``recompute`` (the family's ``DivisionSpec``, discovered
+    through ``privstream.families``) gives each entry's spend over the scope ending there from
+    the published entries; over the budget is a window over budget, and an entry claiming less
+    than the recomputed spend is a declared mismatch."""
+    from privstream.mechanisms.accounting import DIVISIONS
+
+    for name, entries in sorted(pub.declared.items()):
+        recompute = DIVISIONS[name].recompute
+        assert recompute is not None  # only such divisions are collected
+        for (stream, mechanism), own in sorted(_by_mechanism(entries).items()):
+            claimed = {e["slot"]: max(c["spent"] for c in e["classes"]) for e in own}
+            for slot, spend, budget in recompute(own):
+                ident = pair_release_id((stream, mechanism), slot)
+                if spend > budget * (1 + RELATIVE):
+                    counts.over_budget += 1
+                    findings.add("window_over_budget", ident, (
+                        f"{name} division: recomputed spend {spend:.12g} > budget {budget:g} "
+                        "over the scope ending here"))  # fmt: skip
+                if claimed[slot] < spend and not close(claimed[slot], spend):
+                    counts.mismatches += 1
+                    findings.add("declared_mismatch", ident, (
+                        f"{name} division: the entry claims {claimed[slot]:.12g} but its "
+                        f"charges recompute to {spend:.12g}"))  # fmt: skip
+
+
+def _by_mechanism(entries: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """Each (stream, mechanism)'s entries, first copy per slot, in slot order."""
+    out: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
+    for e in entries:
+        out.setdefault((e["stream"], e["mechanism"]), {}).setdefault(e["slot"], e)
+    return {k: [v[t] for t in sorted(v)] for k, v in out.items()}
 
 
 def _budget_windows(pub: Published, findings: Findings, counts: WindowCounts) -> None:
@@ -369,7 +409,8 @@ def _budget_windows(pub: Published, findings: Findings, counts: WindowCounts) ->
     class of a ``plain`` mechanism is summed over all its entries whatever they declare; a
     personalized class by its ``(w_c, ε_c)``."""
     led, cls = pub.ledger, pub.classes
-    keep = np.flatnonzero(~(led.population_division | led.user_division)[cls.row])
+    own = led.population_division | led.user_division | led.declared_division
+    keep = np.flatnonzero(~own[cls.row])
     rows, window, epsilon = cls.row[keep], cls.window[keep], cls.epsilon[keep]
     plain, pair, slot = led.plain[rows], led.pair[rows], led.slot[rows]
     group, _ = group_ids(pair, np.where(plain, 0, window), np.where(plain, 0.0, epsilon))
@@ -547,7 +588,7 @@ def _sources(pub: Published) -> _Sources:
     reports = np.flatnonzero(led.population_division)
     budget = np.flatnonzero(~led.population_division[cls.row])
     rows = cls.row[budget]
-    user = led.user_division[rows]
+    user = (led.user_division | led.declared_division)[rows]
     pair = np.concatenate((led.pair[reports], led.pair[rows]))
     kind = np.concatenate(
         (np.ones(reports.size, dtype=np.int64), np.where(user, 3, np.where(led.plain[rows], 0, 2)))

@@ -352,7 +352,20 @@ def _as_epsilon(measure: str, budget: F64, delta: float | None) -> F64 | None:
         return gdp_epsilon(np.sqrt(budget), delta)
     if measure == "zcdp":
         return zcdp_epsilon(budget, delta)
-    return None
+    return family_epsilon(measure, budget, delta)
+
+
+def family_epsilon(measure: str, budget: F64, delta: float) -> F64 | None:
+    """A family's own measure as ε at ``delta``, by the conversion its charge type declares
+    (``Charge.epsilon_at``; families discovered through ``privstream.families``); None when
+    the measure is unknown or declares none."""
+    from privstream.families.registry import families
+    from privstream.mechanisms.accounting import CHARGES
+
+    families()  # importing a family's module registers its charge type
+    kind = CHARGES.get(measure)
+    value = None if kind is None else kind.epsilon_at(budget, delta)
+    return None if value is None else np.asarray(value, dtype=np.float64)
 
 
 def check_expected(

@@ -134,13 +134,17 @@ class _Guarantee(msgspec.Struct, frozen=True, gc=False):
     rho: float | None = None
     window: int | None = None
     length: int | None = None
+    budget: float | None = None
+    """A family's own measure states its additive budget here (``guarantees.budget_of``)."""
+    unit: str | None = None
+    """... and the unit a person reads it in (its charge type's ``symbol``)."""
 
     def text(self) -> str:
         """The guarantee in words, e.g. ``pure ε=1 over window w=10 (ldp)``."""
         params = [
             f"{name}={value:g}"
             for name, value in (("ε", self.epsilon), ("δ", self.delta), ("μ", self.mu),
-                                ("ρ", self.rho))
+                                ("ρ", self.rho), (self.unit or "budget", self.budget))
             if value is not None
         ]  # fmt: skip
         scope = self.scope
@@ -298,12 +302,12 @@ def _estimate_hash(estimate: list[float]) -> int:
 def _budget(guarantee: _Guarantee) -> float:
     """The guarantee's additive budget, in the unit the ledgers count: ε of a pure or an
     approximate measure, μ² of Gaussian DP (it composes in squares), ρ of zCDP; NaN for an
-    unknown measure or a missing parameter."""
+    unknown measure or a missing parameter; a family's own measure states it (``budget``)."""
     g = guarantee
     value = {
         "pure": g.epsilon, "approx": g.epsilon, "gaussian": None if g.mu is None else g.mu**2,
         "zcdp": g.rho,
-    }.get(g.measure)  # fmt: skip
+    }.get(g.measure, g.budget)  # fmt: skip
     return math.nan if value is None else float(value)
 
 
@@ -399,6 +403,8 @@ class Collector:
         self._variants: dict[tuple[str, int], set[int]] = {}
         self._releases: list[dict[str, NDArray[Any]]] = []
         self._entries: list[dict[str, NDArray[Any]]] = []
+        self._declared: dict[str, list[dict[str, Any]]] = {}
+        """A family's own division's entries by its name, as published (``DivisionSpec``)."""
         self._classes: list[dict[str, NDArray[Any]]] = []
         self._rows = 0
         self._halts: dict[tuple[str, str | None], int] = {}
@@ -611,6 +617,10 @@ class Collector:
         if rows.size < good.size:
             records, lines = _select(records, good), _select(lines, good)
             fields = _fields(_Entry, records)
+        names = _declared_divisions()
+        for record, line in zip(records, lines, strict=True):
+            if record.division in names:
+                self._declared.setdefault(record.division, []).append(json.loads(line))
         pair = self._pairs_of(fields["stream"], fields["mechanism"])
         columns["pair"] = np.full(good.size, -1, dtype=np.int64)
         columns["pair"][rows] = pair
@@ -720,6 +730,7 @@ class Collector:
             guarantees=[
                 (g.measure, _budget(g), g.delta or 0.0, g.text()) for g in self._guarantee_ids
             ],
+            declared=dict(self._declared),
         )
 
 
@@ -737,7 +748,7 @@ _ENTRY_DTYPES: dict[str, Any] = {
     "epsilon": np.float64, "window": np.int64, "m1": np.float64, "m2": np.float64,
     "users1": np.int64, "users2": np.int64, "window_users": np.int64,
     "pop_epsilon": np.float64, "pop_spent": np.float64, "evaluation": np.bool_,
-    "insecure": np.bool_, "gid": np.int64,
+    "insecure": np.bool_, "gid": np.int64, "declared_division": np.bool_,
 }  # fmt: skip
 _CLASS_DTYPES: dict[str, Any] = {
     "row": np.int64, "window": np.int64, "epsilon": np.float64, "charged": np.float64,
@@ -795,7 +806,10 @@ def _entry_columns(
     division = fields["division"]
     population = np.array(list(map("population".__eq__, division)), dtype=np.bool_)
     user = np.array(list(map("user".__eq__, division)), dtype=np.bool_)
-    known = population | user | np.array(list(map("budget".__eq__, division)), dtype=np.bool_)
+    names = _declared_divisions()
+    declared = np.array([d in names for d in division], dtype=np.bool_)
+    known = population | user | declared
+    known |= np.array(list(map("budget".__eq__, division)), dtype=np.bool_)
     known &= np.array([v in READABLE for v in fields["schema"]], dtype=np.bool_)
     guarantees, details = fields["guarantee"], fields["details"]
 
@@ -817,6 +831,7 @@ def _entry_columns(
         "pop_spent": _optional(fields["population_spent"]),
         "evaluation": np.array(fields["evaluation"], dtype=np.bool_),
         "user_division": user,
+        "declared_division": declared,
         "period": _ints(list(map(_period, guarantees))) if user.any() else np.zeros_like(slot),
         "mu_spent": _optional(detail("mu_spent")),
     }
@@ -933,8 +948,11 @@ def _entry_problem(rec: _Entry) -> str | None:
     problem = _schema_problem(rec.schema)
     if problem is not None:
         return problem
-    if rec.division not in ("budget", "population", "user"):
-        return f"division {rec.division!r} is neither budget, population nor user"
+    if rec.division not in ("budget", "population", "user", *_declared_divisions()):
+        return (
+            f"division {rec.division!r} is neither budget, population nor user, nor declared "
+            "by a discovered family (Family.divisions)"
+        )
     if not (0 <= rec.slot < MAX_SLOT and (window is None or 1 <= window < _COUNT_LIMIT)):
         return "slot outside [0, 2**40) or the guarantee's window outside [1, 2**40)"
     if not 0 < budget < math.inf:
@@ -950,6 +968,16 @@ def _entry_problem(rec: _Entry) -> str | None:
     if rec.division == "user":
         return _user_problem(rec)
     return _population_problem(rec) if rec.division == "population" else None
+
+
+def _declared_divisions() -> frozenset[str]:
+    """The divisions a discovered family declares with an audit of its own
+    (``DivisionSpec.recompute``); the built-in three are audited here."""
+    from privstream.families.registry import families
+    from privstream.mechanisms.accounting import DIVISIONS
+
+    families()  # discovery registers the families' divisions
+    return frozenset(name for name, d in DIVISIONS.items() if d.recompute is not None)
 
 
 def _user_problem(rec: _Entry) -> str | None:

@@ -35,6 +35,7 @@ from numpy.typing import NDArray
 
 from privstream.conformance import flows as flow_checks
 from privstream.families.registry import Registered
+from privstream.mechanisms.accounting import division_of
 from privstream.mechanisms.client import (
     ClientPort,
     CuratorPort,
@@ -242,6 +243,22 @@ def check_declared_cost(mech: Mechanism[Any, Any]) -> None:
     for k in range(max(len(e.classes) for e in entries)):
         rows = [e.classes[k] for e in entries if len(e.classes) > k]
         _check_class(mech, k, rows)
+    _check_declared_division(mech, entries)
+
+
+def _check_declared_division(mech: Mechanism[Any, Any], entries: list[LedgerEntry]) -> None:
+    """A family's own division (``DivisionSpec.recompute``): the spend the audit recomputes
+    from the published entries is what each entry declares, within its budget."""
+    recompute = division_of(mech.division).recompute
+    if recompute is None:
+        return
+    for entry, (slot, spend, budget) in zip(
+        entries, recompute([e.to_dict() for e in entries]), strict=True
+    ):
+        declared = max(c.spent for c in entry.classes)
+        _require(slot == entry.slot and abs(declared - spend) <= TOLERANCE * budget, mech,
+                 f"slot {slot}: declares {declared:g}, its division recomputes {spend:g}")  # fmt: skip
+        _require(spend <= budget * (1 + TOLERANCE), mech, f"slot {slot}: division overspent")
 
 
 def _check_class(mech: Mechanism[Any, Any], k: int, rows: list[ClassSpend]) -> None:

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from privstream.mechanisms.accounting import DivisionSpec, register_division
 from privstream.mechanisms.contract import ExtraRecord, Mechanism
 from privstream.mechanisms.tasks import EstimationTask, FrequencyTask
 from privstream.mechanisms.trust import (
@@ -232,11 +233,16 @@ class Family:
     release_key: tuple[str, ...] = ()
     """The parts of its release key beyond ``stream/mechanism/slot`` (DPI: ``("query",)``):
     each release carries them in ``Release.key``, in this order."""
+    divisions: tuple[DivisionSpec, ...] = ()
+    """The family's own divisions (``accounting.DivisionSpec``: name, payer, the audit's
+    recomputation), registered at discovery; the audit asks the family for them by name."""
 
     def __post_init__(self) -> None:
         modes = {m.trust_modes for m in self.mechanisms.values()}
         if len(modes) != 1:
             raise ValueError(f"family {self.name}: its mechanisms declare different trust modes")
+        for division in self.divisions:
+            register_division(division)
         names = [o.name for o in self.outputs]
         if len(set(names)) != len(names):
             raise ValueError(f"family {self.name}: an output declared twice in {names}")

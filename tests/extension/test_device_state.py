@@ -32,7 +32,7 @@ from privstream.connectors.datasets import synthetic_dataset
 from privstream.families import registry
 from privstream.families.spec import Registered
 from privstream.mechanisms.client import SimulatedClientPort
-from privstream.mechanisms.contract import Slot
+from privstream.mechanisms.contract import Slot, outputs
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import FrequencyTask
 
@@ -90,7 +90,7 @@ def _drive(slots: int) -> tuple[Any, list[Any], list[NDArray[np.int8]]]:
         slot, port = _slot(t, clients)
         state, out = mech.step(state, slot)
         clients = port.client_state_after
-        events += out
+        events += outputs(out)
         memos.append(clients.permanent.copy())
     return state, events, memos
 

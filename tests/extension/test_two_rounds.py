@@ -33,7 +33,7 @@ from privstream.cli import main
 from privstream.families import registry
 from privstream.families.spec import Registered
 from privstream.mechanisms.client import Aggregate, ClientPath, SimulatedClientPort
-from privstream.mechanisms.contract import LedgerEntry, Release, Rounds, Slot
+from privstream.mechanisms.contract import LedgerEntry, Release, Rounds, Slot, outputs
 from privstream.mechanisms.rounds import Finished, Requests, answer
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import FrequencyTask
@@ -73,7 +73,7 @@ def _one_shot(mech: Any, path: ClientPath) -> list[str]:
     state, out = mech.initial_state(), []
     for t in range(1, SLOTS + 1):
         state, events = mech.step(state, _slot(t, path))
-        out += [json.dumps(e.to_dict(), sort_keys=True) for e in events]
+        out += [json.dumps(e.to_dict(), sort_keys=True) for e in outputs(events)]
     return out
 
 
@@ -162,7 +162,7 @@ def test_the_ledger_entry_accounts_for_both_rounds_and_the_estimates_hold(
     state, events = mech.initial_state(), []
     for t in range(1, SLOTS + 1):
         state, out = mech.step(state, _slot(t))
-        events += out
+        events += outputs(out)
     releases = [e for e in events if isinstance(e, Release)]
     entries = [e for e in events if isinstance(e, LedgerEntry)]
     k1, k2 = K1, K2

@@ -5,11 +5,10 @@ support and refuse the rest, naming the measure; charges of different scopes do 
 from __future__ import annotations
 
 import math
-import pickle
 
 import pytest
 
-from privstream.conformance.checks import run, start
+from privstream.conformance.checks import make_slot, run, start
 from privstream.families.registry import REGISTRY, Registered
 from privstream.mechanisms.accountant import ClassKey, PopulationAccountant, class_spend
 from privstream.mechanisms.accounting import (
@@ -25,7 +24,7 @@ from privstream.mechanisms.accounting import (
     composable,
     describe,
 )
-from privstream.mechanisms.contract import ClassSpend, LedgerEntry
+from privstream.mechanisms.contract import ClassSpend, LedgerEntry, outputs
 from privstream.mechanisms.errors import PrivacyBudgetExceeded
 from privstream.mechanisms.guarantees import (
     ClassScope,
@@ -43,20 +42,28 @@ from privstream.mechanisms.ledger import BudgetLedger, PersonalizedLedger, Popul
 def test_every_mechanism_emits_its_charges_with_the_numbers_of_its_classes(
     registered: Registered,
 ) -> None:
-    """The 17 mechanisms: one charge per class, of the guarantee's measure, carrying the
-    class's own numbers bit for bit (the events change no number), and the accountant's spend
-    from the events is what it was from the classes."""
+    """The 17 mechanisms: the step's events end with one charge per class of its ledger entry,
+    of the guarantee's measure, carrying the class's own numbers bit for bit (the events change
+    no number); the driver routes none of them to an output, and the accountant's spend from
+    the events is what it was from the classes."""
     mech = registered.example(mech_population(registered))
-    entries = [e for e in run(mech, start(mech), range(1, 7))[1] if isinstance(e, LedgerEntry)]
-    assert len(entries) == 6
+    (_, _), routed = run(mech, start(mech), range(1, 4))
+    assert not any(isinstance(e, Charge) for e in routed)
+    state, clients = mech.initial_state(), mech.client_state()
     kind = {"pure": PureCharge, "gaussian": GaussianCharge}[mech.privacy_cost.measure.kind]
-    for entry in entries:
-        assert len(entry.charges) == len(entry.classes)
-        for charge, c in zip(entry.charges, entry.classes, strict=True):
+    for t in range(1, 7):
+        slot = make_slot(mech, t, clients=clients)
+        state, events = mech.step(state, slot)
+        clients = getattr(slot.port, "client_state_after", None) or clients
+        (entry,) = [e for e in events if isinstance(e, LedgerEntry)]
+        charges = [e for e in events if isinstance(e, Charge)]
+        assert events[-len(charges) :] == charges and outputs(events) == events[: -len(charges)]
+        assert len(charges) == len(entry.classes)
+        for charge, c in zip(charges, entry.classes, strict=True):
             assert type(charge) is kind
             assert (charge.slots, charge.budget, charge.users) == (c.scope, c.budget, c.users)
             assert (charge.charged, charge.spent) == (c.charged, c.spent)
-        assert entry.accounting_events == entry.charges
+        assert entry.accounting_events == tuple(charges) == mech.charges(entry)
         assert class_spend(entry, 0.5) == {
             ClassKey(c.scope, float(f"{c.budget / 0.5:.12g}")): c.spent for c in entry.classes
         }
@@ -64,17 +71,6 @@ def test_every_mechanism_emits_its_charges_with_the_numbers_of_its_classes(
 
 def mech_population(registered: Registered) -> int:
     return type(registered.example(50)).conformance.population
-
-
-def test_an_entry_from_an_older_snapshot_derives_its_charges() -> None:
-    """A ledger entry pickled before the events existed has no ``charges``: the accountant
-    derives the same events from its classes."""
-    g = Guarantee(PureDP(1.0), WindowScope(5), "ldp")
-    entry = LedgerEntry("s", "LBU", 1, g, "budget", (ClassSpend(5, 1.0, 10, 0.2, 0.2),), _d())
-    old = pickle.loads(pickle.dumps(entry))
-    del old.__dict__["charges"]
-    (charge,) = old.accounting_events
-    assert charge == PureCharge(AllUsers(), WindowScope(5), 5, 10, 0.2, 0.2, 1.0)
 
 
 def _d() -> object:

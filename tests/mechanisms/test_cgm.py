@@ -105,7 +105,7 @@ def run(
     for t in slots:
         randomness = SlotRandomness(seed, "s", t, mech.name if scope is None else scope)
         port = SimulatedClientPort(values(t), mech.config.task, randomness, client_state=clients)
-        state, (release, entry) = mech.step(state, Slot("s", t, port, randomness))
+        state, (release, entry, *_) = mech.step(state, Slot("s", t, port, randomness))
         assert isinstance(release, Release) and isinstance(entry, LedgerEntry)
         if port.client_state_after is not None:
             clients = port.client_state_after

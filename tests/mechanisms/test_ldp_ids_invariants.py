@@ -130,7 +130,7 @@ def drive(
         r = SlotRandomness(seed, "s", t)
         port = RecordingPort(SimulatedClientPort(values(t), mech.config.task, r))
         state, events = mech.step(state, Slot("s", t, port, r))
-        release, entry = events
+        release, entry, *_ = events
         assert isinstance(release, Release) and isinstance(entry, LedgerEntry)
         assert (release.slot, entry.slot) == (t, t)
         records.append(StepRecord(t, release, entry, port.calls))

@@ -94,7 +94,9 @@ def drive(
     steps: list[Step] = []
     for t in range(first, first + T):
         port = SimulatedCurator(values(t), mech.config.task, requirements(t))
-        state, (release, entry) = mech.step(state, Slot("g", t, port, SlotRandomness(3, "g", t)))
+        state, (release, entry, *_) = mech.step(
+            state, Slot("g", t, port, SlotRandomness(3, "g", t))
+        )
         assert isinstance(release, Release) and isinstance(entry, LedgerEntry)
         steps.append((release, entry))
     return state, steps

@@ -210,7 +210,7 @@ def run(mech: PersonalizedMechanism, case: Case) -> Run:
             spy.steps.append([])
             r = SlotRandomness(7, "inv", t)
             slot = Slot("inv", t, SimulatedCurator(values, mech.config.task, req), r)
-            state, (release, entry) = mech.step(state, slot)
+            state, (release, entry, *_) = mech.step(state, slot)
             assert isinstance(release, Release) and isinstance(entry, LedgerEntry)
             rows = class_rows(entry)
             order = [index[(c.window, c.epsilon)] for c in rows]

@@ -76,7 +76,7 @@ def drive(
         r = SlotRandomness(seed, "s", t, scope=scope)
         slot = Slot("s", t, SimulatedCurator(values(t), mech.config.task, requirements), r)
         state, events = mech.step(state, slot)
-        release, entry = events
+        release, entry, *_ = events
         assert isinstance(release, Release) and isinstance(entry, LedgerEntry)
         steps.append((release, entry))
     return steps
@@ -222,7 +222,7 @@ def test_pba_2_cap_and_mixed_windows() -> None:
     absorbed: dict[int, list[int]] = {}
     for t in range(1, T + 1):
         r = SlotRandomness(1, "s", t)
-        state, (release, entry) = mech.step(
+        state, (release, entry, *_) = mech.step(
             state, Slot("s", t, SimulatedCurator(constant(2)(t), mech.config.task, req), r)
         )
         assert isinstance(release, Release) and isinstance(entry, LedgerEntry)

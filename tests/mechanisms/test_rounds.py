@@ -14,7 +14,7 @@ import pytest
 from numpy.typing import NDArray
 
 from privstream.mechanisms.client import ABSENT, Aggregate, ClientPath, SimulatedClientPort
-from privstream.mechanisms.contract import Rounds, Slot
+from privstream.mechanisms.contract import Rounds, Slot, outputs
 from privstream.mechanisms.ldp_ids import MECHANISMS, LdpIdsConfig, LdpIdsMechanism, TwoRounds
 from privstream.mechanisms.rounds import (
     Finished,
@@ -62,7 +62,7 @@ def one_shot(mech: LdpIdsMechanism, path: ClientPath) -> list[str]:
     state, out = mech.initial_state(), []
     for t in range(1, T + 1):
         state, events = mech.step(state, slot_at(t, path))
-        out += [json.dumps(e.to_dict(), sort_keys=True) for e in events]
+        out += [json.dumps(e.to_dict(), sort_keys=True) for e in outputs(events)]
     return out
 
 

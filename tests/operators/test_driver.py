@@ -12,7 +12,7 @@ from privstream.conformance import checks
 from privstream.families.registry import LDP_IDS
 from privstream.mechanisms.accountant import PopulationAccountant
 from privstream.mechanisms.client import SimulatedClientPort
-from privstream.mechanisms.contract import LedgerEntry, Release
+from privstream.mechanisms.contract import LedgerEntry, Release, outputs
 from privstream.mechanisms.driver import Lane, Stamp, drive_slot
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import FrequencyTask
@@ -77,6 +77,6 @@ def test_the_checks_run_through_the_driver_as_a_direct_step_would() -> None:
     for t in range(1, 4):
         slot = checks.make_slot(mech, t, clients=clients)
         state, out = mech.step(state, slot)
-        direct.extend(out)
+        direct.extend(outputs(out))
     assert events == direct
     assert np.isfinite(events[0].estimate).all()
