@@ -100,6 +100,14 @@ CLASS_RENAMES: Final[dict[str, str]] = {"window": "scope", "epsilon": "budget",
 """Keys of each ``classes`` item renamed by schema 3 (old -> new)."""
 
 
+def restore_renamed(obj: object, state: dict[str, Any], renames: dict[str, str]) -> None:
+    """``__setstate__`` of an envelope pickled before schema 3 (a recovery store's tallies hold
+    the last ledger entry): its old field names take their new ones, so such a store resumes
+    with every number as it was."""
+    for key, value in state.items():
+        object.__setattr__(obj, renames.get(key, key), value)
+
+
 def upgrade_record(record: dict[str, Any]) -> dict[str, Any]:
     """A schema-2 release or ledger record with the schema-3 names (numbers unchanged); a
     record of another schema is returned as it is."""
@@ -199,6 +207,9 @@ class ClassSpend:
     charged: float
     spent: float
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        restore_renamed(self, state, CLASS_RENAMES)
+
     @property
     def spent_ratio(self) -> float:
         """``spent / budget``, at most 1 (the class gauge)."""
@@ -238,6 +249,9 @@ class LedgerEntry:
     ``evaluation``)."""
     insecure_seed: bool = False
     evaluation: bool = False
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        restore_renamed(self, state, SCHEMA_RENAMES)
 
     @property
     def accounting_events(self) -> tuple[Charge, ...]:

@@ -410,6 +410,22 @@ def test_a_lying_window_spent_is_caught(tmp_path: Path, ldp: Run) -> None:
     assert report["problems"][0]["id"] == "sin/LBD/15"
 
 
+def test_releases_whose_every_ledger_entry_is_malformed_fail_without_a_crash(
+    tmp_path: Path, ldp: Run
+) -> None:
+    """With releases present and every ledger entry unreadable, the claim checks have nothing
+    to compare the releases with: the audit reports the malformed and missing entries (exit 1)
+    instead of failing with an IndexError (exit 2 would read as an input error)."""
+
+    def drop_classes(r: dict[str, Any]) -> None:
+        r.pop("classes")
+
+    ledger = edit(ldp.ledger, lambda r: r.get("kind") == "ledger", drop_classes)
+    status, report = audit(tmp_path, ldp.releases, ledger)
+    assert status == 1 and {"well_formed", "complete_slots"} <= failed(report)
+    assert "malformed" in {p["kind"] for p in report["problems"]}
+
+
 def test_a_lying_population_division_class_is_caught(tmp_path: Path, ldp: Run) -> None:
     """A population-division class has spent ε once anybody reported in its window: an entry
     declaring less is a mismatch."""

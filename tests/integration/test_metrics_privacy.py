@@ -31,6 +31,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Gauge, Histogram, gen
 from prometheus_client import Counter as PromCounter
 from prometheus_client.parser import text_string_to_metric_families
 
+import privstream.runtime.heartbeat  # noqa: F401  (defines the cluster members' progress age)
 from privstream.connectors.broker import free_port
 from privstream.connectors.kafka import (
     DEAD_LETTER_REASON_HEADER,

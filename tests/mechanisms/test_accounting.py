@@ -190,3 +190,34 @@ def test_the_ledgers_declare_what_they_support_and_refuse_the_rest() -> None:
     )  # no such class
     with pytest.raises(UnsupportedCharge, match="PersonalizedLedger cannot account"):
         personal.accept(charge(PureCharge, WindowScope(4)))  # all users: not a class
+
+
+def test_an_envelope_pickled_before_schema_3_resumes_under_the_new_names() -> None:
+    """A recovery store written before the measure-neutral names holds ledger entries (the
+    tallies' last entry) with ``window``/``epsilon``/``window_spent`` classes and
+    ``population_epsilon``/``population_window_spent``: they unpickle under the new names with
+    the same numbers, so the store resumes."""
+    import pickle
+
+    from privstream.mechanisms.contract import ClassSpend, LedgerEntry
+
+    old_class = ClassSpend.__new__(ClassSpend)
+    object.__setattr__(old_class, "__dict__", {"window": 5, "epsilon": 1.0, "users": 3,
+                                               "charged": 0.2, "window_spent": 0.6})  # fmt: skip
+    entry = LedgerEntry.__new__(LedgerEntry)
+    fields = {"stream": "s", "mechanism": "LBU", "slot": 4, "guarantee": None,
+              "division": "budget", "classes": (old_class,), "details": None,
+              "population_epsilon": 1.0, "population_window_spent": 0.6,
+              "insecure_seed": False, "evaluation": False}  # fmt: skip
+    object.__setattr__(entry, "__dict__", fields)
+    restored = pickle.loads(pickle.dumps(entry))
+    (spend,) = restored.classes
+    assert (spend.scope, spend.budget, spend.users, spend.charged, spend.spent) == (
+        5,
+        1.0,
+        3,
+        0.2,
+        0.6,
+    )
+    assert (restored.population_budget, restored.population_spent) == (1.0, 0.6)
+    assert not hasattr(spend, "window") and "population_epsilon" not in vars(restored)
