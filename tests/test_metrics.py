@@ -8,7 +8,7 @@ import math
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-import privstream.connectors.kafka_health  # noqa: F401  (defines the Kafka clients' metrics)
+import privstream.connectors.kafka_health
 import privstream.runtime.heartbeat  # noqa: F401  (defines the cluster members' progress age)
 from privstream.operators.metrics import (
     BOARD,

@@ -54,8 +54,11 @@ from .conftest import PRIVSTREAM, Topics, cli_env, run_cli
 from .prometheus import FlowProcess, read_keyed
 
 PREFIX = "privstream_"
-ALLOWED_LABELS = frozenset({"stream", "mechanism", "class", "client", "measure"})
+ALLOWED_LABELS = frozenset({"stream", "mechanism", "class", "client", "measure", "unit", "scale"})
 KAFKA_CLIENTS = frozenset({"source", "sink"})  # privstream_kafka_connected{client}
+# {unit, scale} of privstream_measure_unit: what a measure's charge type declares (public code)
+UNITS = frozenset({"ε", "μ", "ρ"})
+SCALES = frozenset({"linear", "sqrt"})
 MEASURES = frozenset({"pure", "approx", "gaussian", "zcdp"})  # {measure}: the guarantee's
 # The public names of the operational metrics before they moved to the internal registry.
 OLD_NAMES = frozenset(
@@ -162,7 +165,7 @@ def sample_problems(exposition: str, policy: Disclosure) -> list[str]:
     problems = []
     forbidden = policy.forbidden
     allowed = {"stream": policy.streams, "mechanism": policy.mechanisms, "client": KAFKA_CLIENTS,
-               "measure": MEASURES}  # fmt: skip
+               "measure": MEASURES, "unit": UNITS, "scale": SCALES}  # fmt: skip
     for family in text_string_to_metric_families(exposition):
         for sample in family.samples:
             if not sample.name.startswith(PREFIX):
