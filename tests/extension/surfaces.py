@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from privstream.cli import main
+from privstream.connectors.datasets import synthetic_dataset
 from privstream.families import registry
 
 CLI = "import sys; from privstream.cli import main; sys.exit(main())"
@@ -74,6 +75,28 @@ def config_check(flow: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, s
     code = main(["config", "check", str(flow)])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def assert_flow_check(
+    capsys: pytest.CaptureFixture[str],
+    good: Path,
+    shows: Sequence[str],
+    bad: Path | None = None,
+    refuses: str = "",
+) -> None:
+    """``config check`` passes ``good`` (exit 0) and its summary shows every text of ``shows``;
+    it refuses ``bad`` (exit 2) with ``refuses`` in the error."""
+    code, out, _ = config_check(good, capsys)
+    assert code == 0 and all(text in out for text in shows), out
+    if bad is not None:
+        code, _, err = config_check(bad, capsys)
+        assert code == 2 and refuses in err, err
+
+
+def sin_truth(users: int, slots: int) -> list[float]:
+    """The fraction of ones of the ``sin`` dataset (seed 1) at slots ``1..slots``."""
+    data = synthetic_dataset("sin", users, slots, 1)
+    return [float(data.truth(t)[1]) for t in range(1, slots + 1)]
 
 
 def bench(tmp_path: Path, family: str, *argv: str) -> dict[str, Any]:

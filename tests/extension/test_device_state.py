@@ -24,20 +24,12 @@ import pytest
 from numpy.typing import NDArray
 
 from privstream.cli import main
-from privstream.connectors.datasets import synthetic_dataset
 from privstream.families import registry
 from privstream.mechanisms.client import SimulatedClientPort
 from privstream.mechanisms.contract import Slot, outputs
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import FrequencyTask
-from tests.extension.surfaces import (
-    bench,
-    config_check,
-    conformance,
-    flow_file,
-    lines,
-    run_subprocess,
-)
+from tests.extension import surfaces
 
 USERS, SLOTS, EPS, WINDOW, PERMANENT = 4000, 12, 5.0, 5, 2.0
 ARGV = ["run", "example-device-state", "--users", str(USERS), "--slots", str(SLOTS),
@@ -52,16 +44,11 @@ def _sd(n: int = USERS) -> float:
     return math.sqrt(_site().variance(PERMANENT, EPS / WINDOW, n))
 
 
-def _truth() -> list[float]:
-    data = synthetic_dataset("sin", USERS, SLOTS, 1)
-    return [float(data.truth(t)[1]) for t in range(1, SLOTS + 1)]
-
-
 def _check_releases(path: Path) -> None:
-    releases = lines(path)
+    releases = surfaces.lines(path)
     assert [r["slot"] for r in releases] == list(range(1, SLOTS + 1))
     assert {r["mechanism"] for r in releases} == {"MRR"}
-    for release, truth in zip(releases, _truth(), strict=True):
+    for release, truth in zip(releases, surfaces.sin_truth(USERS, SLOTS), strict=True):
         assert release["details"]["reports"] == USERS
         assert abs(release["estimate"][1] - truth) <= 4 * _sd(), (release["slot"], truth)
 
@@ -190,28 +177,26 @@ def test_privstream_run_in_process(external_site: dict[str, str], tmp_path: Path
 
 def test_privstream_run_in_a_subprocess(external_site: dict[str, str], tmp_path: Path) -> None:
     out = tmp_path / "mrr.jsonl"
-    run_subprocess(external_site, [*ARGV, "--out", str(out)])
+    surfaces.run_subprocess(external_site, [*ARGV, "--out", str(out)])
     _check_releases(out)
 
 
-def _flow(tmp_path: Path, permanent_epsilon: float) -> Path:
+def _flow(path: Path, permanent_epsilon: float) -> Path:
     stream = {"name": "memo", "family": "example-device-state", "mechanisms": ["MRR"],
               "domain": 2, "permanent_epsilon": permanent_epsilon, "share": 1.0}  # fmt: skip
     population = {"users": 1000, "epsilon": 5.0, "window": 5}
-    return flow_file(tmp_path, population=population, streams=[stream])
+    return surfaces.flow_file(path, population=population, streams=[stream])
 
 
 def test_a_flow_file_with_the_family_checks(
     external_site: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, _ = config_check(_flow(tmp_path, 1.5), capsys)
-    assert code == 0 and "example-device-state" in out
-    code, _, err = config_check(_flow(tmp_path, 0), capsys)
-    assert code == 2 and "permanent_epsilon" in err
+    good, bad = _flow(tmp_path / "good.toml", 1.5), _flow(tmp_path / "bad.toml", 0)
+    surfaces.assert_flow_check(capsys, good, ["example-device-state"], bad, "permanent_epsilon")
 
 
 def test_the_bench_harness_moves_the_memo_on(external_site: dict[str, str], tmp_path: Path) -> None:
-    results = bench(tmp_path, "example-device-state", "--users", str(USERS), "--slots",
+    results = surfaces.bench(tmp_path, "example-device-state", "--users", str(USERS), "--slots",
                     str(SLOTS), "--seeds", "2")  # fmt: skip
     (mae,) = {r["mae"] for r in results.values()}
     # mean |N(0, σ²)| = σ√(2/π); the memo's error is shared by a run's slots, so 2 seeds
@@ -220,5 +205,5 @@ def test_the_bench_harness_moves_the_memo_on(external_site: dict[str, str], tmp_
 
 
 def test_the_conformance_checks_pass(external_site: dict[str, str]) -> None:
-    ran = conformance("example-device-state", ["MRR"])
+    ran = surfaces.conformance("example-device-state", ["MRR"])
     assert {"pickle_restore", "purity_and_replay", "recovery_round_trip", "two_workers"} <= set(ran)

@@ -37,14 +37,7 @@ from privstream.mechanisms.client import SimulatedClientPort
 from privstream.mechanisms.contract import ClassSpend, LedgerEntry, Release, Slot
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import FrequencyTask
-from tests.extension.surfaces import (
-    bench,
-    config_check,
-    conformance,
-    flow_file,
-    lines,
-    run_subprocess,
-)
+from tests.extension import surfaces
 
 USERS, SLOTS, EPS, WINDOW, K = 6000, 12, 4.0, 6, 3
 SLOT_EPS = EPS / math.ceil(WINDOW / K)  # 2.0: a cohort is charged twice in any 6 slots
@@ -81,7 +74,7 @@ def _check_releases(path: Path) -> None:
     """Against the population's fraction: the cohort's randomized responses and its sampling."""
     data = synthetic_dataset("sin", USERS, SLOTS, 1)
     m = USERS // K
-    releases = lines(path)
+    releases = surfaces.lines(path)
     assert [r["slot"] for r in releases] == list(range(1, SLOTS + 1))
     for r in releases:
         p = float(data.truth(r["slot"])[1])
@@ -133,7 +126,7 @@ def test_the_audit_recomputes_its_spend_and_catches_a_lying_entry(
     code, report = _audit(out, ledger, tmp_path / "audit.json")
     assert code == 0 and report["ok"], report["problems"]
     # slot 5 charged cohort 1 for the second time in its window: spent 4.0; claim 2.0
-    entries = lines(ledger)
+    entries = surfaces.lines(ledger)
     (entry,) = [e for e in entries if e["slot"] == 5]
     assert entry["classes"][0]["spent"] == 4.0
     entry["classes"][0]["spent"] = 2.0
@@ -162,28 +155,26 @@ def test_an_entry_of_an_undeclared_division_is_refused_by_the_audit(
 
 def test_privstream_run_in_a_subprocess(external_site: dict[str, str], tmp_path: Path) -> None:
     out = tmp_path / "coh.jsonl"
-    run_subprocess(external_site, [*ARGV, "--out", str(out)])
+    surfaces.run_subprocess(external_site, [*ARGV, "--out", str(out)])
     _check_releases(out)
 
 
-def _flow(tmp_path: Path, cohorts: int) -> Path:
+def _flow(path: Path, cohorts: int) -> Path:
     stream = {"name": "cohorts", "family": "example-division", "mechanisms": ["COH"],
               "domain": 2, "cohorts": cohorts, "share": 1.0}  # fmt: skip
     population = {"users": 6000, "epsilon": 4.0, "window": 6}
-    return flow_file(tmp_path, population=population, streams=[stream])
+    return surfaces.flow_file(path, population=population, streams=[stream])
 
 
 def test_a_flow_file_with_the_family_checks(
     external_site: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, _ = config_check(_flow(tmp_path, 3), capsys)
-    assert code == 0 and "example-division" in out
-    code, _, err = config_check(_flow(tmp_path, 1), capsys)
-    assert code == 2 and "cohorts" in err
+    good, bad = _flow(tmp_path / "good.toml", 3), _flow(tmp_path / "bad.toml", 1)
+    surfaces.assert_flow_check(capsys, good, ["example-division"], bad, "cohorts")
 
 
 def test_the_bench_harness(external_site: dict[str, str], tmp_path: Path) -> None:
-    results = bench(tmp_path, "example-division", "--users", str(USERS), "--slots", str(SLOTS),
+    results = surfaces.bench(tmp_path, "example-division", "--users", str(USERS), "--slots", str(SLOTS),
                     "--seeds", "2")  # fmt: skip
     (mae,) = {r["mae"] for r in results.values()}
     m = USERS // K
@@ -192,5 +183,5 @@ def test_the_bench_harness(external_site: dict[str, str], tmp_path: Path) -> Non
 
 
 def test_the_conformance_checks_pass(external_site: dict[str, str]) -> None:
-    ran = conformance("example-division", ["COH"])
+    ran = surfaces.conformance("example-division", ["COH"])
     assert {"declared_cost", "pickle_restore", "purity_and_replay"} <= set(ran)

@@ -38,14 +38,7 @@ from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import FrequencyTask
 from privstream.operators.metrics import LedgerBoard
 from privstream.operators.stream_state import Tally
-from tests.extension.surfaces import (
-    bench,
-    config_check,
-    conformance,
-    flow_file,
-    lines,
-    run_subprocess,
-)
+from tests.extension import surfaces
 
 USERS, SLOTS, EPS, WINDOW = 4000, 10, 5.0, 5
 ARGV = ["run", "example-measure", "--users", str(USERS), "--slots", str(SLOTS),
@@ -70,7 +63,7 @@ def _renyi(spent: float = 1.0) -> Any:
 def _run(tmp_path: Path, *extra: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     out, ledger = tmp_path / "rgm.jsonl", tmp_path / "rgm-ledger.jsonl"
     assert main([*ARGV, *extra, "--out", str(out), "--ledger-out", str(ledger)]) == 0
-    return lines(out), lines(ledger)
+    return surfaces.lines(out), surfaces.lines(ledger)
 
 
 def _check_releases(releases: list[dict[str, Any]]) -> None:
@@ -179,8 +172,8 @@ def test_privstream_run_in_process_and_the_audit(
 
 def test_privstream_run_in_a_subprocess(external_site: dict[str, str], tmp_path: Path) -> None:
     out = tmp_path / "rgm.jsonl"
-    run_subprocess(external_site, [*ARGV, "--out", str(out)])
-    _check_releases(lines(out))
+    surfaces.run_subprocess(external_site, [*ARGV, "--out", str(out)])
+    _check_releases(surfaces.lines(out))
 
 
 def test_the_metrics_show_its_unit(external_site: dict[str, str]) -> None:
@@ -201,25 +194,24 @@ def test_the_metrics_show_its_unit(external_site: dict[str, str]) -> None:
     }
 
 
-def _flow(tmp_path: Path, charge_scale: float) -> Path:
+def _flow(path: Path, charge_scale: float) -> Path:
     stream = {"name": "renyi", "family": "example-measure", "mechanisms": ["RGM"], "domain": 2,
               "charge_scale": charge_scale, "share": 1.0}  # fmt: skip
     population = {"users": 1000, "epsilon": 5.0, "window": 5}
-    return flow_file(tmp_path, population=population, streams=[stream])
+    return surfaces.flow_file(path, population=population, streams=[stream])
 
 
 def test_a_flow_file_with_the_family_checks_in_its_unit(
     external_site: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, _ = config_check(_flow(tmp_path, 1.0), capsys)
-    assert code == 0
-    assert "example-measure" in out and "Rényi DP: ε(α) = 5" in out
-    code, _, err = config_check(_flow(tmp_path, 0), capsys)
-    assert code == 2 and "charge_scale" in err
+    good, bad = _flow(tmp_path / "good.toml", 1.0), _flow(tmp_path / "bad.toml", 0)
+    surfaces.assert_flow_check(
+        capsys, good, ["example-measure", "Rényi DP: ε(α) = 5"], bad, "charge_scale"
+    )
 
 
 def test_the_bench_harness(external_site: dict[str, str], tmp_path: Path) -> None:
-    results = bench(tmp_path, "example-measure", "--users", str(USERS), "--slots", str(SLOTS),
+    results = surfaces.bench(tmp_path, "example-measure", "--users", str(USERS), "--slots", str(SLOTS),
                     "--seeds", "2")  # fmt: skip
     (mae,) = {r["mae"] for r in results.values()}
     # mean |N(0, σ²/n)| = σ√(2/π)/√n; the value's own spread p(1−p)/n is at most 1/(4n)
@@ -228,5 +220,5 @@ def test_the_bench_harness(external_site: dict[str, str], tmp_path: Path) -> Non
 
 
 def test_the_conformance_checks_pass(external_site: dict[str, str]) -> None:
-    ran = conformance("example-measure", ["RGM"])
+    ran = surfaces.conformance("example-measure", ["RGM"])
     assert {"pickle_restore", "purity_and_replay", "recovery_round_trip"} <= set(ran)

@@ -15,15 +15,7 @@ import pytest
 from privstream.cli import main
 from privstream.families import registry
 from privstream.mechanisms.tasks import FrequencyTask
-from tests.extension.surfaces import (
-    KAFKA,
-    bench,
-    config_check,
-    conformance,
-    flow_file,
-    lines,
-    run_subprocess,
-)
+from tests.extension import surfaces
 
 USERS, SLOTS, W, EPS, D = 2000, 6, 5, 1.0, 3
 QUERIES = [f"cat-{i}" for i in range(D)]
@@ -38,7 +30,7 @@ def _argv(tmp_path: Path, *extra: str) -> list[str]:
 
 
 def _check_run(tmp_path: Path) -> None:
-    releases, audit = lines(tmp_path / "r.jsonl"), lines(tmp_path / "a.jsonl")
+    releases, audit = surfaces.lines(tmp_path / "r.jsonl"), surfaces.lines(tmp_path / "a.jsonl")
     expected = [(t, q) for t in range(1, SLOTS + 1) for q in QUERIES]
     assert [(r["slot"], r["key"]["query"]) for r in releases] == expected
     assert [r["release_id"] for r in releases[:3]] == [f"lns/LBUQ/1/{q}" for q in QUERIES]
@@ -51,7 +43,7 @@ def _check_run(tmp_path: Path) -> None:
         "mechanism": "LBUQ", "slot": 1, "payload": {"strategy": "publish", "queries": D},
         "insecure_seed": True, "evaluation": False,
     }  # fmt: skip
-    assert len(lines(tmp_path / "l.jsonl")) == SLOTS  # one ledger entry per slot
+    assert len(surfaces.lines(tmp_path / "l.jsonl")) == SLOTS  # one ledger entry per slot
 
 
 def test_the_family_declares_its_output_and_key(external_site: dict[str, str]) -> None:
@@ -70,7 +62,9 @@ def test_run_writes_the_output_in_process(external_site: dict[str, str], tmp_pat
 def test_run_writes_the_output_in_a_subprocess(
     external_site: dict[str, str], tmp_path: Path
 ) -> None:
-    run_subprocess(external_site, _argv(tmp_path, "--audit-out", str(tmp_path / "a.jsonl")))
+    surfaces.run_subprocess(
+        external_site, _argv(tmp_path, "--audit-out", str(tmp_path / "a.jsonl"))
+    )
     _check_run(tmp_path)
 
 
@@ -79,7 +73,7 @@ def test_an_unrouted_output_is_written_nowhere(
 ) -> None:
     assert main(_argv(tmp_path)) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["l.jsonl", "r.jsonl"]
-    assert all("output" not in r for r in lines(tmp_path / "r.jsonl"))
+    assert all("output" not in r for r in surfaces.lines(tmp_path / "r.jsonl"))
 
 
 def test_a_family_without_the_output_has_no_flag(
@@ -96,7 +90,7 @@ def _flow(tmp_path: Path, audit_topic: str, family: str = "example-outputs") -> 
     mechanism = "LBUQ" if family == "example-outputs" else "LBU"
     stream = {"name": "load", "family": family, "mechanisms": [mechanism], "domain": 3,
               "share": 1.0}  # fmt: skip
-    return flow_file(tmp_path, kafka={**KAFKA, "audit_topic": audit_topic},
+    return surfaces.flow_file(tmp_path, kafka={**surfaces.KAFKA, "audit_topic": audit_topic},
                      population={"users": 1000, "epsilon": 2.0, "window": 20},
                      streams=[stream])  # fmt: skip
 
@@ -108,23 +102,23 @@ def test_a_flow_file_routes_the_output_to_a_topic(
     from privstream.flows.streams import kafka_io
 
     flow = _flow(tmp_path, "audit")
-    assert config_check(flow, capsys)[0] == 0
+    assert surfaces.config_check(flow, capsys)[0] == 0
     config = load(flow)
     assert config.kafka.extra_topics == {"audit": "audit"}
     assert kafka_io(config).extra_topics == {"audit": "audit"}
     assert "audit" in kafka_io(config).topics()
     # an internal output never shares the public release topic
-    code, _, err = config_check(_flow(tmp_path, "releases"), capsys)
+    code, _, err = surfaces.config_check(_flow(tmp_path, "releases"), capsys)
     assert code == 2 and "each role needs its own topic" in err
     # a stream whose family declares no such output
-    code, _, err = config_check(_flow(tmp_path, "a", "ldp-ids"), capsys)
+    code, _, err = surfaces.config_check(_flow(tmp_path, "a", "ldp-ids"), capsys)
     assert code == 2 and "no stream's family declares the output 'audit'" in err
 
 
 def test_the_bench_harness_runs_the_keyed_family(
     external_site: dict[str, str], tmp_path: Path
 ) -> None:
-    results = bench(tmp_path, "example-outputs", "--users", "4000", "--slots", "20", "--window",
+    results = surfaces.bench(tmp_path, "example-outputs", "--users", "4000", "--slots", "20", "--window",
                     str(W), "--seeds", "2", "--no-progress")  # fmt: skip
     assert set(results) == {"LBUQ", "LPUQ"}
     # LBU's first query (category 0 of a binary histogram): mean |N(0, σ²)| = σ·√(2/π)
@@ -134,7 +128,7 @@ def test_the_bench_harness_runs_the_keyed_family(
 
 
 def test_the_conformance_checks_run_the_keyed_family(external_site: dict[str, str]) -> None:
-    ran = conformance("example-outputs", flows=False, skips=True)
+    ran = surfaces.conformance("example-outputs", flows=False, skips=True)
     assert len(ran) >= 2 * 5
 
 

@@ -17,19 +17,11 @@ import numpy as np
 import pytest
 
 from privstream.cli import main
-from privstream.connectors.datasets import synthetic_dataset
 from privstream.families import registry
 from privstream.mechanisms.stages import pre_server, run_chain, shard_of
 from privstream.mechanisms.tasks import FrequencyTask
 from privstream.schema.events import EventBatch
-from tests.extension.surfaces import (
-    bench,
-    config_check,
-    conformance,
-    flow_file,
-    lines,
-    run_subprocess,
-)
+from tests.extension import surfaces
 
 USERS, SLOTS, EPS, WINDOW = 2000, 12, 5.0, 5
 P = math.exp(EPS / WINDOW) / (1 + math.exp(EPS / WINDOW))
@@ -38,16 +30,11 @@ ARGV = ["run", "example-stages", "--users", str(USERS), "--slots", str(SLOTS),
         "--insecure-seed", "7", "--dataset", "sin", "--no-progress"]  # fmt: skip
 
 
-def _truth() -> list[float]:
-    data = synthetic_dataset("sin", USERS, SLOTS, 1)
-    return [float(data.truth(t)[1]) for t in range(1, SLOTS + 1)]
-
-
 def _check_releases(path: Path) -> None:
-    releases = lines(path)
+    releases = surfaces.lines(path)
     assert [r["slot"] for r in releases] == list(range(1, SLOTS + 1))
     assert {r["mechanism"] for r in releases} == {"RR"}
-    for release, truth in zip(releases, _truth(), strict=True):
+    for release, truth in zip(releases, surfaces.sin_truth(USERS, SLOTS), strict=True):
         assert abs(release["estimate"][1] - truth) <= 4 * SD, (release["slot"], truth)
 
 
@@ -77,7 +64,7 @@ def test_privstream_run_in_process(external_site: dict, tmp_path: Path) -> None:
 
 def test_privstream_run_in_a_subprocess(external_site: dict, tmp_path: Path) -> None:
     out = tmp_path / "rr.jsonl"
-    run_subprocess(external_site, [*ARGV, "--out", str(out)])
+    surfaces.run_subprocess(external_site, [*ARGV, "--out", str(out)])
     _check_releases(out)
 
 
@@ -109,13 +96,15 @@ def test_each_shard_keeps_its_own_state_and_no_raw_value_reaches_the_server(
 
 
 def test_the_bench_harness_runs_the_device_stage(external_site: dict, tmp_path: Path) -> None:
-    results = bench(tmp_path, "example-stages", "--users", str(USERS), "--slots", str(SLOTS))
+    results = surfaces.bench(
+        tmp_path, "example-stages", "--users", str(USERS), "--slots", str(SLOTS)
+    )
     maes = [float(r["mae"]) for r in results.values() if "mae" in r]
     assert maes and all(0 < m <= 4 * SD for m in maes)  # noisy (the devices), near the truth
 
 
 def test_the_conformance_checks_pass(external_site: dict) -> None:
-    ran = conformance("example-stages", ["RR"], skips=True)
+    ran = surfaces.conformance("example-stages", ["RR"], skips=True)
     assert "one_release_per_slot" in ran and "recovery_round_trip" in ran
     assert "pinned_step_ids" in ran and "two_workers" in ran
 
@@ -126,9 +115,8 @@ def test_a_flow_file_with_the_family_checks(
     stream = {"name": "rr", "family": "example-stages", "mechanisms": ["RR"], "domain": 2,
               "share": 1.0}  # fmt: skip
     population = {"users": 1000, "epsilon": 5.0, "window": 5}
-    code, out, _ = config_check(flow_file(tmp_path, population=population, streams=[stream]),
-                                capsys)  # fmt: skip
-    assert code == 0 and "example-stages" in out
+    flow = surfaces.flow_file(tmp_path, population=population, streams=[stream])
+    surfaces.assert_flow_check(capsys, flow, ["example-stages"])
 
 
 def test_the_dataflow_wires_the_device_stage_and_puts_batches_back_in_order(

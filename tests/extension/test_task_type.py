@@ -15,14 +15,7 @@ import pytest
 from privstream.cli import main
 from privstream.families import registry
 from privstream.mechanisms.tasks import FrequencyTask
-from tests.extension.surfaces import (
-    bench,
-    config_check,
-    conformance,
-    flow_file,
-    lines,
-    run_subprocess,
-)
+from tests.extension import surfaces
 
 USERS, SLOTS, W, EPS, X = 4000, 10, 5, 1.0, 0.6
 
@@ -47,7 +40,7 @@ def _argv(out: Path) -> list[str]:
 
 
 def _check_releases(out: Path) -> None:
-    releases = lines(out)
+    releases = surfaces.lines(out)
     assert [r["slot"] for r in releases] == list(range(1, SLOTS + 1))
     truths = _truths()
     assert 0.35 < truths[0] < 0.45  # values frac(u/n + 0.1 sin(t/5)): about 0.4 lie above 0.6
@@ -77,7 +70,7 @@ def test_run_parses_the_new_flag_in_a_subprocess(
     external_site: dict[str, str], tmp_path: Path
 ) -> None:
     out = tmp_path / "releases.jsonl"
-    run_subprocess(external_site, _argv(out))
+    surfaces.run_subprocess(external_site, _argv(out))
     _check_releases(out)
 
 
@@ -95,7 +88,7 @@ def _flow(tmp_path: Path, **task: Any) -> Path:
     stream = {"name": "load", "family": "example-task", "mechanisms": ["LBU"], **task,
               "share": 1.0}  # fmt: skip
     population = {"users": 1000, "epsilon": 2.0, "window": 20}
-    return flow_file(tmp_path, population=population, streams=[stream])
+    return surfaces.flow_file(tmp_path, population=population, streams=[stream])
 
 
 def test_a_flow_file_parses_the_new_key(
@@ -104,22 +97,22 @@ def test_a_flow_file_parses_the_new_key(
     from privstream.flows.config import estimation_task, load
 
     flow = _flow(tmp_path, threshold=0.75)
-    code, out, _ = config_check(flow, capsys)
+    code, out, _ = surfaces.config_check(flow, capsys)
     assert code == 0
     assert "stream load: example-task LBU; threshold 0.75; ε = 1 × 2 = 2; w = 20" in out
     (stream,) = load(flow).streams
     assert estimation_task(stream.task) == registry.family("example-task").task_types[0].parse_flag(
         "0.75"
     )
-    code, _, err = config_check(_flow(tmp_path, domain=2), capsys)
+    code, _, err = surfaces.config_check(_flow(tmp_path, domain=2), capsys)
     assert code == 2
     assert "the example-task family takes threshold = x (the fraction of users above x)" in err
-    code, _, err = config_check(_flow(tmp_path, threshold="high"), capsys)
+    code, _, err = surfaces.config_check(_flow(tmp_path, threshold="high"), capsys)
     assert code == 2 and "threshold" in err
 
 
 def test_the_bench_harness_runs_the_new_task(external_site: dict[str, str], tmp_path: Path) -> None:
-    results = bench(tmp_path, "example-task", "--users", str(USERS), "--slots", "20", "--window",
+    results = surfaces.bench(tmp_path, "example-task", "--users", str(USERS), "--slots", "20", "--window",
                     str(W), "--seeds", "2", "--no-progress")  # fmt: skip
     assert set(results) == {"LBU", "LPU"}
     # LBU: every slot publishes with ε/w from all n users; mean |N(0, σ²)| = σ·√(2/π).
@@ -131,5 +124,5 @@ def test_the_bench_harness_runs_the_new_task(external_site: dict[str, str], tmp_
 
 
 def test_the_conformance_checks_run_the_new_task(external_site: dict[str, str]) -> None:
-    ran = conformance("example-task", flows=False, skips=True)
+    ran = surfaces.conformance("example-task", flows=False, skips=True)
     assert len(ran) >= 2 * 5

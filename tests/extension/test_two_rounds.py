@@ -30,14 +30,7 @@ from privstream.mechanisms.contract import LedgerEntry, Release, Rounds, Slot, o
 from privstream.mechanisms.rounds import Finished, Requests, answer
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import FrequencyTask
-from tests.extension.surfaces import (
-    bench,
-    config_check,
-    conformance,
-    flow_file,
-    lines,
-    run_subprocess,
-)
+from tests.extension import surfaces
 from tests.mechanisms.round_driving import Recording, by_rounds, one_shot
 
 USERS, SLOTS, EPS, WINDOW = 20000, 24, 1.0, 5
@@ -143,7 +136,7 @@ def _used(lo: int, hi: int) -> int:
 
 
 def _check_releases(path: Path) -> None:
-    releases = lines(path)
+    releases = surfaces.lines(path)
     assert [r["slot"] for r in releases] == list(range(1, SLOTS + 1))
     data = _data()
     for r in releases:
@@ -160,28 +153,26 @@ def test_privstream_run_in_process(external_site: dict[str, str], tmp_path: Path
 
 def test_privstream_run_in_a_subprocess(external_site: dict[str, str], tmp_path: Path) -> None:
     out = tmp_path / "prb.jsonl"
-    run_subprocess(external_site, [*ARGV, "--out", str(out)])
+    surfaces.run_subprocess(external_site, [*ARGV, "--out", str(out)])
     _check_releases(out)
 
 
-def _flow(tmp_path: Path, users: int) -> Path:
+def _flow(path: Path, users: int) -> Path:
     stream = {"name": "probe", "family": "example-rounds", "mechanisms": ["PRB"], "domain": 2,
               "z": 2.5, "share": 1.0}  # fmt: skip
     population = {"users": users, "epsilon": 1.0, "window": 5}
-    return flow_file(tmp_path, population=population, streams=[stream])
+    return surfaces.flow_file(path, population=population, streams=[stream])
 
 
 def test_a_flow_file_with_the_family_checks(
     external_site: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, _ = config_check(_flow(tmp_path, 1000), capsys)
-    assert code == 0 and "example-rounds" in out
-    code, _, err = config_check(_flow(tmp_path, 6), capsys)
-    assert code == 2 and "refine users" in err
+    good, bad = _flow(tmp_path / "good.toml", 1000), _flow(tmp_path / "bad.toml", 6)
+    surfaces.assert_flow_check(capsys, good, ["example-rounds"], bad, "refine users")
 
 
 def test_the_bench_harness_runs_both_rounds(external_site: dict[str, str], tmp_path: Path) -> None:
-    results = bench(tmp_path, "example-rounds", "--users", str(USERS), "--slots", str(SLOTS),
+    results = surfaces.bench(tmp_path, "example-rounds", "--users", str(USERS), "--slots", str(SLOTS),
                     "--window", str(WINDOW), "--seeds", "2")  # fmt: skip
     result = results["PRB"]
     # a publication per change; at most one false alarm in the 2 × 20 steady slots
@@ -191,5 +182,5 @@ def test_the_bench_harness_runs_both_rounds(external_site: dict[str, str], tmp_p
 
 
 def test_the_conformance_checks_pass(external_site: dict[str, str]) -> None:
-    ran = conformance("example-rounds", ["PRB"])
+    ran = surfaces.conformance("example-rounds", ["PRB"])
     assert {"declared_cost", "pickle_restore", "recovery_round_trip", "two_workers"} <= set(ran)
