@@ -22,7 +22,7 @@ from privstream.connectors.kafka import (
 from tests.extension.conftest import SITE
 from tests.extension.surfaces import flow_file
 
-from .conftest import PRIVSTREAM, cli_env, read_all, run_cli
+from .conftest import PRIVSTREAM, Topics, cli_env, read_all, run_cli
 
 
 def site_env() -> dict[str, str]:
@@ -57,6 +57,12 @@ def write_flow(
     ``output_topic``, …) and the data clock trusted (the test writes the input topic itself)."""
     table = {"bootstrap": kafka.bootstrap, **topics, "clock": "data", "trust_input_clock": True}
     return flow_file(path, kafka=table, population=population, streams=streams)
+
+
+def topic_names(topics: Topics, **extra: str) -> dict[str, str]:
+    """The ``[kafka]`` topic keys of a test's ``topics`` (and ``extra`` ones: an output's)."""
+    return {"input_topic": topics.events, "output_topic": topics.releases,
+            "ledger_topic": topics.ledger, "dead_letter_topic": topics.dlq, **extra}  # fmt: skip
 
 
 def tagged_flow(

@@ -20,16 +20,14 @@ from privstream.connectors.kafka import (
 from tests.extension.conftest import external_site  # noqa: F401  (the fixture)
 
 from .conftest import Topics, read_all, run_cli
-from .extension_flows import run_flow, write_flow
+from .extension_flows import run_flow, topic_names, write_flow
 
 USERS, SLOTS, LAST, EPS, W, D = 2000, 8, 7, 1.0, 4, 3
 QUERIES = [f"cat-{i}" for i in range(D)]
 
 
 def _flow(path: Path, kafka: KafkaSettings, topics: Topics, audit: str) -> Path:
-    names = {"input_topic": topics.events, "output_topic": topics.releases,
-             "ledger_topic": topics.ledger, "dead_letter_topic": topics.dlq,
-             "audit_topic": audit}  # fmt: skip
+    names = topic_names(topics, audit_topic=audit)
     stream = {"name": "load", "family": "example-outputs", "mechanisms": ["LBUQ"], "domain": D,
               "share": 1.0}  # fmt: skip
     population = {"users": USERS, "epsilon": EPS, "window": W}

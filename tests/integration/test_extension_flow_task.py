@@ -15,14 +15,13 @@ from privstream.mechanisms.tasks import FrequencyTask
 from tests.extension.conftest import external_site  # noqa: F401  (the fixture)
 
 from .conftest import Topics, read_all, run_cli
-from .extension_flows import run_flow, write_flow
+from .extension_flows import run_flow, topic_names, write_flow
 
 USERS, SLOTS, LAST, EPS, W, X = 2000, 8, 7, 1.0, 4, 0.1
 
 
 def _flow(path: Path, kafka: KafkaSettings, topics: Topics) -> Path:
-    names = {"input_topic": topics.events, "output_topic": topics.releases,
-             "ledger_topic": topics.ledger, "dead_letter_topic": topics.dlq}  # fmt: skip
+    names = topic_names(topics)
     stream = {"name": "load", "family": "example-task", "mechanisms": ["LBU"], "threshold": X,
               "share": 1.0}  # fmt: skip
     population = {"users": USERS, "epsilon": EPS, "window": W}
