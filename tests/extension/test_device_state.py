@@ -14,12 +14,8 @@ over ``n`` reports has variance ``a(1−a)/(n(2a−1)²)`` over the memo's and t
 from __future__ import annotations
 
 import importlib
-import json
 import math
 import pickle
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +24,12 @@ import pytest
 from numpy.typing import NDArray
 
 from privstream.cli import main
-from privstream.connectors.datasets import synthetic_dataset
 from privstream.families import registry
-from privstream.families.spec import Registered
 from privstream.mechanisms.client import SimulatedClientPort
 from privstream.mechanisms.contract import Slot, outputs
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import FrequencyTask
+from tests.extension import surfaces
 
 USERS, SLOTS, EPS, WINDOW, PERMANENT = 4000, 12, 5.0, 5, 2.0
 ARGV = ["run", "example-device-state", "--users", str(USERS), "--slots", str(SLOTS),
@@ -49,16 +44,11 @@ def _sd(n: int = USERS) -> float:
     return math.sqrt(_site().variance(PERMANENT, EPS / WINDOW, n))
 
 
-def _truth() -> list[float]:
-    data = synthetic_dataset("sin", USERS, SLOTS, 1)
-    return [float(data.truth(t)[1]) for t in range(1, SLOTS + 1)]
-
-
 def _check_releases(path: Path) -> None:
-    releases = [json.loads(line) for line in path.read_text().splitlines()]
+    releases = surfaces.lines(path)
     assert [r["slot"] for r in releases] == list(range(1, SLOTS + 1))
     assert {r["mechanism"] for r in releases} == {"MRR"}
-    for release, truth in zip(releases, _truth(), strict=True):
+    for release, truth in zip(releases, surfaces.sin_truth(USERS, SLOTS), strict=True):
         assert release["details"]["reports"] == USERS
         assert abs(release["estimate"][1] - truth) <= 4 * _sd(), (release["slot"], truth)
 
@@ -187,61 +177,33 @@ def test_privstream_run_in_process(external_site: dict[str, str], tmp_path: Path
 
 def test_privstream_run_in_a_subprocess(external_site: dict[str, str], tmp_path: Path) -> None:
     out = tmp_path / "mrr.jsonl"
-    code = "import sys; from privstream.cli import main; sys.exit(main())"
-    done = subprocess.run([sys.executable, "-c", code, *ARGV, "--out", str(out)],
-                          env=external_site, capture_output=True, text=True, timeout=300,
-                          check=False)  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    surfaces.run_subprocess(external_site, [*ARGV, "--out", str(out)])
     _check_releases(out)
+
+
+def _flow(path: Path, permanent_epsilon: float) -> Path:
+    stream = {"name": "memo", "family": "example-device-state", "mechanisms": ["MRR"],
+              "domain": 2, "permanent_epsilon": permanent_epsilon, "share": 1.0}  # fmt: skip
+    population = {"users": 1000, "epsilon": 5.0, "window": 5}
+    return surfaces.flow_file(path, population=population, streams=[stream])
 
 
 def test_a_flow_file_with_the_family_checks(
     external_site: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    flow = tmp_path / "flow.toml"
-    flow.write_text(textwrap.dedent("""
-        [kafka]
-        bootstrap = "localhost:9092"
-        input_topic = "events"
-        output_topic = "releases"
-
-        [population]
-        users = 1000
-        epsilon = 5.0
-        window = 5
-
-        [[streams]]
-        name = "memo"
-        family = "example-device-state"
-        mechanisms = ["MRR"]
-        domain = 2
-        permanent_epsilon = 1.5
-        share = 1.0
-        """))  # fmt: skip
-    assert main(["config", "check", str(flow)]) == 0
-    assert "example-device-state" in capsys.readouterr().out
-    flow.write_text(flow.read_text().replace("1.5", "0"))
-    assert main(["config", "check", str(flow)]) == 2
-    assert "permanent_epsilon" in capsys.readouterr().err
+    good, bad = _flow(tmp_path / "good.toml", 1.5), _flow(tmp_path / "bad.toml", 0)
+    surfaces.assert_flow_check(capsys, good, ["example-device-state"], bad, "permanent_epsilon")
 
 
 def test_the_bench_harness_moves_the_memo_on(external_site: dict[str, str], tmp_path: Path) -> None:
-    out = tmp_path / "bench.json"
-    argv = ["bench", "example-device-state", "--users", str(USERS), "--slots", str(SLOTS),
-            "--seeds", "2", "--json", str(out)]  # fmt: skip
-    assert main(argv) == 0
-    (mae,) = {r["mae"] for r in json.loads(out.read_text())["results"].values()}
+    results = surfaces.bench(tmp_path, "example-device-state", "--users", str(USERS), "--slots",
+                    str(SLOTS), "--seeds", "2")  # fmt: skip
+    (mae,) = {r["mae"] for r in results.values()}
     # mean |N(0, σ²)| = σ√(2/π); the memo's error is shared by a run's slots, so 2 seeds
     # give few independent draws: a loose band around it.
     assert 0.2 * _sd() * math.sqrt(2 / math.pi) < mae < 3 * _sd()
 
 
 def test_the_conformance_checks_pass(external_site: dict[str, str]) -> None:
-    from privstream.conformance.checks import yield_checks
-
-    ran = []
-    for check in yield_checks(Registered(registry.family("example-device-state"), "MRR")):
-        assert check.skip is None
-        check()
-        ran.append(check.name)
+    ran = surfaces.conformance("example-device-state", ["MRR"])
     assert {"pickle_restore", "purity_and_replay", "recovery_round_trip", "two_workers"} <= set(ran)

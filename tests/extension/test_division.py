@@ -16,9 +16,6 @@ from __future__ import annotations
 import importlib
 import json
 import math
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +25,6 @@ import pytest
 from privstream.cli import main
 from privstream.connectors.datasets import synthetic_dataset
 from privstream.families import registry
-from privstream.families.spec import Registered
 from privstream.mechanisms.accounting import (
     BUDGET,
     DIVISIONS,
@@ -41,6 +37,7 @@ from privstream.mechanisms.client import SimulatedClientPort
 from privstream.mechanisms.contract import ClassSpend, LedgerEntry, Release, Slot
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import FrequencyTask
+from tests.extension import surfaces
 
 USERS, SLOTS, EPS, WINDOW, K = 6000, 12, 4.0, 6, 3
 SLOT_EPS = EPS / math.ceil(WINDOW / K)  # 2.0: a cohort is charged twice in any 6 slots
@@ -77,7 +74,7 @@ def _check_releases(path: Path) -> None:
     """Against the population's fraction: the cohort's randomized responses and its sampling."""
     data = synthetic_dataset("sin", USERS, SLOTS, 1)
     m = USERS // K
-    releases = [json.loads(line) for line in path.read_text().splitlines()]
+    releases = surfaces.lines(path)
     assert [r["slot"] for r in releases] == list(range(1, SLOTS + 1))
     for r in releases:
         p = float(data.truth(r["slot"])[1])
@@ -129,12 +126,12 @@ def test_the_audit_recomputes_its_spend_and_catches_a_lying_entry(
     code, report = _audit(out, ledger, tmp_path / "audit.json")
     assert code == 0 and report["ok"], report["problems"]
     # slot 5 charged cohort 1 for the second time in its window: spent 4.0; claim 2.0
-    lines = [json.loads(line) for line in ledger.read_text().splitlines()]
-    (entry,) = [e for e in lines if e["slot"] == 5]
+    entries = surfaces.lines(ledger)
+    (entry,) = [e for e in entries if e["slot"] == 5]
     assert entry["classes"][0]["spent"] == 4.0
     entry["classes"][0]["spent"] = 2.0
     lying = tmp_path / "lying.jsonl"
-    lying.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    lying.write_text("".join(json.dumps(e) + "\n" for e in entries))
     code, report = _audit(out, lying, tmp_path / "audit2.json")
     assert code != 0 and not report["checks"]["declared_spend"]["ok"]
     found = [p for p in report["problems"] if p["kind"] == "declared_mismatch"]
@@ -148,9 +145,9 @@ def test_an_entry_of_an_undeclared_division_is_refused_by_the_audit(
     external_site: dict[str, str], tmp_path: Path
 ) -> None:
     out, ledger = _run(tmp_path)
-    lines = ledger.read_text().splitlines(keepends=True)
-    lines[3] = lines[3].replace('"division":"cohort"', '"division":"cliques"')
-    ledger.write_text("".join(lines))
+    rows = ledger.read_text().splitlines(keepends=True)
+    rows[3] = rows[3].replace('"division":"cohort"', '"division":"cliques"')
+    ledger.write_text("".join(rows))
     code, report = _audit(out, ledger, tmp_path / "audit.json")
     assert code != 0
     assert any("division 'cliques' is neither" in p["detail"] for p in report["problems"])
@@ -158,59 +155,33 @@ def test_an_entry_of_an_undeclared_division_is_refused_by_the_audit(
 
 def test_privstream_run_in_a_subprocess(external_site: dict[str, str], tmp_path: Path) -> None:
     out = tmp_path / "coh.jsonl"
-    code = "import sys; from privstream.cli import main; sys.exit(main())"
-    done = subprocess.run([sys.executable, "-c", code, *ARGV, "--out", str(out)],
-                          env=external_site, capture_output=True, text=True, timeout=300,
-                          check=False)  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    surfaces.run_subprocess(external_site, [*ARGV, "--out", str(out)])
     _check_releases(out)
+
+
+def _flow(path: Path, cohorts: int) -> Path:
+    stream = {"name": "cohorts", "family": "example-division", "mechanisms": ["COH"],
+              "domain": 2, "cohorts": cohorts, "share": 1.0}  # fmt: skip
+    population = {"users": 6000, "epsilon": 4.0, "window": 6}
+    return surfaces.flow_file(path, population=population, streams=[stream])
 
 
 def test_a_flow_file_with_the_family_checks(
     external_site: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    flow = tmp_path / "flow.toml"
-    flow.write_text(textwrap.dedent("""
-        [kafka]
-        bootstrap = "localhost:9092"
-        input_topic = "events"
-        output_topic = "releases"
-        [population]
-        users = 6000
-        epsilon = 4.0
-        window = 6
-        [[streams]]
-        name = "cohorts"
-        family = "example-division"
-        mechanisms = ["COH"]
-        domain = 2
-        cohorts = 3
-        share = 1.0
-        """))  # fmt: skip
-    assert main(["config", "check", str(flow)]) == 0
-    assert "example-division" in capsys.readouterr().out
-    flow.write_text(flow.read_text().replace("cohorts = 3", "cohorts = 1"))
-    assert main(["config", "check", str(flow)]) == 2
-    assert "cohorts" in capsys.readouterr().err
+    good, bad = _flow(tmp_path / "good.toml", 3), _flow(tmp_path / "bad.toml", 1)
+    surfaces.assert_flow_check(capsys, good, ["example-division"], bad, "cohorts")
 
 
 def test_the_bench_harness(external_site: dict[str, str], tmp_path: Path) -> None:
-    out = tmp_path / "bench.json"
-    argv = ["bench", "example-division", "--users", str(USERS), "--slots", str(SLOTS),
-            "--seeds", "2", "--json", str(out)]  # fmt: skip
-    assert main(argv) == 0
-    (mae,) = {r["mae"] for r in json.loads(out.read_text())["results"].values()}
+    results = surfaces.bench(tmp_path, "example-division", "--users", str(USERS), "--slots", str(SLOTS),
+                    "--seeds", "2")  # fmt: skip
+    (mae,) = {r["mae"] for r in results.values()}
     m = USERS // K
     sd = math.sqrt(_site().variance(SLOT_EPS, m) + 0.25 * (1 - m / USERS) / m)
     assert mae < 2 * sd  # mean |error| ≤ sd·√(2/π) in expectation, by the variance bound
 
 
 def test_the_conformance_checks_pass(external_site: dict[str, str]) -> None:
-    from privstream.conformance.checks import yield_checks
-
-    ran = []
-    for check in yield_checks(Registered(registry.family("example-division"), "COH")):
-        assert check.skip is None, check.name
-        check()
-        ran.append(check.name)
+    ran = surfaces.conformance("example-division", ["COH"])
     assert {"declared_cost", "pickle_restore", "purity_and_replay"} <= set(ran)

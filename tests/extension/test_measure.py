@@ -13,9 +13,6 @@ from __future__ import annotations
 import importlib
 import json
 import math
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +23,6 @@ from privstream.conformance.checks import make_slot
 from privstream.connectors.datasets import synthetic_dataset
 from privstream.families import registry
 from privstream.families.registry import LDP_IDS
-from privstream.families.spec import Registered
 from privstream.mechanisms.accountant import ClassKey, PopulationAccountant
 from privstream.mechanisms.accounting import (
     AllUsers,
@@ -42,6 +38,7 @@ from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import FrequencyTask
 from privstream.operators.metrics import LedgerBoard
 from privstream.operators.stream_state import Tally
+from tests.extension import surfaces
 
 USERS, SLOTS, EPS, WINDOW = 4000, 10, 5.0, 5
 ARGV = ["run", "example-measure", "--users", str(USERS), "--slots", str(SLOTS),
@@ -66,11 +63,7 @@ def _renyi(spent: float = 1.0) -> Any:
 def _run(tmp_path: Path, *extra: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     out, ledger = tmp_path / "rgm.jsonl", tmp_path / "rgm-ledger.jsonl"
     assert main([*ARGV, *extra, "--out", str(out), "--ledger-out", str(ledger)]) == 0
-    return _lines(out), _lines(ledger)
-
-
-def _lines(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return surfaces.lines(out), surfaces.lines(ledger)
 
 
 def _check_releases(releases: list[dict[str, Any]]) -> None:
@@ -179,12 +172,8 @@ def test_privstream_run_in_process_and_the_audit(
 
 def test_privstream_run_in_a_subprocess(external_site: dict[str, str], tmp_path: Path) -> None:
     out = tmp_path / "rgm.jsonl"
-    code = "import sys; from privstream.cli import main; sys.exit(main())"
-    done = subprocess.run([sys.executable, "-c", code, *ARGV, "--out", str(out)],
-                          env=external_site, capture_output=True, text=True, timeout=300,
-                          check=False)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    _check_releases(_lines(out))
+    surfaces.run_subprocess(external_site, [*ARGV, "--out", str(out)])
+    _check_releases(surfaces.lines(out))
 
 
 def test_the_metrics_show_its_unit(external_site: dict[str, str]) -> None:
@@ -205,52 +194,31 @@ def test_the_metrics_show_its_unit(external_site: dict[str, str]) -> None:
     }
 
 
+def _flow(path: Path, charge_scale: float) -> Path:
+    stream = {"name": "renyi", "family": "example-measure", "mechanisms": ["RGM"], "domain": 2,
+              "charge_scale": charge_scale, "share": 1.0}  # fmt: skip
+    population = {"users": 1000, "epsilon": 5.0, "window": 5}
+    return surfaces.flow_file(path, population=population, streams=[stream])
+
+
 def test_a_flow_file_with_the_family_checks_in_its_unit(
     external_site: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    flow = tmp_path / "flow.toml"
-    flow.write_text(textwrap.dedent("""
-        [kafka]
-        bootstrap = "localhost:9092"
-        input_topic = "events"
-        output_topic = "releases"
-        [population]
-        users = 1000
-        epsilon = 5.0
-        window = 5
-        [[streams]]
-        name = "renyi"
-        family = "example-measure"
-        mechanisms = ["RGM"]
-        domain = 2
-        charge_scale = 1.0
-        share = 1.0
-        """))  # fmt: skip
-    assert main(["config", "check", str(flow)]) == 0
-    out = capsys.readouterr().out
-    assert "example-measure" in out and "Rényi DP: ε(α) = 5" in out
-    flow.write_text(flow.read_text().replace("charge_scale = 1.0", "charge_scale = 0"))
-    assert main(["config", "check", str(flow)]) == 2
-    assert "charge_scale" in capsys.readouterr().err
+    good, bad = _flow(tmp_path / "good.toml", 1.0), _flow(tmp_path / "bad.toml", 0)
+    surfaces.assert_flow_check(
+        capsys, good, ["example-measure", "Rényi DP: ε(α) = 5"], bad, "charge_scale"
+    )
 
 
 def test_the_bench_harness(external_site: dict[str, str], tmp_path: Path) -> None:
-    out = tmp_path / "bench.json"
-    argv = ["bench", "example-measure", "--users", str(USERS), "--slots", str(SLOTS),
-            "--seeds", "2", "--json", str(out)]  # fmt: skip
-    assert main(argv) == 0
-    (mae,) = {r["mae"] for r in json.loads(out.read_text())["results"].values()}
+    results = surfaces.bench(tmp_path, "example-measure", "--users", str(USERS), "--slots", str(SLOTS),
+                    "--seeds", "2")  # fmt: skip
+    (mae,) = {r["mae"] for r in results.values()}
     # mean |N(0, σ²/n)| = σ√(2/π)/√n; the value's own spread p(1−p)/n is at most 1/(4n)
     sd = math.sqrt(_site().variance(_mechanism().config, 0.5))
     assert 0.5 * sd * math.sqrt(2 / math.pi) < mae < 2 * sd
 
 
 def test_the_conformance_checks_pass(external_site: dict[str, str]) -> None:
-    from privstream.conformance.checks import yield_checks
-
-    ran = []
-    for check in yield_checks(Registered(registry.family("example-measure"), "RGM")):
-        assert check.skip is None, check.name
-        check()
-        ran.append(check.name)
+    ran = surfaces.conformance("example-measure", ["RGM"])
     assert {"pickle_restore", "purity_and_replay", "recovery_round_trip"} <= set(ran)

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +15,7 @@ import pytest
 from privstream.cli import main
 from privstream.families import registry
 from privstream.mechanisms.tasks import FrequencyTask
+from tests.extension import surfaces
 
 USERS, SLOTS, W, EPS, D = 2000, 6, 5, 1.0, 3
 QUERIES = [f"cat-{i}" for i in range(D)]
@@ -31,12 +29,8 @@ def _argv(tmp_path: Path, *extra: str) -> list[str]:
             "--ledger-out", str(tmp_path / "l.jsonl"), *extra]  # fmt: skip
 
 
-def _lines(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
 def _check_run(tmp_path: Path) -> None:
-    releases, audit = _lines(tmp_path / "r.jsonl"), _lines(tmp_path / "a.jsonl")
+    releases, audit = surfaces.lines(tmp_path / "r.jsonl"), surfaces.lines(tmp_path / "a.jsonl")
     expected = [(t, q) for t in range(1, SLOTS + 1) for q in QUERIES]
     assert [(r["slot"], r["key"]["query"]) for r in releases] == expected
     assert [r["release_id"] for r in releases[:3]] == [f"lns/LBUQ/1/{q}" for q in QUERIES]
@@ -49,7 +43,7 @@ def _check_run(tmp_path: Path) -> None:
         "mechanism": "LBUQ", "slot": 1, "payload": {"strategy": "publish", "queries": D},
         "insecure_seed": True, "evaluation": False,
     }  # fmt: skip
-    assert len(_lines(tmp_path / "l.jsonl")) == SLOTS  # one ledger entry per slot
+    assert len(surfaces.lines(tmp_path / "l.jsonl")) == SLOTS  # one ledger entry per slot
 
 
 def test_the_family_declares_its_output_and_key(external_site: dict[str, str]) -> None:
@@ -68,13 +62,9 @@ def test_run_writes_the_output_in_process(external_site: dict[str, str], tmp_pat
 def test_run_writes_the_output_in_a_subprocess(
     external_site: dict[str, str], tmp_path: Path
 ) -> None:
-    code = "import sys; from privstream.cli import main; sys.exit(main())"
-    argv = _argv(tmp_path, "--audit-out", str(tmp_path / "a.jsonl"))
-    done = subprocess.run(
-        [sys.executable, "-c", code, *argv], env=external_site, capture_output=True,
-        text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
+    surfaces.run_subprocess(
+        external_site, _argv(tmp_path, "--audit-out", str(tmp_path / "a.jsonl"))
+    )
     _check_run(tmp_path)
 
 
@@ -83,7 +73,7 @@ def test_an_unrouted_output_is_written_nowhere(
 ) -> None:
     assert main(_argv(tmp_path)) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["l.jsonl", "r.jsonl"]
-    assert all("output" not in r for r in _lines(tmp_path / "r.jsonl"))
+    assert all("output" not in r for r in surfaces.lines(tmp_path / "r.jsonl"))
 
 
 def test_a_family_without_the_output_has_no_flag(
@@ -96,31 +86,13 @@ def test_a_family_without_the_output_has_no_flag(
     assert "--audit-out" in capsys.readouterr().err
 
 
-def _flow(tmp_path: Path, kafka: str, family: str = "example-outputs") -> Path:
-    flow = tmp_path / "flow.toml"
+def _flow(tmp_path: Path, audit_topic: str, family: str = "example-outputs") -> Path:
     mechanism = "LBUQ" if family == "example-outputs" else "LBU"
-    flow.write_text(
-        textwrap.dedent(f"""
-        [kafka]
-        bootstrap = "localhost:9092"
-        input_topic = "events"
-        output_topic = "releases"
-        {kafka}
-
-        [population]
-        users = 1000
-        epsilon = 2.0
-        window = 20
-
-        [[streams]]
-        name = "load"
-        family = "{family}"
-        mechanisms = ["{mechanism}"]
-        domain = 3
-        share = 1.0
-        """)
-    )
-    return flow
+    stream = {"name": "load", "family": family, "mechanisms": [mechanism], "domain": 3,
+              "share": 1.0}  # fmt: skip
+    return surfaces.flow_file(tmp_path, kafka={**surfaces.KAFKA, "audit_topic": audit_topic},
+                     population={"users": 1000, "epsilon": 2.0, "window": 20},
+                     streams=[stream])  # fmt: skip
 
 
 def test_a_flow_file_routes_the_output_to_a_topic(
@@ -129,28 +101,25 @@ def test_a_flow_file_routes_the_output_to_a_topic(
     from privstream.flows.config import load
     from privstream.flows.streams import kafka_io
 
-    flow = _flow(tmp_path, 'audit_topic = "audit"')
-    assert main(["config", "check", str(flow)]) == 0
+    flow = _flow(tmp_path, "audit")
+    assert surfaces.config_check(flow, capsys)[0] == 0
     config = load(flow)
     assert config.kafka.extra_topics == {"audit": "audit"}
     assert kafka_io(config).extra_topics == {"audit": "audit"}
     assert "audit" in kafka_io(config).topics()
     # an internal output never shares the public release topic
-    assert main(["config", "check", str(_flow(tmp_path, 'audit_topic = "releases"'))]) == 2
-    assert "each role needs its own topic" in capsys.readouterr().err
+    code, _, err = surfaces.config_check(_flow(tmp_path, "releases"), capsys)
+    assert code == 2 and "each role needs its own topic" in err
     # a stream whose family declares no such output
-    assert main(["config", "check", str(_flow(tmp_path, 'audit_topic = "a"', "ldp-ids"))]) == 2
-    assert "no stream's family declares the output 'audit'" in capsys.readouterr().err
+    code, _, err = surfaces.config_check(_flow(tmp_path, "a", "ldp-ids"), capsys)
+    assert code == 2 and "no stream's family declares the output 'audit'" in err
 
 
 def test_the_bench_harness_runs_the_keyed_family(
     external_site: dict[str, str], tmp_path: Path
 ) -> None:
-    report = tmp_path / "bench.json"
-    argv = ["bench", "example-outputs", "--users", "4000", "--slots", "20", "--window",
-            str(W), "--seeds", "2", "--no-progress", "--json", str(report)]  # fmt: skip
-    assert main(argv) == 0
-    results: dict[str, Any] = json.loads(report.read_text())["results"]
+    results = surfaces.bench(tmp_path, "example-outputs", "--users", "4000", "--slots", "20", "--window",
+                    str(W), "--seeds", "2", "--no-progress")  # fmt: skip
     assert set(results) == {"LBUQ", "LPUQ"}
     # LBU's first query (category 0 of a binary histogram): mean |N(0, σ²)| = σ·√(2/π)
     expected = math.sqrt(FrequencyTask(2).variance(EPS / W, 4000)) * math.sqrt(2 / math.pi)
@@ -159,15 +128,7 @@ def test_the_bench_harness_runs_the_keyed_family(
 
 
 def test_the_conformance_checks_run_the_keyed_family(external_site: dict[str, str]) -> None:
-    from privstream.conformance.checks import yield_checks
-
-    family = registry.family("example-outputs")
-    ran = []
-    for name in family.mechanisms:
-        for check in yield_checks(registry.Registered(family, name), flows=False):
-            if check.skip is None:
-                check.run()
-                ran.append(check.name)
+    ran = surfaces.conformance("example-outputs", flows=False, skips=True)
     assert len(ran) >= 2 * 5
 
 

@@ -10,23 +10,18 @@ de-biased frequency of ones over ``m`` reports has variance ``p(1−p)/(m (2p−
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from privstream.cli import main
-from privstream.connectors.datasets import synthetic_dataset
 from privstream.families import registry
-from privstream.families.spec import Registered
 from privstream.mechanisms.stages import pre_server, run_chain, shard_of
 from privstream.mechanisms.tasks import FrequencyTask
 from privstream.schema.events import EventBatch
+from tests.extension import surfaces
 
 USERS, SLOTS, EPS, WINDOW = 2000, 12, 5.0, 5
 P = math.exp(EPS / WINDOW) / (1 + math.exp(EPS / WINDOW))
@@ -35,16 +30,11 @@ ARGV = ["run", "example-stages", "--users", str(USERS), "--slots", str(SLOTS),
         "--insecure-seed", "7", "--dataset", "sin", "--no-progress"]  # fmt: skip
 
 
-def _truth() -> list[float]:
-    data = synthetic_dataset("sin", USERS, SLOTS, 1)
-    return [float(data.truth(t)[1]) for t in range(1, SLOTS + 1)]
-
-
 def _check_releases(path: Path) -> None:
-    releases = [json.loads(line) for line in path.read_text().splitlines()]
+    releases = surfaces.lines(path)
     assert [r["slot"] for r in releases] == list(range(1, SLOTS + 1))
     assert {r["mechanism"] for r in releases} == {"RR"}
-    for release, truth in zip(releases, _truth(), strict=True):
+    for release, truth in zip(releases, surfaces.sin_truth(USERS, SLOTS), strict=True):
         assert abs(release["estimate"][1] - truth) <= 4 * SD, (release["slot"], truth)
 
 
@@ -74,11 +64,7 @@ def test_privstream_run_in_process(external_site: dict, tmp_path: Path) -> None:
 
 def test_privstream_run_in_a_subprocess(external_site: dict, tmp_path: Path) -> None:
     out = tmp_path / "rr.jsonl"
-    code = "import sys; from privstream.cli import main; sys.exit(main())"
-    done = subprocess.run([sys.executable, "-c", code, *ARGV, "--out", str(out)],
-                          env=external_site, capture_output=True, text=True, timeout=300,
-                          check=False)  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    surfaces.run_subprocess(external_site, [*ARGV, "--out", str(out)])
     _check_releases(out)
 
 
@@ -110,33 +96,15 @@ def test_each_shard_keeps_its_own_state_and_no_raw_value_reaches_the_server(
 
 
 def test_the_bench_harness_runs_the_device_stage(external_site: dict, tmp_path: Path) -> None:
-    out = tmp_path / "bench.json"
-    argv = ["bench", "example-stages", "--users", str(USERS), "--slots", str(SLOTS),
-            "--json", str(out)]  # fmt: skip
-    assert main(argv) == 0
-    text = out.read_text()
-    result = json.loads(text)
-    maes = [v for v in _numbers(result, "mae")]
+    results = surfaces.bench(
+        tmp_path, "example-stages", "--users", str(USERS), "--slots", str(SLOTS)
+    )
+    maes = [float(r["mae"]) for r in results.values() if "mae" in r]
     assert maes and all(0 < m <= 4 * SD for m in maes)  # noisy (the devices), near the truth
 
 
-def _numbers(obj: object, name: str) -> list[float]:
-    if isinstance(obj, dict):
-        found = [float(v) for k, v in obj.items() if k == name and isinstance(v, int | float)]
-        return found + [x for v in obj.values() for x in _numbers(v, name)]
-    if isinstance(obj, list):
-        return [x for v in obj for x in _numbers(v, name)]
-    return []
-
-
 def test_the_conformance_checks_pass(external_site: dict) -> None:
-    from privstream.conformance.checks import yield_checks
-
-    ran = []
-    for check in yield_checks(Registered(registry.family("example-stages"), "RR")):
-        if check.skip is None:
-            check()
-            ran.append(check.name)
+    ran = surfaces.conformance("example-stages", ["RR"], skips=True)
     assert "one_release_per_slot" in ran and "recovery_round_trip" in ran
     assert "pinned_step_ids" in ran and "two_workers" in ran
 
@@ -144,27 +112,11 @@ def test_the_conformance_checks_pass(external_site: dict) -> None:
 def test_a_flow_file_with_the_family_checks(
     external_site: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    flow = tmp_path / "flow.toml"
-    flow.write_text(textwrap.dedent("""
-        [kafka]
-        bootstrap = "localhost:9092"
-        input_topic = "events"
-        output_topic = "releases"
-
-        [population]
-        users = 1000
-        epsilon = 5.0
-        window = 5
-
-        [[streams]]
-        name = "rr"
-        family = "example-stages"
-        mechanisms = ["RR"]
-        domain = 2
-        share = 1.0
-        """))  # fmt: skip
-    assert main(["config", "check", str(flow)]) == 0
-    assert "example-stages" in capsys.readouterr().out
+    stream = {"name": "rr", "family": "example-stages", "mechanisms": ["RR"], "domain": 2,
+              "share": 1.0}  # fmt: skip
+    population = {"users": 1000, "epsilon": 5.0, "window": 5}
+    flow = surfaces.flow_file(tmp_path, population=population, streams=[stream])
+    surfaces.assert_flow_check(capsys, flow, ["example-stages"])
 
 
 def test_the_dataflow_wires_the_device_stage_and_puts_batches_back_in_order(

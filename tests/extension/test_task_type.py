@@ -5,11 +5,7 @@ checks with no edit to privstream."""
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +15,7 @@ import pytest
 from privstream.cli import main
 from privstream.families import registry
 from privstream.mechanisms.tasks import FrequencyTask
+from tests.extension import surfaces
 
 USERS, SLOTS, W, EPS, X = 4000, 10, 5, 1.0, 0.6
 
@@ -43,7 +40,7 @@ def _argv(out: Path) -> list[str]:
 
 
 def _check_releases(out: Path) -> None:
-    releases = [json.loads(line) for line in out.read_text().splitlines()]
+    releases = surfaces.lines(out)
     assert [r["slot"] for r in releases] == list(range(1, SLOTS + 1))
     truths = _truths()
     assert 0.35 < truths[0] < 0.45  # values frac(u/n + 0.1 sin(t/5)): about 0.4 lie above 0.6
@@ -73,12 +70,7 @@ def test_run_parses_the_new_flag_in_a_subprocess(
     external_site: dict[str, str], tmp_path: Path
 ) -> None:
     out = tmp_path / "releases.jsonl"
-    code = "import sys; from privstream.cli import main; sys.exit(main())"
-    done = subprocess.run(
-        [sys.executable, "-c", code, *_argv(out)], env=external_site, capture_output=True,
-        text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
+    surfaces.run_subprocess(external_site, _argv(out))
     _check_releases(out)
 
 
@@ -92,29 +84,11 @@ def test_a_bad_threshold_flag_is_refused(
     assert "--threshold" in capsys.readouterr().err
 
 
-def _flow(tmp_path: Path, task: str) -> Path:
-    flow = tmp_path / "flow.toml"
-    flow.write_text(
-        textwrap.dedent(f"""
-        [kafka]
-        bootstrap = "localhost:9092"
-        input_topic = "events"
-        output_topic = "releases"
-
-        [population]
-        users = 1000
-        epsilon = 2.0
-        window = 20
-
-        [[streams]]
-        name = "load"
-        family = "example-task"
-        mechanisms = ["LBU"]
-        {task}
-        share = 1.0
-        """)
-    )
-    return flow
+def _flow(tmp_path: Path, **task: Any) -> Path:
+    stream = {"name": "load", "family": "example-task", "mechanisms": ["LBU"], **task,
+              "share": 1.0}  # fmt: skip
+    population = {"users": 1000, "epsilon": 2.0, "window": 20}
+    return surfaces.flow_file(tmp_path, population=population, streams=[stream])
 
 
 def test_a_flow_file_parses_the_new_key(
@@ -122,27 +96,24 @@ def test_a_flow_file_parses_the_new_key(
 ) -> None:
     from privstream.flows.config import estimation_task, load
 
-    flow = _flow(tmp_path, "threshold = 0.75")
-    assert main(["config", "check", str(flow)]) == 0
-    out = capsys.readouterr().out
+    flow = _flow(tmp_path, threshold=0.75)
+    code, out, _ = surfaces.config_check(flow, capsys)
+    assert code == 0
     assert "stream load: example-task LBU; threshold 0.75; ε = 1 × 2 = 2; w = 20" in out
     (stream,) = load(flow).streams
     assert estimation_task(stream.task) == registry.family("example-task").task_types[0].parse_flag(
         "0.75"
     )
-    assert main(["config", "check", str(_flow(tmp_path, "domain = 2"))]) == 2
-    err = capsys.readouterr().err
+    code, _, err = surfaces.config_check(_flow(tmp_path, domain=2), capsys)
+    assert code == 2
     assert "the example-task family takes threshold = x (the fraction of users above x)" in err
-    assert main(["config", "check", str(_flow(tmp_path, 'threshold = "high"'))]) == 2
-    assert "threshold" in capsys.readouterr().err
+    code, _, err = surfaces.config_check(_flow(tmp_path, threshold="high"), capsys)
+    assert code == 2 and "threshold" in err
 
 
 def test_the_bench_harness_runs_the_new_task(external_site: dict[str, str], tmp_path: Path) -> None:
-    report = tmp_path / "bench.json"
-    argv = ["bench", "example-task", "--users", str(USERS), "--slots", "20", "--window",
-            str(W), "--seeds", "2", "--no-progress", "--json", str(report)]  # fmt: skip
-    assert main(argv) == 0
-    results: dict[str, Any] = json.loads(report.read_text())["results"]
+    results = surfaces.bench(tmp_path, "example-task", "--users", str(USERS), "--slots", "20", "--window",
+                    str(W), "--seeds", "2", "--no-progress")  # fmt: skip
     assert set(results) == {"LBU", "LPU"}
     # LBU: every slot publishes with ε/w from all n users; mean |N(0, σ²)| = σ·√(2/π).
     expected = _sigma() * math.sqrt(2 / math.pi)
@@ -153,13 +124,5 @@ def test_the_bench_harness_runs_the_new_task(external_site: dict[str, str], tmp_
 
 
 def test_the_conformance_checks_run_the_new_task(external_site: dict[str, str]) -> None:
-    from privstream.conformance.checks import yield_checks
-
-    family = registry.family("example-task")
-    ran = []
-    for name in family.mechanisms:
-        for check in yield_checks(registry.Registered(family, name), flows=False):
-            if check.skip is None:
-                check.run()
-                ran.append(check.name)
+    ran = surfaces.conformance("example-task", flows=False, skips=True)
     assert len(ran) >= 2 * 5

@@ -16,27 +16,22 @@ release (a false alarm has probability ≈ 0.27 %).
 from __future__ import annotations
 
 import importlib
-import json
 import math
-import pickle
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from numpy.typing import NDArray
 
 from privstream.cli import main
 from privstream.families import registry
-from privstream.families.spec import Registered
-from privstream.mechanisms.client import Aggregate, ClientPath, SimulatedClientPort
+from privstream.mechanisms.client import ClientPath, SimulatedClientPort
 from privstream.mechanisms.contract import LedgerEntry, Release, Rounds, Slot, outputs
 from privstream.mechanisms.rounds import Finished, Requests, answer
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.tasks import FrequencyTask
+from tests.extension import surfaces
+from tests.mechanisms.round_driving import Recording, by_rounds, one_shot
 
 USERS, SLOTS, EPS, WINDOW = 20000, 24, 1.0, 5
 PER_SLOT = USERS // WINDOW  # k₁ + k₂
@@ -69,67 +64,18 @@ def _slot(t: int, path: ClientPath = "aggregate", port: Any = None) -> Slot:
     return Slot("s", t, port, randomness)
 
 
-def _one_shot(mech: Any, path: ClientPath) -> list[str]:
-    state, out = mech.initial_state(), []
-    for t in range(1, SLOTS + 1):
-        state, events = mech.step(state, _slot(t, path))
-        out += [json.dumps(e.to_dict(), sort_keys=True) for e in outputs(events)]
-    return out
-
-
-def _by_rounds(mech: Any, path: ClientPath) -> tuple[list[str], list[int]]:
-    """Every slot round by round: the state crosses a pickle between every plan and absorb,
-    and a fresh port answers each round (the devices keep nothing between rounds)."""
-    blob, out, rounds = pickle.dumps(mech.initial_state()), [], []
-    for t in range(1, SLOTS + 1):
-        for r in range(3):
-            state = pickle.loads(blob)
-            planned = mech.plan(state, _slot(t, path))
-            blob = pickle.dumps(state)
-            if isinstance(planned, Finished):
-                out += [json.dumps(e.to_dict(), sort_keys=True) for e in planned.events]
-                rounds.append(r)
-                break
-            answers = pickle.loads(pickle.dumps(answer(_slot(t, path).client, planned)))
-            state = pickle.loads(blob)
-            mech.absorb(state, _slot(t, path), answers)
-            blob = pickle.dumps(state)
-        else:
-            raise AssertionError(f"slot {t} did not finish in two rounds")
-    return out, rounds
-
-
 @pytest.mark.parametrize("path", ["aggregate", "per-user"])
 def test_round_by_round_with_pickled_state_equals_one_shot(
     external_site: dict[str, str], path: ClientPath
 ) -> None:
     mech = _mechanism()
     assert isinstance(mech, Rounds)
-    expected = _one_shot(mech, path)
-    got, rounds = _by_rounds(mech, path)
+    expected = one_shot(mech, lambda t: _slot(t, path), SLOTS)
+    got, rounds = by_rounds(mech, lambda t: _slot(t, path), SLOTS)
     assert got == expected and len(got) == 2 * SLOTS
     # Two rounds exactly at the first slot and at each step of the data; one otherwise.
     assert [t for t, r in enumerate(rounds, start=1) if r == 2] == CHANGES
     assert set(rounds) == {1, 2}
-
-
-class Recording:
-    """A client port that records which users each request reached."""
-
-    def __init__(self, inner: SimulatedClientPort) -> None:
-        self.inner = inner
-        self.asked: dict[str, NDArray[np.int64] | None] = {}
-
-    @property
-    def population(self) -> int:
-        return self.inner.population
-
-    def eligible(self) -> NDArray[np.bool_]:
-        return self.inner.eligible()
-
-    def collect(self, users: NDArray[np.int64] | None, eps: float, purpose: str) -> Aggregate:
-        self.asked[purpose] = None if users is None else users.copy()
-        return self.inner.collect(users, eps, purpose)
 
 
 def test_the_second_round_asks_a_disjoint_sample_after_a_change(
@@ -190,7 +136,7 @@ def _used(lo: int, hi: int) -> int:
 
 
 def _check_releases(path: Path) -> None:
-    releases = [json.loads(line) for line in path.read_text().splitlines()]
+    releases = surfaces.lines(path)
     assert [r["slot"] for r in releases] == list(range(1, SLOTS + 1))
     data = _data()
     for r in releases:
@@ -207,50 +153,28 @@ def test_privstream_run_in_process(external_site: dict[str, str], tmp_path: Path
 
 def test_privstream_run_in_a_subprocess(external_site: dict[str, str], tmp_path: Path) -> None:
     out = tmp_path / "prb.jsonl"
-    code = "import sys; from privstream.cli import main; sys.exit(main())"
-    done = subprocess.run([sys.executable, "-c", code, *ARGV, "--out", str(out)],
-                          env=external_site, capture_output=True, text=True, timeout=300,
-                          check=False)  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    surfaces.run_subprocess(external_site, [*ARGV, "--out", str(out)])
     _check_releases(out)
+
+
+def _flow(path: Path, users: int) -> Path:
+    stream = {"name": "probe", "family": "example-rounds", "mechanisms": ["PRB"], "domain": 2,
+              "z": 2.5, "share": 1.0}  # fmt: skip
+    population = {"users": users, "epsilon": 1.0, "window": 5}
+    return surfaces.flow_file(path, population=population, streams=[stream])
 
 
 def test_a_flow_file_with_the_family_checks(
     external_site: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    flow = tmp_path / "flow.toml"
-    flow.write_text(textwrap.dedent("""
-        [kafka]
-        bootstrap = "localhost:9092"
-        input_topic = "events"
-        output_topic = "releases"
-
-        [population]
-        users = 1000
-        epsilon = 1.0
-        window = 5
-
-        [[streams]]
-        name = "probe"
-        family = "example-rounds"
-        mechanisms = ["PRB"]
-        domain = 2
-        z = 2.5
-        share = 1.0
-        """))  # fmt: skip
-    assert main(["config", "check", str(flow)]) == 0
-    assert "example-rounds" in capsys.readouterr().out
-    flow.write_text(flow.read_text().replace("users = 1000", "users = 6"))
-    assert main(["config", "check", str(flow)]) == 2
-    assert "refine users" in capsys.readouterr().err
+    good, bad = _flow(tmp_path / "good.toml", 1000), _flow(tmp_path / "bad.toml", 6)
+    surfaces.assert_flow_check(capsys, good, ["example-rounds"], bad, "refine users")
 
 
 def test_the_bench_harness_runs_both_rounds(external_site: dict[str, str], tmp_path: Path) -> None:
-    out = tmp_path / "bench.json"
-    argv = ["bench", "example-rounds", "--users", str(USERS), "--slots", str(SLOTS),
-            "--window", str(WINDOW), "--seeds", "2", "--json", str(out)]  # fmt: skip
-    assert main(argv) == 0
-    result = json.loads(out.read_text())["results"]["PRB"]
+    results = surfaces.bench(tmp_path, "example-rounds", "--users", str(USERS), "--slots", str(SLOTS),
+                    "--window", str(WINDOW), "--seeds", "2")  # fmt: skip
+    result = results["PRB"]
     # a publication per change; at most one false alarm in the 2 × 20 steady slots
     assert len(CHANGES) <= result["refined"] <= len(CHANGES) + 0.5
     # mean |N(0, σ²)| = σ√(2/π) ≈ 0.8σ over 2 seeds × 4 publications: a band around it.
@@ -258,11 +182,5 @@ def test_the_bench_harness_runs_both_rounds(external_site: dict[str, str], tmp_p
 
 
 def test_the_conformance_checks_pass(external_site: dict[str, str]) -> None:
-    from privstream.conformance.checks import yield_checks
-
-    ran = []
-    for check in yield_checks(Registered(registry.family("example-rounds"), "PRB")):
-        assert check.skip is None
-        check()
-        ran.append(check.name)
+    ran = surfaces.conformance("example-rounds", ["PRB"])
     assert {"declared_cost", "pickle_restore", "recovery_round_trip", "two_workers"} <= set(ran)

@@ -15,10 +15,8 @@ from __future__ import annotations
 import importlib
 import json
 import math
-import os
 import pickle
 import sqlite3
-import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
@@ -26,65 +24,25 @@ from typing import Any
 import numpy as np
 
 from privstream.connectors.datasets import synthetic_dataset
-from privstream.connectors.kafka import (
-    RELEASE_TOPIC_CONFIG,
-    KafkaSettings,
-    TopicSpec,
-    create_topics,
-)
+from privstream.connectors.kafka import KafkaSettings
 from privstream.mechanisms.tasks import FrequencyTask
 from tests.extension.conftest import external_site  # noqa: F401  (the fixture)
 
-from .conftest import PRIVSTREAM, cli_env, read_all, run_cli, write_secret
+from .conftest import read_all, write_secret
+from .extension_flows import produce, released_once, run_flow, tagged_flow
 
-SITE = Path(__file__).resolve().parents[1] / "extension" / "site"
 USERS, SLOTS, FIRST, LAST, EPS, WINDOW = 2000, 12, 6, 11, 10.0, 5
 STREAM_EPS = EPS / 2  # each stream's share 0.5
 
 
 def _flow(directory: Path, kafka: KafkaSettings, events: str, tag: str) -> Path:
-    create_topics(kafka, [TopicSpec(f"{k}-{tag}", config=RELEASE_TOPIC_CONFIG)
-                          for k in ("releases", "ledger")])  # fmt: skip
-    path = directory / "flow.toml"
-    path.write_text(f"""
-[kafka]
-bootstrap = "{kafka.bootstrap}"
-input_topic = "{events}"
-output_topic = "releases-{tag}"
-ledger_topic = "ledger-{tag}"
-clock = "data"  # the test writes the topic itself
-trust_input_clock = true
-
-[population]
-users = {USERS}
-epsilon = {EPS}
-window = {WINDOW}
-
-[[streams]]
-name = "memo"
-family = "example-device-state"
-mechanisms = ["MRR"]
-domain = 2
-permanent_epsilon = 2.0
-share = 0.5
-
-[[streams]]
-name = "probe"
-family = "example-rounds"
-mechanisms = ["PRB"]
-domain = 2
-share = 0.5
-""")
-    return path
-
-
-def _run(flow: Path, *flags: str) -> None:
-    env = cli_env()
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITE), env.get("PYTHONPATH")) if p)
-    done = subprocess.run([*PRIVSTREAM, "run", "--config", str(flow), *flags],
-                          capture_output=True, text=True, timeout=240, env=env,
-                          cwd=flow.parent, check=False)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    memo = {"name": "memo", "family": "example-device-state", "mechanisms": ["MRR"],
+            "domain": 2, "permanent_epsilon": 2.0, "share": 0.5}  # fmt: skip
+    probe = {"name": "probe", "family": "example-rounds", "mechanisms": ["PRB"], "domain": 2,
+             "share": 0.5}  # fmt: skip
+    population = {"users": USERS, "epsilon": EPS, "window": WINDOW}
+    return tagged_flow(directory, kafka, events, tag, population=population,
+                       streams=[memo, probe])  # fmt: skip
 
 
 def _memo(store: Path) -> tuple[int, Any]:
@@ -111,25 +69,17 @@ def test_two_external_families_run_and_resume_with_device_state_and_rounds(
     tmp_path: Path,
     external_site: dict[str, str],  # noqa: F811
 ) -> None:
-    events, tag = f"events-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex[:8]
-    create_topics(kafka, [TopicSpec(events, partitions=2)])
-    for stream in ("memo", "probe"):
-        run_cli("produce", "--bootstrap", kafka.bootstrap, "--topic", events, "--dataset",
-                "sin", "--stream", stream, "--users", str(USERS), "--slots", str(SLOTS),
-                "--spread", "--no-progress")  # fmt: skip
+    events, tag = produce(kafka, "sin", ("memo", "probe"), USERS, SLOTS), uuid.uuid4().hex[:8]
     flow, key = _flow(tmp_path, kafka, events, tag), str(write_secret(tmp_path / "noise.key"))
     store = tmp_path / "store"
-    _run(flow, "--slots", str(FIRST), "--secret-file", key, "--recovery-dir", str(store))
+    run_flow(flow, "--slots", str(FIRST), "--secret-file", key, "--recovery-dir", str(store))
     epoch1, memo1 = _memo(store)
-    _run(flow, "--slots", str(LAST), "--secret-file", key, "--recovery-dir", str(store))
+    run_flow(flow, "--slots", str(LAST), "--secret-file", key, "--recovery-dir", str(store))
     epoch2, memo2 = _memo(store)
     drawn = memo1.permanent != -1
     assert epoch2 > epoch1 and int(drawn.sum()) >= USERS  # every user's bit of slot 1 at least
     assert np.array_equal(memo2.permanent[drawn], memo1.permanent[drawn])  # none redrawn
-    releases: dict[bytes, bytes] = {}
-    for message in read_all(kafka, f"releases-{tag}"):
-        assert releases.setdefault(message.key(), message.value()) == message.value()
-    by_key = {(r["stream"], r["slot"]): r for r in (json.loads(v) for v in releases.values())}
+    by_key = {(r["stream"], r["slot"]): r for r in released_once(kafka, f"releases-{tag}")}
     data = synthetic_dataset("sin", USERS, SLOTS, 1)
     sd_probe = math.sqrt(FrequencyTask(2).variance(STREAM_EPS, USERS // WINDOW // 2))
     for t in range(1, LAST + 1):

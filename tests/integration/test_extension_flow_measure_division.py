@@ -15,84 +15,41 @@ from __future__ import annotations
 import importlib
 import json
 import math
-import os
-import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
 
 from privstream.cli import main
 from privstream.connectors.datasets import synthetic_dataset
-from privstream.connectors.kafka import (
-    RELEASE_TOPIC_CONFIG,
-    KafkaSettings,
-    TopicSpec,
-    create_topics,
-)
+from privstream.connectors.kafka import KafkaSettings
 from tests.extension.conftest import external_site  # noqa: F401  (the fixture)
 
-from .conftest import PRIVSTREAM, cli_env, read_all, run_cli, write_secret
+from .conftest import read_all, write_secret
+from .extension_flows import produce, released_once, run_flow, tagged_flow
 
-SITE = Path(__file__).resolve().parents[1] / "extension" / "site"
 USERS, SLOTS, LAST, EPS, WINDOW = 2000, 10, 8, 5.0, 5
 
 
-STREAM = """
-[[streams]]
-name = "renyi"
-family = "example-measure"
-mechanisms = ["RGM"]
-domain = 2
-share = 1.0
-"""
+STREAM = {"name": "renyi", "family": "example-measure", "mechanisms": ["RGM"], "domain": 2,
+          "share": 1.0}  # fmt: skip
 
 
-def _flow(
-    directory: Path, kafka: KafkaSettings, events: str, tag: str, stream: str = STREAM
-) -> Path:
-    create_topics(kafka, [TopicSpec(f"{k}-{tag}", config=RELEASE_TOPIC_CONFIG)
-                          for k in ("releases", "ledger")])  # fmt: skip
-    path = directory / "flow.toml"
-    path.write_text(f"""
-[kafka]
-bootstrap = "{kafka.bootstrap}"
-input_topic = "{events}"
-output_topic = "releases-{tag}"
-ledger_topic = "ledger-{tag}"
-clock = "data"  # the test writes the topic itself
-trust_input_clock = true
-
-[population]
-users = {USERS}
-epsilon = {EPS}
-window = {WINDOW}
-{stream}""")
-    return path
+def _flow(directory: Path, kafka: KafkaSettings, events: str, tag: str,
+          stream: dict[str, Any] = STREAM) -> Path:  # fmt: skip
+    population = {"users": USERS, "epsilon": EPS, "window": WINDOW}
+    return tagged_flow(directory, kafka, events, tag, population=population, streams=[stream])
 
 
 def _produce(kafka: KafkaSettings, stream: str) -> str:
-    events = f"events-{uuid.uuid4().hex[:8]}"
-    create_topics(kafka, [TopicSpec(events, partitions=2)])
-    run_cli("produce", "--bootstrap", kafka.bootstrap, "--topic", events, "--dataset", "sin",
-            "--stream", stream, "--users", str(USERS), "--slots", str(SLOTS), "--spread",
-            "--no-progress")  # fmt: skip
-    return events
+    return produce(kafka, "sin", (stream,), USERS, SLOTS)
 
 
 def _run(flow: Path, key: str) -> None:
-    env = cli_env()
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITE), env.get("PYTHONPATH")) if p)
-    done = subprocess.run([*PRIVSTREAM, "run", "--config", str(flow), "--slots", str(LAST),
-                           "--secret-file", key], capture_output=True, text=True, timeout=240,
-                          env=env, cwd=flow.parent, check=False)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_flow(flow, "--slots", str(LAST), "--secret-file", key)
 
 
 def _released(kafka: KafkaSettings, tag: str) -> tuple[dict[int, Any], list[dict[str, Any]]]:
-    releases: dict[bytes, bytes] = {}
-    for message in read_all(kafka, f"releases-{tag}"):
-        assert releases.setdefault(message.key(), message.value()) == message.value()
-    by_slot = {r["slot"]: r for r in (json.loads(v) for v in releases.values())}
+    by_slot = {r["slot"]: r for r in released_once(kafka, f"releases-{tag}")}
     last = max(by_slot)  # --slots stops once slot LAST is released (a later one may be too)
     assert last >= LAST and sorted(by_slot) == list(range(1, last + 1))
     return by_slot, [json.loads(m.value()) for m in read_all(kafka, f"ledger-{tag}")]
@@ -125,15 +82,8 @@ def test_an_external_measure_runs_from_a_flow_file_and_audits(
     assert main([*argv, "--max-epsilon", f"{at_delta * 0.999}"]) != 0
 
 
-COHORTS = """
-[[streams]]
-name = "cohorts"
-family = "example-division"
-mechanisms = ["COH"]
-domain = 2
-cohorts = 3
-share = 1.0
-"""
+COHORTS = {"name": "cohorts", "family": "example-division", "mechanisms": ["COH"],
+           "domain": 2, "cohorts": 3, "share": 1.0}  # fmt: skip
 
 
 def test_an_external_division_runs_from_a_flow_file_and_audits(

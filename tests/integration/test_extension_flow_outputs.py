@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import uuid
 from pathlib import Path
 
@@ -20,37 +19,19 @@ from privstream.connectors.kafka import (
 )
 from tests.extension.conftest import external_site  # noqa: F401  (the fixture)
 
-from .conftest import PRIVSTREAM, Topics, read_all, run_cli
+from .conftest import Topics, read_all, run_cli
+from .extension_flows import run_flow, topic_names, write_flow
 
 USERS, SLOTS, LAST, EPS, W, D = 2000, 8, 7, 1.0, 4, 3
 QUERIES = [f"cat-{i}" for i in range(D)]
 
 
 def _flow(path: Path, kafka: KafkaSettings, topics: Topics, audit: str) -> Path:
-    path.write_text(f"""
-[kafka]
-bootstrap = "{kafka.bootstrap}"
-input_topic = "{topics.events}"
-output_topic = "{topics.releases}"
-ledger_topic = "{topics.ledger}"
-dead_letter_topic = "{topics.dlq}"
-audit_topic = "{audit}"
-clock = "data"  # the test writes the topic itself
-trust_input_clock = true
-
-[population]
-users = {USERS}
-epsilon = {EPS}
-window = {W}
-
-[[streams]]
-name = "load"
-family = "example-outputs"
-mechanisms = ["LBUQ"]
-domain = {D}
-share = 1.0
-""")
-    return path
+    names = topic_names(topics, audit_topic=audit)
+    stream = {"name": "load", "family": "example-outputs", "mechanisms": ["LBUQ"], "domain": D,
+              "share": 1.0}  # fmt: skip
+    population = {"users": USERS, "epsilon": EPS, "window": W}
+    return write_flow(path, kafka, names, population=population, streams=[stream])
 
 
 def test_a_flow_file_routes_the_extra_output_to_its_topic(
@@ -66,13 +47,7 @@ def test_a_flow_file_routes_the_extra_output_to_its_topic(
             "lns", "--stream", "load", "--users", str(USERS), "--slots", str(SLOTS),
             "--no-progress")  # fmt: skip
     config = _flow(tmp_path / "flow.toml", kafka, topics, audit)
-    env = {k: v for k, v in external_site.items() if not k.startswith("PRIVSTREAM_")}
-    done = subprocess.run(
-        [*PRIVSTREAM, "run", "--config", str(config), "--slots", str(LAST), "--secret-file",
-         str(secret_file)], capture_output=True, text=True, timeout=240, env=env,
-        cwd=tmp_path,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_flow(config, "--slots", str(LAST), "--secret-file", str(secret_file))
     releases = {m.key().decode(): json.loads(m.value()) for m in read_all(kafka, topics.releases)}
     expected = {f"load/LBUQ/{t}/{q}" for t in range(1, LAST + 1) for q in QUERIES}
     assert set(releases) == expected

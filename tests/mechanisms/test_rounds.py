@@ -14,7 +14,7 @@ import pytest
 from numpy.typing import NDArray
 
 from privstream.mechanisms.client import ABSENT, Aggregate, ClientPath, SimulatedClientPort
-from privstream.mechanisms.contract import Rounds, Slot, outputs
+from privstream.mechanisms.contract import Rounds, Slot
 from privstream.mechanisms.ldp_ids import MECHANISMS, LdpIdsConfig, LdpIdsMechanism, TwoRounds
 from privstream.mechanisms.rounds import (
     Finished,
@@ -26,6 +26,7 @@ from privstream.mechanisms.rounds import (
 from privstream.mechanisms.seeding import SlotRandomness
 from privstream.mechanisms.stages import by_stream
 from privstream.mechanisms.tasks import FrequencyTask
+from tests.mechanisms.round_driving import Recording, by_rounds, one_shot
 
 N, D, W, T, SEED = 900, 4, 5, 36, 11
 TASK = FrequencyTask(D)
@@ -58,41 +59,11 @@ def rounds_of(name: str) -> TwoRounds:
     return mech
 
 
-def one_shot(mech: LdpIdsMechanism, path: ClientPath) -> list[str]:
-    state, out = mech.initial_state(), []
-    for t in range(1, T + 1):
-        state, events = mech.step(state, slot_at(t, path))
-        out += [json.dumps(e.to_dict(), sort_keys=True) for e in outputs(events)]
-    return out
-
-
-def by_rounds(mech: TwoRounds, path: ClientPath) -> tuple[list[str], list[int]]:
-    """Every slot round by round: the state crosses a pickle between every plan and absorb,
-    and each round is answered by a fresh port (the devices keep nothing between rounds)."""
-    blob, out, rounds = pickle.dumps(mech.initial_state()), [], []
-    for t in range(1, T + 1):
-        for r in range(3):
-            state = pickle.loads(blob)
-            planned = mech.plan(state, slot_at(t, path))
-            blob = pickle.dumps(state)
-            if isinstance(planned, Finished):
-                out += [json.dumps(e.to_dict(), sort_keys=True) for e in planned.events]
-                rounds.append(r)
-                break
-            answers = pickle.loads(pickle.dumps(answer(slot_at(t, path).client, planned)))
-            state = pickle.loads(blob)
-            mech.absorb(state, slot_at(t, path), answers)
-            blob = pickle.dumps(state)
-        else:
-            raise AssertionError(f"slot {t} did not finish in two rounds")
-    return out, rounds
-
-
 @pytest.mark.parametrize("path", ["aggregate", "per-user"])
 @pytest.mark.parametrize("name", TWO_ROUNDS)
 def test_round_by_round_with_pickled_state_equals_one_shot(name: str, path: ClientPath) -> None:
-    expected = one_shot(build(name), path)
-    got, rounds = by_rounds(rounds_of(name), path)
+    expected = one_shot(build(name), lambda t: slot_at(t, path), T)
+    got, rounds = by_rounds(rounds_of(name), lambda t: slot_at(t, path), T)
     assert got == expected
     assert len(got) == 2 * T
     strategies = [json.loads(e)["strategy"] for e in got[0::2]]
@@ -104,25 +75,6 @@ def test_round_by_round_with_pickled_state_equals_one_shot(name: str, path: Clie
 @pytest.mark.parametrize("name", ["LBU", "LSP", "LPU"])
 def test_one_shot_mechanisms_keep_their_step(name: str) -> None:
     assert not isinstance(build(name), Rounds)
-
-
-class Recording:
-    """A client port that records which users each request reached."""
-
-    def __init__(self, inner: SimulatedClientPort) -> None:
-        self.inner = inner
-        self.asked: dict[str, NDArray[np.int64] | None] = {}
-
-    @property
-    def population(self) -> int:
-        return self.inner.population
-
-    def eligible(self) -> NDArray[np.bool_]:
-        return self.inner.eligible()
-
-    def collect(self, users: NDArray[np.int64] | None, eps: float, purpose: str) -> Aggregate:
-        self.asked[purpose] = None if users is None else users.copy()
-        return self.inner.collect(users, eps, purpose)
 
 
 def test_the_port_answers_only_the_requested_users() -> None:
