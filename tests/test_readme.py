@@ -17,8 +17,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
-# pages other helpers of issue 19 write in parallel; the lead removes this after merging them
-PENDING = {"docs/accounting.md", "docs/families.md", "docs/operator.md", "docs/stages.md"}
 
 
 def test_readme_is_short() -> None:
@@ -64,7 +62,7 @@ def _pages() -> list[Path]:
 
 def test_every_relative_link_resolves() -> None:
     """Every relative link (``[text](target)``, the anchor dropped) of the README and the docs
-    pages names an existing file or folder (or one of the pages pending a merge)."""
+    pages names an existing file or folder."""
     broken = []
     for page in _pages():
         text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
@@ -73,18 +71,17 @@ def test_every_relative_link_resolves() -> None:
             if not path or re.match(r"[a-z]+:", path):
                 continue  # an anchor in the page itself, or a URL
             resolved = (page.parent / path).resolve()
-            if not resolved.exists() and str(resolved.relative_to(ROOT)) not in PENDING:
+            if not resolved.exists():
                 broken.append(f"{page.relative_to(ROOT)}: {target}")
     assert not broken, broken
 
 
 def test_the_docs_index_lists_every_page() -> None:
-    """docs/README.md links every page of docs/ (and the pending ones)."""
+    """docs/README.md links every page of docs/."""
     index = (DOCS / "README.md").read_text()
     linked = {(DOCS / t.split("#")[0]).resolve() for t in re.findall(r"\]\(([^)\s]+)\)", index)}
     pages = {p.resolve() for p in DOCS.rglob("*.md") if p.name != "README.md"}
     assert pages <= linked, sorted(str(p) for p in pages - linked)
-    assert {(ROOT / p).resolve() for p in PENDING} <= linked
 
 
 def test_readme_python_example_runs() -> None:
