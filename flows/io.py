@@ -37,6 +37,7 @@ from privstream.connectors.kafka import (
     record_message,
 )
 from privstream.connectors.kafka_sink import kafka_output
+from privstream.connectors.parsed import split_parsed
 from privstream.connectors.sources import SyntheticSource, detect_format, file_source
 from privstream.families.registry import Family, FamilyConfig
 from privstream.families.spec import DatasetFactory
@@ -293,8 +294,7 @@ def parse_polls(
 
 
 def _split_parsed(parsed: Stream[Any]) -> tuple[Stream[EventBatch], Stream[DeadLetter]]:
-    split = op.branch("split_parsed", parsed, lambda item: isinstance(item, EventBatch))
-    return split.trues, split.falses
+    return split_parsed("split_parsed", parsed)
 
 
 def outputs(

@@ -13,9 +13,9 @@ import logging
 import os
 from pathlib import Path
 
+from privstream.mechanisms.seeding import ENV_SECRET as ENV_SECRET
 from privstream.mechanisms.seeding import NoiseKey, SecretError, clock_key_from_text
 
-ENV_SECRET = "PRIVSTREAM_SECRET"
 ENV_CLOCK_KEY = "PRIVSTREAM_CLOCK_KEY"
 HOW_TO = (
     "give one with --secret-file FILE or $PRIVSTREAM_SECRET (make it with: python -c "
@@ -42,10 +42,7 @@ def resolve_noise_key(
         text = secret.decode("utf-8", "replace") if isinstance(secret, bytes) else secret
         return NoiseKey.from_text(text)
     if secret_file is not None:
-        path = Path(secret_file)
-        if not path.is_file():
-            raise SecretError(f"secret file {path} does not exist")
-        return NoiseKey.from_text(path.read_text("utf-8", "replace"), origin=f"secret file {path}")
+        return NoiseKey.from_file(secret_file)
     if insecure_seed is not None:
         log.warning(
             "noise from the public seed %d: releases are reproducible by anyone and NOT private; "
@@ -53,9 +50,8 @@ def resolve_noise_key(
             insecure_seed,
         )
         return NoiseKey.insecure_seed(insecure_seed)
-    env = os.environ.get(ENV_SECRET)
-    if env:
-        return NoiseKey.from_text(env, origin=f"${ENV_SECRET}")
+    if os.environ.get(ENV_SECRET):
+        return NoiseKey.from_env(ENV_SECRET)
     raise SecretError(f"refusing to start without a secret noise key: {HOW_TO}")
 
 

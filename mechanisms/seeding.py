@@ -18,14 +18,19 @@ noise is public, and every release and metric of such a run says so.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+import os
+import secrets
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from randomgen import AESCounter
 
 from privstream.mechanisms.key_strength import MAKE_ONE, key_weakness
 
+ENV_SECRET = "PRIVSTREAM_SECRET"
+"""The environment variable holding a run's noise key (``NoiseKey.from_env``, the CLI)."""
 STREAM_LEVEL = -(2**62)  # the "slot" of randomness that belongs to a stream, not to one slot
 _FINGERPRINT_PERSON = b"privstream-fp"
 _ENROLMENT_PERSON = b"privstream-enrol"
@@ -66,6 +71,35 @@ class NoiseKey:
         if why is not None:
             raise SecretError(f"{origin} {why}; {MAKE_ONE}")
         return cls(value.encode())
+
+    @classmethod
+    def from_env(
+        cls, variable: str = ENV_SECRET, environ: Mapping[str, str] | None = None
+    ) -> NoiseKey:
+        """The secret key held by the environment variable ``variable`` (default
+        ``$PRIVSTREAM_SECRET``, as the CLI reads it), checked as ``from_text`` checks it; an
+        unset or empty variable is refused (``SecretError``) with how to make a key."""
+        value = (os.environ if environ is None else environ).get(variable, "")
+        if not value.strip():
+            raise SecretError(f"${variable} is not set; {MAKE_ONE}, and export it")
+        return cls.from_text(value, origin=f"${variable}")
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> NoiseKey:
+        """The secret key held by the file ``path`` (as ``--secret-file`` reads it), checked
+        as ``from_text`` checks it; a missing file is refused (``SecretError``)."""
+        file = Path(path)
+        if not file.is_file():
+            raise SecretError(f"secret file {file} does not exist")
+        return cls.from_text(file.read_text("utf-8", "replace"), origin=f"secret file {file}")
+
+    @classmethod
+    def generate(cls) -> NoiseKey:
+        """A fresh random 256-bit key of this process only (``secrets.token_hex(32)``): private
+        releases, but no later process can have it, so a recovery store bound to it cannot be
+        resumed (refused by its fingerprint). For tests and throwaway in-process runs; a service
+        reads its key with ``from_env`` or ``from_file``."""
+        return cls.from_text(secrets.token_hex(32), origin="a generated key")
 
     @classmethod
     def insecure_seed(cls, seed: int) -> NoiseKey:

@@ -71,6 +71,11 @@ from privstream.schema.events import (
 
 log = logging.getLogger(__name__)
 
+HELD_BACK_BATCHES = 16
+"""Batches of one stream, every one from input partition 0 while the slotting expects several
+partitions, after which the operator warns (once per stream and process) that the other
+partitions hold the stream back (``SlottedLogic._warn_partition_zero``)."""
+
 
 @dataclass(frozen=True)
 class SlottedPlan:
@@ -154,6 +159,7 @@ class SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
                 mechanism.check_state(resume.mechanisms[name])
             self.population.withdraw(resume, step_id)
         self.state: StreamState | None = resume
+        self.zero_batches = 0  # batches while partition 0 alone delivered (not snapshotted)
         if resume is not None:
             for name in self.mechanisms:
                 resume.tallies.setdefault(name, Tally())
@@ -208,6 +214,7 @@ class SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
                 continue
             try:
                 self._take(state, batch, marks, out, notes)
+                self._warn_partition_zero(state, marks)
             except Exception as exc:  # a broken stream halts; the process serves the others
                 reason = f"slotting failed: {failure(exc)}"
                 slot = -1 if state.last_closed is None else state.last_closed + 1
@@ -230,6 +237,33 @@ class SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
         out.extend(("dead_letter", d) for d in self.windower.ingest(state, batch, notes))
         for target in self.clock.targets(state, batch, marks, out, notes):
             self._close_through(state, target, out, notes)
+
+    def _warn_partition_zero(self, state: StreamState, marks: PartitionWatermarks) -> None:
+        """Warn once when ``HELD_BACK_BATCHES`` batches of a stream that has released nothing
+        all came from partition 0 while the slotting expects several: no slot can close until
+        every partition delivered. Either the source does not stamp the Kafka partition on its
+        batches (Bytewax's own ``KafkaSource``: every batch says partition 0, and the
+        per-partition watermarks are lost), or the producers write the stream to partition 0
+        only. With one partition configured the two cannot be told apart (docs/composing.md)."""
+        if self.zero_batches < 0 or state.last_closed is not None:
+            return
+        if not marks.only_first_delivered():
+            self.zero_batches = 0
+            return
+        self.zero_batches += 1
+        if self.zero_batches < HELD_BACK_BATCHES:
+            return
+        self.zero_batches = -1  # warned
+        log.warning(
+            "step %s: stream %r: %d batches, every one from input partition 0, while the "
+            "slotting expects %d partitions, so no slot can close until every partition "
+            "delivered. A source that does not stamp the Kafka partition (Bytewax's own "
+            "KafkaSource) loses the per-partition watermarks: read the topic with "
+            "privstream.dataflow.KafkaEventSource and parse_raw_batch (docs/composing.md). "
+            "Otherwise the producers write this stream to partition 0 only: spread it over "
+            "every partition (privstream produce --spread).",
+            self.step_id, state.stream, HELD_BACK_BATCHES, self.cfg.partitions,
+        )  # fmt: skip
 
     def on_eof(self) -> tuple[Iterable[Output], bool]:
         out: list[Output] = []

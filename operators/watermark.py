@@ -99,6 +99,15 @@ class PartitionWatermarks:
         self.firsts = [*self._firsts(), *([None] * added)]
         self.partitions = partitions
 
+    def only_first_delivered(self) -> bool:
+        """Whether, of several partitions, partition 0 alone has delivered anything (an event
+        or a marker) for the stream: the others hold it back (``closable`` stays None)."""
+        if self.partitions < 2 or (self.max_slots[0] is None and self.marks[0] is None):
+            return False
+        return all(
+            self.max_slots[p] is None and self.marks[p] is None for p in range(1, self.partitions)
+        )
+
     def mark(self, partition: int, complete_through: int) -> None:
         """``partition`` declared every slot ``<= complete_through`` complete."""
         self.check(partition)

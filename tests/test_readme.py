@@ -7,12 +7,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from privstream.mechanisms.seeding import SecretError
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -84,13 +87,46 @@ def test_the_docs_index_lists_every_page() -> None:
     assert pages <= linked, sorted(str(p) for p in pages - linked)
 
 
-def test_readme_python_example_runs() -> None:
+def _example() -> str:
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
     assert blocks, "README lost its example"
+    return str(blocks[0])
+
+
+def test_readme_python_example_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The example runs with a real key from ``$PRIVSTREAM_SECRET`` (never an int seed: its
+    releases are not marked insecure) and releases every slot."""
+    monkeypatch.setenv("PRIVSTREAM_SECRET", secrets.token_hex(32))
+    blocks = [_example()]
+    assert "secret=NoiseKey.from_env()" in blocks[0]
     namespace: dict[str, object] = {}
     exec(compile(blocks[0], str(README), "exec"), namespace)
     releases = namespace["releases"]
     assert isinstance(releases, list) and [r.slot for r in releases] == list(range(1, 41))
+    assert not any(r.insecure_seed for r in releases)
+
+
+def test_readme_example_without_a_key_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Copied without ``$PRIVSTREAM_SECRET``, the example stops before any release and says how
+    to make a key."""
+    monkeypatch.delenv("PRIVSTREAM_SECRET", raising=False)
+    with pytest.raises(SecretError, match=r"\$PRIVSTREAM_SECRET is not set; make one with"):
+        exec(compile(_example(), str(README), "exec"), {})
+
+
+def test_readme_python_example_passes_mypy_strict(tmp_path: Path) -> None:
+    """The example type-checks under ``mypy --strict`` (the split is typed, ``run_main`` has
+    its signature), with this checkout's privstream."""
+    example = tmp_path / "compose_example.py"
+    example.write_text(_example())
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MYPYPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--config-file",
+         str(ROOT / "pyproject.toml"), str(example)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Success: no issues found in 1 source file" in done.stdout
 
 
 def _shell_lines(*pages: Path) -> list[str]:
