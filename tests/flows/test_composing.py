@@ -45,7 +45,7 @@ def test_noise_key_from_env_file_and_generated(tmp_path: Path) -> None:
     path = tmp_path / "noise.key"
     path.write_text(key + "\n")
     assert NoiseKey.from_file(path) == NoiseKey(key.encode())
-    with pytest.raises(SecretError, match="secret file .*missing.key does not exist"):
+    with pytest.raises(SecretError, match=r"secret file .*missing\.key does not exist"):
         NoiseKey.from_file(tmp_path / "missing.key")
     a, b = NoiseKey.generate(), NoiseKey.generate()
     assert not a.insecure and a != b and len(a.material) == 64
