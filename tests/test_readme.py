@@ -114,11 +114,14 @@ def test_readme_example_without_a_key_is_refused(monkeypatch: pytest.MonkeyPatch
         exec(compile(_example(), str(README), "exec"), {})
 
 
-def test_readme_python_example_passes_mypy_strict(tmp_path: Path) -> None:
-    """The example type-checks under ``mypy --strict`` (the split is typed, ``run_main`` has
-    its signature), with this checkout's privstream."""
+@pytest.mark.parametrize("page", ["README.md", "docs/composing.md"])
+def test_composition_examples_pass_mypy_strict(tmp_path: Path, page: str) -> None:
+    """The README's example and docs/composing.md's Kafka example type-check under
+    ``mypy --strict`` (the split is typed, ``run_main`` has its signature), with this checkout's
+    privstream."""
+    (block, *_) = re.findall(r"```python\n(.*?)```", (ROOT / page).read_text(), re.S)
     example = tmp_path / "compose_example.py"
-    example.write_text(_example())
+    example.write_text(block)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MYPYPATH": str(ROOT)}
     done = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "--config-file",
