@@ -29,7 +29,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Protocol
@@ -723,3 +723,41 @@ def wait_for_messages(
     finally:
         consumer.close()
     return messages
+
+
+def read_until_idle(
+    settings: KafkaSettings, topics: Sequence[str], idle_seconds: float = 2.0
+) -> Iterator[list[Any]]:
+    """Every partition of ``topics`` from its beginning, in batches of confluent-kafka
+    ``Message`` objects, until no message has arrived for ``idle_seconds`` (the tools' one
+    reader: ``privstream audit`` and ``privstream consume``).
+
+    No consumer group: the partitions are assigned (a group consumer waits for a rebalance, about
+    23 s on the embedded broker), and the end of a topic is not asked of the broker (Tansu 0.6's
+    high watermarks are wrong). A missing topic is ``TopicMissing`` (never created); a retriable
+    error is skipped, any other is ``ConnectionError``. Closing the generator (``break``)
+    closes the consumer."""
+    partitions = require_topics(settings, topics)
+    consumer = Consumer(consumer_config(settings, tail=True))  # no partition-EOF events
+    consumer.assign(
+        [TopicPartition(t, p, OFFSET_BEGINNING) for t, n in partitions.items() for p in range(n)]
+    )
+    quiet_since = time.monotonic()
+    try:
+        while time.monotonic() - quiet_since < idle_seconds:
+            messages = consumer.consume(10_000, min(0.5, idle_seconds))
+            if messages:
+                quiet_since = time.monotonic()
+            yield [m for m in messages if _readable(m)]
+    finally:
+        consumer.close()
+
+
+def _readable(message: Any) -> bool:
+    """False for a retriable error (skipped); ``ConnectionError`` for any other."""
+    error = message.error()
+    if error is None:
+        return True
+    if not error.retriable():
+        raise ConnectionError(f"cannot read topic {message.topic()!r}: {error.str()}")
+    return False
