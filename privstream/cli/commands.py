@@ -397,7 +397,7 @@ def _kafka_tools(commands: Any) -> None:
     topics_cmd = topics.add_subparsers(dest="topics_command", required=True)
     create = topics_cmd.add_parser(
         "create",
-        help="create the topics of a flow (idempotent); release and ledger topics are compacted",
+        help="create the topics of a flow (idempotent); release, ledger and extra-output topics are compacted",
     )
     create.add_argument(
         "--config", metavar="FLOW",
@@ -945,14 +945,15 @@ def _broker_foreground(host: str, port: int) -> int:
 
 
 def topics_create(args: argparse.Namespace) -> int:
-    """``privstream topics create``: the named topics, or a flow file's (``--config``); release
-    and ledger topics compacted, existing topics left alone."""
+    """``privstream topics create``: the named topics, or a flow file's (``--config``);
+    release, ledger and extra-output topics (keyed by release id) compacted, existing topics
+    left alone."""
     from privstream.connectors.kafka import RELEASE_TOPIC_CONFIG, TopicSpec, create_topics
 
     settings, topics, extra = _topics_to_create(args)
     inputs, outputs, dead_letters, ledger = topics
     roles = [(inputs, {}), (outputs, RELEASE_TOPIC_CONFIG), (dead_letters, {}),
-             (ledger, RELEASE_TOPIC_CONFIG), *((name, {}) for name in extra)]  # fmt: skip
+             (ledger, RELEASE_TOPIC_CONFIG), *((name, RELEASE_TOPIC_CONFIG) for name in extra)]  # fmt: skip
     specs = [
         TopicSpec(name, args.partitions, args.replication, config) for name, config in roles if name
     ]
@@ -1063,12 +1064,12 @@ def produce(args: argparse.Namespace) -> int:
     from privstream.connectors.datasets import synthetic_dataset
     from privstream.connectors.producer import produce_synthetic
 
+    last = _last_slot(args)
     key = _clock_key(args)
     if key is None:
         log.warning("end-of-slot markers written without a tag: a run on the markers clock "
                     "dead-letters them (give --clock-key-file or --secret-file)")  # fmt: skip
 
-    last = _last_slot(args)
     stream = synthetic_dataset(args.dataset, args.users, last, args.seed)
     count = args.users * (last - args.first_slot + 1)
     bar = None if args.no_progress else _progress_bar(count, "event")
@@ -1283,6 +1284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("privstream.status").setLevel(logging.INFO)  # told even without -v
     from privstream.connectors.broker import BrokerError
     from privstream.connectors.kafka import TopicMissing
     from privstream.mechanisms.errors import IncompatibleState
