@@ -29,7 +29,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Protocol
@@ -74,6 +74,8 @@ from privstream.schema.events import (
 from privstream.schema.keys import release_id
 
 log = logging.getLogger(__name__)
+STATUS_LOG: Final = logging.getLogger("privstream.status")
+"""What an operator is told at INFO even without ``-v`` (the CLI sets this logger to INFO)."""
 
 ENV_BOOTSTRAP: Final = "PRIVSTREAM_BOOTSTRAP"
 ENV_PROPERTY_PREFIX: Final = "PRIVSTREAM_KAFKA_"
@@ -323,6 +325,32 @@ class _Poll:
     offsets: list[int] | None = None  # only once they stop being consecutive
 
 
+class CaughtUp:
+    """Says once per source, at INFO on ``STATUS_LOG``, when every partition it reads in this
+    process has read all there was (no message for ``IDLE`` s after a fetch response): the
+    flow is waiting for input. Shared by a source's partitions; a partition that reads again
+    is not idle, but the line is never repeated."""
+
+    IDLE: Final = 1.0
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self._idle: dict[int, bool] = {}
+        self._said = False
+
+    def reading(self, partition: int) -> None:
+        self._idle[partition] = False
+
+    def idle(self, partition: int) -> None:
+        self._idle[partition] = True
+        if not self._said and all(self._idle.values()):
+            self._said = True
+            STATUS_LOG.info(
+                "caught up: read every message of input topic %r (%d partition(s)); waiting "
+                "for input (Ctrl-C or SIGTERM stops the run)", self.topic, len(self._idle),
+            )  # fmt: skip
+
+
 class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int, str | None]]):
     """One Kafka partition, read from the offset of the last snapshot.
 
@@ -343,6 +371,7 @@ class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int, str | No
         stop: StopSignal | None,
         stall_seconds: float = DEFAULT_STALL_SECONDS,
         topic_id: str | None = None,
+        caught_up: CaughtUp | None = None,
     ) -> None:
         consumer = self._consumer = Consumer(config)
         consumer.assign([TopicPartition(topic, partition, offset)])
@@ -356,6 +385,10 @@ class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int, str | No
         self._awake: datetime | None = None
         self._watermark_of = TopicPartition(topic, partition)
         self._lag: Gauge | None = None  # created with the broker's first watermark
+        self._caught_up = caught_up
+        self._last_read = time.monotonic()
+        if caught_up is not None:
+            caught_up.reading(partition)
         health = ClientHealth(SOURCE, topic, stall_seconds, f"partition {partition}")
         self._probe = Probe(  # started by the worker's first poll
             health, lambda timeout: topic_exists(consumer, topic, timeout), cluster_name(config)
@@ -384,7 +417,8 @@ class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int, str | No
             if len(values) - got < want:  # the wait is over or the partition ended
                 break
         self._awake = None if values else datetime.now(UTC) + self._IDLE
-        self._report_lag()
+        fetched = self._report_lag()
+        self._note_progress(bool(values), fetched)
         if poll.first is None:
             return []
         self._probe.health.progressed()
@@ -440,15 +474,29 @@ class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int, str | No
             )
         return len(messages)
 
-    def _report_lag(self) -> None:
+    def _report_lag(self) -> bool:
         """``privstream_internal_consumer_lag`` from the high watermark of the last fetch
-        response (cached by librdkafka: no request), once the broker has reported one."""
+        response (cached by librdkafka: no request), once the broker has reported one; True
+        once it has."""
         _low, high = self._consumer.get_watermark_offsets(self._watermark_of, cached=True)
         if high < 0:
-            return
+            return False
         if self._lag is None:
             self._lag = CONSUMER_LAG.labels(topic=self._topic, partition=str(self._partition))
         self._lag.set(max(high - self._offset, 0))
+        return True
+
+    def _note_progress(self, read: bool, fetched: bool) -> None:
+        """Tell ``CaughtUp`` whether this partition read something, or has been idle for
+        ``CaughtUp.IDLE`` s since a fetch response."""
+        if self._caught_up is None:
+            return
+        now = time.monotonic()
+        if read:
+            self._last_read = now
+            self._caught_up.reading(self._partition)
+        elif fetched and now - self._last_read >= CaughtUp.IDLE:
+            self._caught_up.idle(self._partition)
 
     def next_awake(self) -> datetime | None:
         return self._awake
@@ -501,6 +549,7 @@ class KafkaEventSource(FixedPartitionedSource[RawBatch, SourceState]):
         self.stop = stop
         self.stall_seconds = stall_seconds
         self.partitions = 1  # until list_parts has counted them
+        self.caught_up = CaughtUp(topic) if tail else None
 
     def list_parts(self) -> list[str]:
         partitions = require_topics(self.settings, [self.topic])[self.topic]
@@ -545,7 +594,7 @@ class KafkaEventSource(FixedPartitionedSource[RawBatch, SourceState]):
         offset = self._resume_offset(resume_state)
         return _EventPartition(
             config, self.topic, index, offset, self.batch_size, self.stop, self.stall_seconds,
-            self.topic_id(),
+            self.topic_id(), self.caught_up,
         )  # fmt: skip
 
 
@@ -723,3 +772,41 @@ def wait_for_messages(
     finally:
         consumer.close()
     return messages
+
+
+def read_until_idle(
+    settings: KafkaSettings, topics: Sequence[str], idle_seconds: float = 2.0
+) -> Iterator[list[Any]]:
+    """Every partition of ``topics`` from its beginning, in batches of confluent-kafka
+    ``Message`` objects, until no message has arrived for ``idle_seconds`` (the tools' one
+    reader: ``privstream audit`` and ``privstream consume``).
+
+    No consumer group: the partitions are assigned (a group consumer waits for a rebalance, about
+    23 s on the embedded broker), and the end of a topic is not asked of the broker (Tansu 0.6's
+    high watermarks are wrong). A missing topic is ``TopicMissing`` (never created); a retriable
+    error is skipped, any other is ``ConnectionError``. Closing the generator (``break``)
+    closes the consumer."""
+    partitions = require_topics(settings, topics)
+    consumer = Consumer(consumer_config(settings, tail=True))  # no partition-EOF events
+    consumer.assign(
+        [TopicPartition(t, p, OFFSET_BEGINNING) for t, n in partitions.items() for p in range(n)]
+    )
+    quiet_since = time.monotonic()
+    try:
+        while time.monotonic() - quiet_since < idle_seconds:
+            messages = consumer.consume(10_000, min(0.5, idle_seconds))
+            if messages:
+                quiet_since = time.monotonic()
+            yield [m for m in messages if _readable(m)]
+    finally:
+        consumer.close()
+
+
+def _readable(message: Any) -> bool:
+    """False for a retriable error (skipped); ``ConnectionError`` for any other."""
+    error = message.error()
+    if error is None:
+        return True
+    if not error.retriable():
+        raise ConnectionError(f"cannot read topic {message.topic()!r}: {error.str()}")
+    return False

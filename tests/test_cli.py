@@ -341,3 +341,87 @@ def test_the_clock_catches_up_from_a_flow_file(
     assert call["topic"] == "events" and call["bootstrap"] == "kafka-bootstrap.kafka.svc:9092"
     assert call["streams"] == ["country", "device", "page", "session", "visits"]
     assert main(["clock", "--topic", "t", "--secret-file", str(key)]) == 2  # no stream, no config
+
+
+def test_the_environments_bootstrap_never_makes_a_file_run_a_kafka_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``export PRIVSTREAM_BOOTSTRAP=…`` (docs/kafka.md) and then a synthetic or file run: it
+    runs on its dataset; only a run naming Kafka (a topic flag, --bootstrap) is a Kafka run."""
+    monkeypatch.setenv("PRIVSTREAM_BOOTSTRAP", "127.0.0.1:1")  # nobody listens there
+    out = tmp_path / "x.jsonl"
+    base = ["run", "ldp-ids", "--users", "500", "--slots", "5", "--window", "5",
+            "--insecure-seed", "1", "--no-progress"]  # fmt: skip
+    assert main([*base, "--dataset", "sin", "--out", str(out)]) == 0
+    assert [r["slot"] for r in read(out)] == [1, 2, 3, 4, 5]
+    events = tmp_path / "events.csv"
+    events.write_text("".join(f"u{u},{t},{u % 2}\n" for u in range(40) for t in (1, 2, 3)))
+    assert main([*base, "--dataset", f"file:{events}", "--out", str(out)]) == 0
+    assert [r["slot"] for r in read(out)] == [1, 2, 3]
+    capsys.readouterr()
+    # naming a Kafka output without the input is a Kafka run, refused in one line
+    assert main([*base, "--output-topic", "releases"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "privstream: error: Kafka runs need --input-topic and --output-topic (leave out "
+        "--bootstrap and the topic flags for a file or synthetic run)"
+    ]
+
+
+def test_produce_names_its_last_slot_and_refuses_an_empty_range(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The refusal comes before any broker is reached (none listens on port 1)."""
+    base = ["produce", "--topic", "events", "--bootstrap", "127.0.0.1:1", "--insecure-seed", "1"]
+    assert main([*base, "--first-slot", "101", "--last-slot", "50"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "privstream: error: empty slot range: --first-slot 101 is after the last slot 50 "
+        "(--last-slot is the last slot written, not a count)"
+    ]
+    assert main([*base, "--first-slot", "101", "--slots", "50"]) == 2  # the deprecated alias
+    assert "--slots is deprecated: it is the last slot, not a count; give --last-slot 50" in (
+        caplog.text
+    )
+    assert "empty slot range: --first-slot 101 is after the last slot 50" in capsys.readouterr().err
+    assert main([*base, "--slots", "5", "--last-slot", "6"]) == 2
+    assert "--slots 5 and --last-slot 6 disagree" in capsys.readouterr().err
+
+
+def test_topics_create_from_a_flow_file_compacts_what_is_keyed_by_release_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from privstream.connectors import kafka
+
+    made: list[Any] = []
+    monkeypatch.setattr(kafka, "create_topics", lambda settings, specs: made.extend(specs) or {})
+    flow = tmp_path / "flow.toml"
+    flow.write_text(
+        '[kafka]\nbootstrap = "b:9092"\ninput_topic = "ev"\noutput_topic = "rel"\n'
+        'ledger_topic = "led"\ndead_letter_topic = "dlq"\n\n[population]\nusers = 100\n'
+        'epsilon = 1.0\nwindow = 5\n\n[[streams]]\nname = "s"\nfamily = "ldp-ids"\n'
+        'mechanisms = ["LPA"]\ndomain = 2\nshare = 1.0\n'
+    )
+    assert main(["topics", "create", "--config", str(flow), "--partitions", "3"]) == 0
+    assert [(s.name, s.partitions, dict(s.config)) for s in made] == [
+        ("ev", 3, {}),
+        ("rel", 3, {"cleanup.policy": "compact"}),
+        ("dlq", 3, {}),
+        ("led", 3, {"cleanup.policy": "compact"}),
+    ]
+    capsys.readouterr()
+    assert main(["topics", "create", "--config", str(flow), "--output-topic", "x"]) == 2
+    assert "--config takes the topics and Kafka settings from the flow file" in (
+        capsys.readouterr().err
+    )
+
+
+def test_consume_prints_each_value_as_one_json_line() -> None:
+    from privstream.cli.commands import _consumed_line
+
+    release = b'{"stream":"sin","mechanism":"LPA","slot":1,"estimate":[0.5, 0.5]}'
+    assert _consumed_line(release, {}) == release.decode()  # byte for byte
+    assert _consumed_line(release, {"stream": "sin", "mechanism": "LPA"}) == release.decode()
+    assert _consumed_line(release, {"mechanism": "LBU"}) is None
+    assert _consumed_line(b'{\n"a": 1}', {}) == '{"a": 1}'  # one line
+    assert _consumed_line(b"not json;1", {}) == '"not json;1"'  # a dead letter's raw bytes
+    assert _consumed_line(b"not json", {"stream": "sin"}) is None
+    assert _consumed_line(b"", {}) is None  # a tombstone

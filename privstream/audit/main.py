@@ -1059,33 +1059,20 @@ def read_topics(
     beginning, until no message has arrived for ``idle_seconds``: the end of a topic is not
     asked of the broker (Tansu's high watermarks are wrong). A missing topic is
     ``TopicMissing`` (never created), an unreadable one ``ConnectionError``."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
-    from privstream.connectors.kafka import consumer_config, require_topics
+    from privstream.connectors.kafka import read_until_idle
 
     if release_topic == ledger_topic:
         raise ValueError("the release and ledger topics must differ")
-    partitions = require_topics(settings, [release_topic, ledger_topic])
-    consumer = Consumer(consumer_config(settings, tail=True))  # no partition-EOF events
-    consumer.assign(
-        [TopicPartition(t, p, OFFSET_BEGINNING) for t, n in partitions.items() for p in range(n)]
-    )
     collector = Collector()
     sources = {release_topic: "release", ledger_topic: "ledger"}
-    tombstones, quiet_since = 0, time.monotonic()
-    try:
-        while time.monotonic() - quiet_since < idle_seconds:
-            messages = consumer.consume(10_000, min(0.5, idle_seconds))
-            batch, empty = _values(messages, sources)
-            tombstones += empty
-            for source, values in batch.items():
-                collector.take(source, values)
-            if messages:
-                quiet_since = time.monotonic()
-            if progress is not None:
-                progress(collector)
-    finally:
-        consumer.close()
+    tombstones = 0
+    for messages in read_until_idle(settings, [release_topic, ledger_topic], idle_seconds):
+        batch, empty = _values(messages, sources)
+        tombstones += empty
+        for source, values in batch.items():
+            collector.take(source, values)
+        if progress is not None:
+            progress(collector)
     if tombstones:
         collector.notes.append(f"{tombstones} empty messages (tombstones) skipped")
     return collector
@@ -1093,15 +1080,10 @@ def read_topics(
 
 def _values(messages: list[Any], sources: dict[str, str]) -> tuple[dict[str, list[bytes]], int]:
     """The stripped values of ``messages`` per source (``sources``: topic → source) and how
-    many were empty (tombstones); retriable errors are skipped, others ``ConnectionError``."""
+    many were empty (tombstones)."""
     batch: dict[str, list[bytes]] = {"release": [], "ledger": []}
     empty = 0
     for message in messages:
-        error = message.error()
-        if error is not None:
-            if not error.retriable():
-                raise ConnectionError(f"cannot read topic {message.topic()!r}: {error.str()}")
-            continue
         value = (message.value() or b"").strip()
         if value:
             batch[sources[message.topic() or ""]].append(value)

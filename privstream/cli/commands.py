@@ -391,19 +391,20 @@ def _bench_flags(p: argparse.ArgumentParser, family: Family) -> None:
 
 def _kafka_tools(commands: Any) -> None:
     """``privstream broker``, ``topics create`` and ``produce``."""
-    broker = commands.add_parser(
-        "broker", help="run the embedded Kafka-protocol broker (Tansu) until interrupted"
-    )
-    broker.add_argument("--host", default="127.0.0.1", help="listen address (default loopback)")
-    broker.add_argument("--port", type=int, help="listen port (default: a free port)")
+    _broker_parser(commands)
 
     topics = commands.add_parser("topics", help="manage the Kafka topics of a flow")
     topics_cmd = topics.add_subparsers(dest="topics_command", required=True)
     create = topics_cmd.add_parser(
         "create",
-        help="create the topics of a flow (idempotent); release and ledger topics are compacted",
+        help="create the topics of a flow (idempotent); release, ledger and extra-output topics are compacted",
     )
-    _kafka_flags(create, required=True)
+    create.add_argument(
+        "--config", metavar="FLOW",
+        help="create every topic of this flow file: input, output, ledger, dead letters and "
+        "each declared extra output (its [kafka] settings; no other topic flag)",
+    )  # fmt: skip
+    _kafka_flags(create)
     _topic_flags(create, input_required=False)
     create.add_argument("--partitions", type=_positive_int, default=1)
     create.add_argument("--replication", type=_positive_int, default=1)
@@ -413,11 +414,21 @@ def _kafka_tools(commands: Any) -> None:
     )
     produce.add_argument("--dataset", default="sin", help="lns, sin, log or a -con variant")
     produce.add_argument("--users", type=_positive_int, default=20_000)
-    produce.add_argument("--slots", type=_positive_int, default=100)
+    produce.add_argument(
+        "--first-slot", type=_positive_int, default=1,
+        help="first slot to write (default %(default)s)",
+    )  # fmt: skip
+    produce.add_argument(
+        "--last-slot", type=_positive_int, metavar="T",
+        help="last slot to write, inclusive (default 100): slots --first-slot..T",
+    )  # fmt: skip
+    produce.add_argument(
+        "--slots", type=_positive_int, dest="slots_deprecated", metavar="T",
+        help="deprecated: the same as --last-slot (it was always the last slot, not a count)",
+    )  # fmt: skip
     produce.add_argument("--seed", type=int, default=1, help="seed of the synthetic data")
     produce.add_argument("--topic", required=True, help="event topic (must exist)")
     produce.add_argument("--stream", help="stream name (default: the dataset name)")
-    produce.add_argument("--first-slot", type=_positive_int, default=1)
     produce.add_argument("--no-progress", action="store_true")
     produce.add_argument(
         "--spread",
@@ -427,7 +438,61 @@ def _kafka_tools(commands: Any) -> None:
     )
     _kafka_flags(produce, required=True)
     _clock_key_flags(produce)
+    _consume_parser(commands)
     _clock_tools(commands)
+
+
+def _consume_parser(commands: Any) -> None:
+    """``privstream consume TOPIC``."""
+    consume = commands.add_parser(
+        "consume",
+        help="print a topic (releases, ledger, dead letters, ...) as JSON lines from its "
+        "beginning, until no message arrived for --idle-seconds; no consumer group",
+    )
+    consume.add_argument("topic", metavar="TOPIC", help="the topic to read (every partition)")
+    consume.add_argument(
+        "--idle-seconds", type=_positive_float, default=3.0, metavar="S",
+        help="stop once no message arrived for S seconds (default %(default)s)",
+    )  # fmt: skip
+    consume.add_argument(
+        "--max-messages", type=_positive_int, metavar="N",
+        help="stop after printing N messages",
+    )  # fmt: skip
+    consume.add_argument("--stream", help='only messages whose "stream" is this')
+    consume.add_argument("--mechanism", help='only messages whose "mechanism" is this')
+    _kafka_flags(consume, required=True)
+
+
+def _broker_parser(commands: Any) -> None:
+    """``privstream broker [start|stop|status]``."""
+    from privstream.connectors.broker import DEFAULT_PORT, STORAGE_NOTE
+
+    broker = commands.add_parser(
+        "broker",
+        help=f"run the embedded Kafka-protocol broker (Tansu) for demos and trials; {STORAGE_NOTE}",
+        description=f"The embedded Kafka-protocol broker (Tansu) for demos and trials, with "
+        f"{STORAGE_NOTE}. 'start' (the default) runs it in this terminal until Ctrl-C, or in "
+        "the background with --detach; 'stop' and 'status' act on the detached one.",
+    )
+    broker.add_argument(
+        "action", nargs="?", choices=("start", "stop", "status"), default="start",
+        help="start (default), stop or status of the detached broker",
+    )  # fmt: skip
+    broker.add_argument("--host", default="127.0.0.1", help="listen address (default loopback)")
+    broker.add_argument(
+        "--port", type=_positive_int, default=DEFAULT_PORT,
+        help="listen port (default %(default)s); a port in use is refused",
+    )  # fmt: skip
+    broker.add_argument(
+        "--detach", action="store_true",
+        help="run in the background: print the bootstrap address and return once it answers "
+        "(stop it with 'privstream broker stop')",
+    )  # fmt: skip
+    broker.add_argument(
+        "--state-dir", type=Path, metavar="DIR",
+        help="where --detach records the broker (pid, address, log) for stop and status "
+        "(default $XDG_STATE_HOME/privstream or ~/.local/state/privstream)",
+    )  # fmt: skip
 
 
 def _clock_tools(commands: Any) -> None:
@@ -667,10 +732,11 @@ def _kafka_io(args: argparse.Namespace) -> Any:
     from privstream.connectors.kafka import require_topics
     from privstream.flows.io import KafkaIO
 
-    if not (args.bootstrap or args.input_topic or os.environ.get("PRIVSTREAM_BOOTSTRAP")):
-        return None
+    if not _names_kafka(args):
+        return None  # $PRIVSTREAM_BOOTSTRAP alone never makes a file or synthetic run a Kafka one
     if not args.input_topic or not args.output_topic:
-        raise ValueError("Kafka runs need --input-topic and --output-topic")
+        raise ValueError("Kafka runs need --input-topic and --output-topic (leave out "
+                         "--bootstrap and the topic flags for a file or synthetic run)")  # fmt: skip
     settings = _kafka_settings(args)
     kafka = KafkaIO(
         settings, args.input_topic, args.output_topic, args.dead_letter_topic, args.ledger_topic,
@@ -681,6 +747,13 @@ def _kafka_io(args: argparse.Namespace) -> Any:
         extra_topics=_extra_routes(args, FAMILIES[args.family], "topic"),
     )  # fmt: skip
     return kafka.with_partitions(require_topics(settings, kafka.topics()))
+
+
+def _names_kafka(args: argparse.Namespace) -> bool:
+    """A run is a Kafka run when its flags name Kafka (``--input-topic``, ``--bootstrap`` or
+    another topic flag); the environment supplies the bootstrap only then."""
+    topics = (args.input_topic, args.output_topic, args.dead_letter_topic, args.ledger_topic)
+    return bool(args.bootstrap or any(topics))
 
 
 def _task_options(args: argparse.Namespace, family: Family) -> dict[str, Any]:
@@ -823,39 +896,95 @@ def _serve_run(flow: Any, args: argparse.Namespace) -> None:
 
 
 def broker(args: argparse.Namespace) -> int:
+    """``privstream broker``: the embedded broker in this terminal (until Ctrl-C or SIGTERM),
+    in the background (``--detach``), or ``stop``/``status`` of the background one."""
+    from privstream.connectors import broker as embedded
+
+    state_dir = args.state_dir or embedded.default_state_dir()
+    if args.action == "stop":
+        stopped = embedded.stop_detached(state_dir)
+        what = "no detached broker was running" if stopped is None else (
+            f"stopped the embedded broker on {stopped.bootstrap} (pid {stopped.pid})")  # fmt: skip
+        print(f"{what} ({state_dir})", file=sys.stderr)
+        return 0
+    if args.action == "status":
+        state = embedded.read_state(state_dir)
+        if state is None:
+            print(f"no detached broker is running ({state_dir})", file=sys.stderr)
+            return 1
+        print(f"PRIVSTREAM_BOOTSTRAP={state.bootstrap}")
+        print(f"embedded broker running (pid {state.pid}, log {state.log}); "
+              f"{embedded.STORAGE_NOTE}", file=sys.stderr)  # fmt: skip
+        return 0
+    if args.detach:
+        state = embedded.detach(args.host, args.port, state_dir)
+        print(f"PRIVSTREAM_BOOTSTRAP={state.bootstrap}", flush=True)
+        print(f"embedded broker running in the background (pid {state.pid}, log {state.log}); "
+              f"{embedded.STORAGE_NOTE}; privstream broker stop stops it", file=sys.stderr)  # fmt: skip
+        return 0
+    return _broker_foreground(args.host, args.port)
+
+
+def _broker_foreground(host: str, port: int) -> int:
+    """The embedded broker until SIGINT or SIGTERM."""
     import signal
     import threading
 
-    from privstream.connectors.broker import EmbeddedBroker
+    from privstream.connectors.broker import STORAGE_NOTE, EmbeddedBroker
 
     done = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: done.set())
-    with EmbeddedBroker(args.host, args.port) as running:
+    with EmbeddedBroker(host, port) as running:
         print(f"PRIVSTREAM_BOOTSTRAP={running.bootstrap}", flush=True)
-        print("embedded broker running; Ctrl-C or SIGTERM stops it", file=sys.stderr)
+        print(f"embedded broker running ({STORAGE_NOTE}); Ctrl-C or SIGTERM stops it",
+              file=sys.stderr, flush=True)  # fmt: skip
         done.wait()
     print("embedded broker stopped", file=sys.stderr)
     return 0
 
 
 def topics_create(args: argparse.Namespace) -> int:
+    """``privstream topics create``: the named topics, or a flow file's (``--config``);
+    release, ledger and extra-output topics (keyed by release id) compacted, existing topics
+    left alone."""
     from privstream.connectors.kafka import RELEASE_TOPIC_CONFIG, TopicSpec, create_topics
 
-    roles = [
-        (args.input_topic, {}),
-        (args.output_topic, RELEASE_TOPIC_CONFIG),
-        (args.dead_letter_topic, {}),
-        (args.ledger_topic, RELEASE_TOPIC_CONFIG),
-    ]
+    settings, topics, extra = _topics_to_create(args)
+    inputs, outputs, dead_letters, ledger = topics
+    roles = [(inputs, {}), (outputs, RELEASE_TOPIC_CONFIG), (dead_letters, {}),
+             (ledger, RELEASE_TOPIC_CONFIG), *((name, RELEASE_TOPIC_CONFIG) for name in extra)]  # fmt: skip
     specs = [
         TopicSpec(name, args.partitions, args.replication, config) for name, config in roles if name
     ]
     if not specs:
-        raise ValueError("name at least one topic (--input-topic, --output-topic, ...)")
-    for name, status in create_topics(_kafka_settings(args), specs).items():
+        raise ValueError("name at least one topic (--input-topic, --output-topic, ...) or a "
+                         "flow file (--config FLOW)")  # fmt: skip
+    for name, status in create_topics(settings, specs).items():
         print(f"{name}: {status}")
     return 0
+
+
+def _topics_to_create(
+    args: argparse.Namespace,
+) -> tuple[Any, tuple[str | None, ...], list[str]]:
+    """The settings, the (input, output, dead-letter, ledger) topics and the extra outputs'
+    topics of ``topics create``: the flow file's (``--config``) or the flags'."""
+    named = (args.input_topic, args.output_topic, args.dead_letter_topic, args.ledger_topic)
+    if args.config is None:
+        if not (args.bootstrap or os.environ.get("PRIVSTREAM_BOOTSTRAP")):
+            raise ValueError("topics create needs --bootstrap (or $PRIVSTREAM_BOOTSTRAP) or "
+                             "--config FLOW")  # fmt: skip
+        return _kafka_settings(args), named, []
+    if any(named) or args.bootstrap or args.kafka_config:
+        raise ValueError("--config takes the topics and Kafka settings from the flow file: "
+                         "leave out --bootstrap, --kafka-config and the --*-topic flags")  # fmt: skip
+    from privstream.flows.config import load
+    from privstream.flows.streams import kafka_io
+
+    kafka = kafka_io(load(args.config))
+    topics = (kafka.input_topic, kafka.output_topic, kafka.dead_letter_topic, kafka.ledger_topic)
+    return kafka.settings, topics, list(kafka.extra_topics.values())
 
 
 def _clock_key(args: argparse.Namespace) -> bytes | None:
@@ -912,17 +1041,37 @@ def clock_key(args: argparse.Namespace) -> int:
     return 0
 
 
+def _last_slot(args: argparse.Namespace) -> int:
+    """``produce``'s last slot: ``--last-slot`` (or the deprecated ``--slots``, with a
+    warning; default 100); an empty range ``--first-slot`` > last is refused."""
+    last, old = args.last_slot, args.slots_deprecated
+    if old is not None:
+        if last is not None and last != old:
+            raise ValueError(f"--slots {old} and --last-slot {last} disagree: give --last-slot")
+        log.warning("--slots is deprecated: it is the last slot, not a count; give --last-slot "
+                    "%d", old)  # fmt: skip
+        last = old
+    last = 100 if last is None else last
+    if args.first_slot > last:
+        raise ValueError(f"empty slot range: --first-slot {args.first_slot} is after the last "
+                         f"slot {last} (--last-slot is the last slot written, not a count)")  # fmt: skip
+    return last
+
+
 def produce(args: argparse.Namespace) -> int:
+    """``privstream produce``: slots ``--first-slot``..``--last-slot`` of a synthetic stream
+    onto a topic, with signed end-of-slot markers when a clock key is given."""
     from privstream.connectors.datasets import synthetic_dataset
     from privstream.connectors.producer import produce_synthetic
 
+    last = _last_slot(args)
     key = _clock_key(args)
     if key is None:
         log.warning("end-of-slot markers written without a tag: a run on the markers clock "
                     "dead-letters them (give --clock-key-file or --secret-file)")  # fmt: skip
 
-    stream = synthetic_dataset(args.dataset, args.users, args.slots, args.seed)
-    count = args.users * (args.slots - args.first_slot + 1)
+    stream = synthetic_dataset(args.dataset, args.users, last, args.seed)
+    count = args.users * (last - args.first_slot + 1)
     bar = None if args.no_progress else _progress_bar(count, "event")
     started = time.perf_counter()
     written = produce_synthetic(
@@ -944,6 +1093,49 @@ def produce(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def consume(args: argparse.Namespace) -> int:
+    """``privstream consume TOPIC``: the topic's messages on stdout, one JSON value a line
+    (a value that is not JSON as a JSON string), read with the tools' one reader
+    (``kafka.read_until_idle``); empty messages (tombstones) are skipped."""
+    from privstream.connectors.kafka import read_until_idle
+
+    printed = 0
+    wanted = {k: v for k, v in (("stream", args.stream), ("mechanism", args.mechanism)) if v}
+    for messages in read_until_idle(_kafka_settings(args), [args.topic], args.idle_seconds):
+        for message in messages:
+            line = _consumed_line(message.value() or b"", wanted)
+            if line is None:
+                continue
+            print(line)
+            printed += 1
+            if printed == args.max_messages:
+                break
+        sys.stdout.flush()
+        if printed == args.max_messages:
+            break
+    print(f"read {printed} messages from {args.topic}", file=sys.stderr)
+    return 0
+
+
+def _consumed_line(value: bytes, wanted: dict[str, str]) -> str | None:
+    """One JSON line for a message value — a one-line JSON value as it is, byte for byte, any
+    other text as a JSON string — or None when it is empty or the filter ``wanted`` (field →
+    value) leaves it out (only a JSON object can match one)."""
+    value = value.strip()
+    if not value:
+        return None
+    try:
+        data = json.loads(value)
+    except ValueError:
+        data = value.decode("utf-8", errors="replace")
+        line = json.dumps(data, ensure_ascii=False)
+    else:
+        line = value.decode() if b"\n" not in value else json.dumps(data, ensure_ascii=False)
+    if wanted and not (isinstance(data, dict) and all(data.get(k) == v for k, v in wanted.items())):
+        return None
+    return line
 
 
 def _report(result: dict[str, Any], path: str | None) -> int:
@@ -1092,6 +1284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("privstream.status").setLevel(logging.INFO)  # told even without -v
     from privstream.connectors.broker import BrokerError
     from privstream.connectors.kafka import TopicMissing
     from privstream.mechanisms.errors import IncompatibleState
@@ -1101,6 +1294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "broker": broker,
         "topics": topics_create,
         "produce": produce,
+        "consume": consume,
         "clock": clock,
         "clock-key": clock_key,
         "bench": {"kafka": bench_kafka, "noise": bench_noise}.get(

@@ -16,6 +16,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
+from privstream.connectors.broker import free_port
 from privstream.connectors.kafka import (
     DEAD_LETTER_REASON_HEADER,
     KafkaSettings,
@@ -476,13 +477,14 @@ def test_flow_rejects_a_recovery_store_of_another_secret_or_budget(
 
 
 def test_broker_command_serves_until_sigterm() -> None:
+    port = free_port()
     proc = subprocess.Popen(
-        [*PRIVSTREAM, "broker"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=cli_env(),
+        [*PRIVSTREAM, "broker", "--port", str(port)], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env=cli_env(),
     )  # fmt: skip
     assert proc.stdout is not None
     line = proc.stdout.readline().strip()
-    assert line.startswith("PRIVSTREAM_BOOTSTRAP=127.0.0.1:")
+    assert line == f"PRIVSTREAM_BOOTSTRAP=127.0.0.1:{port}"
     settings = KafkaSettings.from_options(
         None, environ={"PRIVSTREAM_BOOTSTRAP": line.split("=")[1]}
     )
