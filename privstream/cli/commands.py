@@ -7,6 +7,7 @@ The commands and their flags are contracts: scripts and later checks rely on the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -784,11 +785,13 @@ def _run_family(args: argparse.Namespace) -> int:
         for path in (args.out, args.ledger_out, args.dead_letter_out, *(extra_out or {}).values()):
             if path:  # outputs exist after the run even when nothing was written to them
                 Path(path).touch()
-        exit_on_interrupt(functools.partial(_interrupted_line, args, bar is not None))
+        stopping: Any = exit_on_interrupt(functools.partial(_interrupted_line, args, bar))
     else:
         control.install_signal_handlers()
+        stopping = contextlib.nullcontext()
     started, before = time.perf_counter(), counts_now()
-    _serve_run(flow, args)
+    with stopping:
+        _serve_run(flow, args)
     if bar is not None:
         bar.close()
     where = f"topic {args.output_topic}" if kafka is not None else args.out
@@ -798,13 +801,13 @@ def _run_family(args: argparse.Namespace) -> int:
     return _run_summary(args, counts, kafka is not None, incarnation.new, wrote)
 
 
-def _interrupted_line(args: argparse.Namespace, after_bar: bool) -> str:
+def _interrupted_line(args: argparse.Namespace, bar: Any) -> str:
     """The one line of a bounded run stopped by Ctrl-C (``summary.exit_on_interrupt``)."""
     if args.recovery_dir:
         then = f"run the same command again to resume from {args.recovery_dir}"
     else:
         then = f"{args.out} holds the releases so far; without --recovery-dir a run starts over"
-    return ("\n" if after_bar else "") + f"privstream: interrupted (SIGINT): {then}"
+    return ("\n" if bar is not None else "") + f"privstream: interrupted (SIGINT): {then}"
 
 
 def _run_summary(

@@ -8,10 +8,11 @@ dead-letter reason only: no raw value, no user id.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import FrameType
 
@@ -76,11 +77,7 @@ def summary_line(counts: RunCounts, dead_letters: str | None, keep_flag: str) ->
     accepted = f"accepted {counts.accepted} events"
     if not counts.rejected:
         return f"{accepted}, rejected none"
-    where = (
-        f"dead letters in {dead_letters}"
-        if dead_letters
-        else f"add {keep_flag} to keep them"
-    )
+    where = f"dead letters in {dead_letters}" if dead_letters else f"add {keep_flag} to keep them"
     return f"{accepted}; {_rejected_text(counts)}; {where}"
 
 
@@ -98,9 +95,11 @@ def nothing_accepted(
     return f"the run accepted no event: all {_rejected_text(counts)}; {where}{hint}"
 
 
-def exit_on_interrupt(line: Callable[[], str]) -> None:
-    """Ctrl-C (SIGINT) ends a bounded run at once with one line (``line()``) on stderr and exit
-    status ``INTERRUPTED``, without a Rust panic or traceback. Guarantee: this is a kill as
+@contextlib.contextmanager
+def exit_on_interrupt(line: Callable[[], str]) -> Iterator[None]:
+    """While inside, Ctrl-C (SIGINT) ends a bounded run at once with one line (``line()``) on
+    stderr and exit status ``INTERRUPTED``, without a Rust panic or traceback; the handler
+    before is back on leaving. Guarantee: this is a kill as
     ``tests/integration/test_recovery_kills.py`` exercises it: the recovery store keeps its
     last committed snapshot and the file sinks truncate to it on resume (they flush and fsync
     every batch), so a resume releases exactly what an uninterrupted run would."""
@@ -110,4 +109,8 @@ def exit_on_interrupt(line: Callable[[], str]) -> None:
         sys.stderr.flush()
         os._exit(INTERRUPTED)
 
-    signal.signal(signal.SIGINT, on_interrupt)
+    before = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
