@@ -955,7 +955,12 @@ def requirement_arrays(
     budgets = [e for e in epsilons if e >= epsilon]
     wins = [w for w in windows if w <= window]
     if not budgets or not wins:
-        raise ValueError(f"no grid value fits (ε={epsilon}, w={window})")
+        raise ValueError(
+            f"the synthetic population draws each user's ε_i from {list(epsilons)} at or above "
+            f"ε and w_i from {list(windows)} at or below w: ε={epsilon}, w={window} fits none; "
+            f"choose --window of at least {min(windows)} and --epsilon of at most "
+            f"{max(epsilons)} (or run a file with --registrations)"
+        )
     rng = np.random.default_rng([seed, 0x52455153])
     type_eps = rng.choice(np.array(budgets, dtype=np.float64), size=types)
     type_win = rng.choice(np.array(wins, dtype=np.int64), size=types)

@@ -343,6 +343,7 @@ def test_the_clock_catches_up_from_a_flow_file(
     assert main(["clock", "--topic", "t", "--secret-file", str(key)]) == 2  # no stream, no config
 
 
+<<<<<<< HEAD
 def test_the_environments_bootstrap_never_makes_a_file_run_a_kafka_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -425,3 +426,126 @@ def test_consume_prints_each_value_as_one_json_line() -> None:
     assert _consumed_line(b"not json;1", {}) == '"not json;1"'  # a dead letter's raw bytes
     assert _consumed_line(b"not json", {"stream": "sin"}) is None
     assert _consumed_line(b"", {}) is None  # a tombstone
+=======
+def _events_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "events.csv"
+    path.write_text(text)
+    return path
+
+
+def _file_run(src: Path, out: Path, *extra: str) -> list[str]:
+    return ["run", "ldp-ids", "--dataset", f"file:{src}", "--users", "10", "--window", "2",
+            "--out", str(out), "--no-progress", "--insecure-seed", "3", *extra]  # fmt: skip
+
+
+def _lines(err: str) -> list[str]:
+    """stderr without the log's warnings (the insecure seed, the incarnation)."""
+    return [line for line in err.splitlines() if not line.startswith("WARNING ")]
+
+
+def test_every_run_ends_with_what_it_accepted_and_rejected_by_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = _events_file(tmp_path, "user,slot,value\nalice,1,0\nbob,1,1\ncarol,2,x\ndave,2,1\n")
+    out, dead = tmp_path / "r.jsonl", tmp_path / "dead.jsonl"
+    assert main(_file_run(src, out)) == 0
+    err = capsys.readouterr().err
+    assert _lines(err)[-1] == (
+        "accepted 3 events; 1 events rejected (invalid_type: 1); "
+        "add --dead-letter-out FILE to keep them"
+    )
+    assert not any(name in err for name in ("alice", "bob", "carol", "dave")), "no user id"
+    assert main(_file_run(src, out, "--dead-letter-out", str(dead))) == 0
+    assert _lines(capsys.readouterr().err)[-1] == (
+        f"accepted 3 events; 1 events rejected (invalid_type: 1); dead letters in {dead}"
+    )
+    assert len(dead.read_text().splitlines()) == 1
+    synthetic = ["run", "ldp-ids", "--dataset", "sin", "--users", "500", "--slots", "8",
+                 "--window", "4", "--out", str(out), "--no-progress", "--insecure-seed", "3"]  # fmt: skip
+    assert main(synthetic) == 0
+    assert _lines(capsys.readouterr().err)[-1] == "accepted 4000 events, rejected none"
+
+
+def test_a_run_that_accepted_no_event_exits_1_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    semicolons = _events_file(tmp_path, "user;slot;value\nalice;1;0\nbob;1;1\ncarol;2;1\n")
+    out = tmp_path / "r.jsonl"
+    assert main(_file_run(semicolons, out)) == 1
+    assert _lines(capsys.readouterr().err) == [
+        "privstream: error: the run accepted no event: all 4 events rejected (malformed_csv: 4); "
+        "add --dead-letter-out FILE to see them (a file holds JSON lines or comma-separated CSV "
+        "with the columns user,slot,value: docs/cli.md)"
+    ]
+    assert out.read_text() == ""
+    empty = _events_file(tmp_path, "")
+    assert main(_file_run(empty, out)) == 1
+    assert _lines(capsys.readouterr().err) == [
+        "privstream: error: the run accepted no event: its input was empty"
+    ]
+    # a resume of a store that has read its whole input has nothing left: that is no error
+    good = _events_file(tmp_path, "alice,1,0\nbob,2,1\n")
+    store = ["--recovery-dir", str(tmp_path / "store")]
+    assert main(_file_run(good, out, *store)) == 0
+    assert _lines(capsys.readouterr().err)[-1] == "accepted 2 events, rejected none"
+    assert main(_file_run(good, out, *store)) == 0
+    assert _lines(capsys.readouterr().err)[-1] == "accepted 0 events, rejected none"
+    assert [r["slot"] for r in read(out)] == [1, 2]
+
+
+def test_a_personalized_synthetic_run_outside_the_grid_says_what_fits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["run", "personalized", "--dataset", "sin", "--users", "100", "--slots", "5",
+            "--out", str(tmp_path / "r.jsonl"), "--no-progress", "--insecure-seed", "3"]  # fmt: skip
+    for setting in (["--window", "20"], ["--epsilon", "2"]):
+        assert main([*argv, *setting]) == 2
+        err = _lines(capsys.readouterr().err)
+        assert len(err) == 1 and err[0].startswith("privstream: error: the synthetic population")
+        assert "[0.2, 0.4, 0.6, 0.8, 1.0] at or above ε" in err[0]
+        assert "[40, 80, 120, 160, 200] at or below w" in err[0]
+        assert "choose --window of at least 40 and --epsilon of at most 1.0" in err[0]
+    assert main([*argv, "--window", "40"]) == 0  # the smallest window that fits
+
+
+def test_ctrl_c_stops_a_bounded_run_with_one_line_and_the_resume_is_exact(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SIGINT mid-run: exit 130 with one line (no Rust panic, no traceback); running the same
+    command again resumes to exactly the releases of an uninterrupted run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out, whole = tmp_path / "r.jsonl", tmp_path / "whole.jsonl"
+    argv = ["run", "ldp-ids", "--dataset", "sin", "--users", "100000", "--slots", "300",
+            "--window", "20", "--no-progress", "--insecure-seed", "3",
+            "--recovery-dir", str(tmp_path / "store"), "--snapshot-interval", "0.2"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "privstream.cli", *argv, "--out", str(out)],
+        stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while (not out.exists() or len(out.read_text().splitlines()) < 20) and proc.poll() is None:
+        assert time.monotonic() < deadline, "the run wrote no releases"
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert _lines(err) == [
+        f"privstream: interrupted (SIGINT): run the same command again to resume from "
+        f"{tmp_path / 'store'}"
+    ]
+    assert "panicked" not in err and "Traceback" not in err
+    assert len(out.read_text().splitlines()) < 300, "interrupted before the end"
+    assert main([*argv, "--out", str(out)]) == 0
+    argv_whole = [a for a in argv if a != str(tmp_path / "store")]
+    argv_whole = [a for a in argv_whole if a != "--recovery-dir"]
+    assert main([*argv_whole, "--out", str(whole)]) == 0
+    assert out.read_bytes() == whole.read_bytes()
+    assert [r["slot"] for r in read(out)] == list(range(1, 301))
+>>>>>>> h-runs

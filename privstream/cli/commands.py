@@ -7,7 +7,9 @@ The commands and their flags are contracts: scripts and later checks rely on the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -25,6 +27,14 @@ from privstream.families.tasks import parse_mean_range
 from privstream.mechanisms.accountant import check_delta_bound
 from privstream.runtime.incarnation import Incarnation, refuse_overwrite
 from privstream.runtime.runner import run_dataflow, serve
+from privstream.runtime.summary import (
+    CSV_HINT,
+    RunCounts,
+    counts_now,
+    exit_on_interrupt,
+    nothing_accepted,
+    summary_line,
+)
 
 log = logging.getLogger("privstream")
 
@@ -848,18 +858,47 @@ def _run_family(args: argparse.Namespace) -> int:
         for path in (args.out, args.ledger_out, args.dead_letter_out, *(extra_out or {}).values()):
             if path:  # outputs exist after the run even when nothing was written to them
                 Path(path).touch()
+        stopping: Any = exit_on_interrupt(functools.partial(_interrupted_line, args, bar))
     else:
         control.install_signal_handlers()
-    started = time.perf_counter()
-    _serve_run(flow, args)
+        stopping = contextlib.nullcontext()
+    started, before = time.perf_counter(), counts_now()
+    with stopping:
+        _serve_run(flow, args)
     if bar is not None:
         bar.close()
     where = f"topic {args.output_topic}" if kafka is not None else args.out
     reason = f" ({control.current().reason})" if kafka is not None else ""
-    print(
-        f"wrote releases to {where} in {time.perf_counter() - started:.1f} s{reason}",
-        file=sys.stderr,
-    )
+    wrote = f"wrote releases to {where} in {time.perf_counter() - started:.1f} s{reason}"
+    counts = counts_now().since(before)
+    return _run_summary(args, counts, kafka is not None, incarnation.new, wrote)
+
+
+def _interrupted_line(args: argparse.Namespace, bar: Any) -> str:
+    """The one line of a bounded run stopped by Ctrl-C (``summary.exit_on_interrupt``)."""
+    if args.recovery_dir:
+        then = f"run the same command again to resume from {args.recovery_dir}"
+    else:
+        then = f"{args.out} holds the releases so far; without --recovery-dir a run starts over"
+    return ("\n" if bar is not None else "") + f"privstream: interrupted (SIGINT): {then}"
+
+
+def _run_summary(
+    args: argparse.Namespace, counts: RunCounts, on_kafka: bool, new: bool, wrote: str
+) -> int:
+    """Print ``wrote`` and what the run accepted and rejected (``summary.summary_line``); a
+    bounded run that accepted no event says only that, in one line, and exits 1 (a Kafka run
+    may legitimately have had no input while it ran: it exits 0)."""
+    dead = args.dead_letter_topic if on_kafka else args.dead_letter_out
+    keep = "--dead-letter-topic" if on_kafka else "--dead-letter-out FILE"
+    if not on_kafka:
+        hint = CSV_HINT if args.dataset.startswith("file:") else ""
+        refused = nothing_accepted(counts, not new, dead, keep, hint)
+        if refused is not None:
+            print(f"privstream: error: {refused}", file=sys.stderr)
+            return 1
+    print(wrote, file=sys.stderr)
+    print(summary_line(counts, dead, keep), file=sys.stderr)
     return 0
 
 

@@ -109,6 +109,7 @@ def _run_process(args: argparse.Namespace, config: Any) -> int:
     from privstream.flows.secret import resolve_noise_key
     from privstream.flows.streams import build_streams, kafka_io
     from privstream.runtime.runner import run_dataflow, serve
+    from privstream.runtime.summary import counts_now, summary_line
 
     cluster = _cluster(args)  # before reaching Kafka: a wrong command line fails at once
     kafka = kafka_io(config, until_slot=_get(args, "slots", None))
@@ -136,7 +137,7 @@ def _run_process(args: argparse.Namespace, config: Any) -> int:
     if internal_port is not None:
         internal = serve(internal_port, _get(args, "internal_metrics_addr", "127.0.0.1"), True)
     _watch_member(args, flow, cluster)
-    started = time.perf_counter()
+    started, before = time.perf_counter(), counts_now()
     try:
         run_dataflow(
             flow, _get(args, "workers", config.run.workers),
@@ -151,6 +152,8 @@ def _run_process(args: argparse.Namespace, config: Any) -> int:
     print(f"{len(config.streams)} streams to topic {kafka.output_topic} in "
           f"{time.perf_counter() - started:.1f} s ({control.current().reason})",
           file=sys.stderr)  # fmt: skip
+    keep = "dead_letter_topic under [kafka]"
+    print(summary_line(counts_now().since(before), kafka.dead_letter_topic, keep), file=sys.stderr)
     return 0
 
 

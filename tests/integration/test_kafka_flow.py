@@ -243,8 +243,8 @@ def test_bad_input_goes_to_the_dead_letter_topic_and_changes_no_release(
     run_cli(*run_flags(clean, kafka, users, slots, "LBA,LPD", secret_file), *limit,
             "--recovery-dir", str(clean_store))  # fmt: skip
     same_incarnation(clean_store, dirty_store)  # the same noise
-    run_cli(*run_flags(dirty, kafka, users, slots, "LBA,LPD", secret_file), *limit,
-            "--recovery-dir", str(dirty_store))  # fmt: skip
+    done = run_cli(*run_flags(dirty, kafka, users, slots, "LBA,LPD", secret_file), *limit,
+                   "--recovery-dir", str(dirty_store))  # fmt: skip
 
     want = by_id(wait_for_messages(kafka, clean.releases, lambda got: len(got) >= 2 * slots))
     got = by_id(wait_for_messages(kafka, dirty.releases, lambda got: len(got) >= 2 * slots))
@@ -257,6 +257,13 @@ def test_bad_input_goes_to_the_dead_letter_topic_and_changes_no_release(
     assert all(reason in REASONS for _, reason in seen)
     assert seen == Counter(expected)
     assert read_all(kafka, clean.dlq, settle=0.5) == []
+    # the run's summary: the same rejections by reason, counts only, and where they went
+    by_reason = Counter(reason for _, reason in expected)
+    reasons = ", ".join(f"{r}: {n}" for r, n in sorted(by_reason.items()))
+    assert done.stderr.splitlines()[-1] == (
+        f"accepted {users * slots} events; {sum(by_reason.values())} events rejected "
+        f"({reasons}); dead letters in {dirty.dlq}"
+    )
 
 
 # -- stopping, crashing, resuming -------------------------------------------------------------
