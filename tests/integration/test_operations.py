@@ -199,7 +199,7 @@ class _Cells(html.parser.HTMLParser):
             }
             flow = (self.row.pop("job", ""), self.row.pop("instance", ""))
             self.total = self.row.pop("total", "") == "flow"
-            if flow != ("", ""):
+            if self.row or flow != ("", ""):
                 self.flows[(self.table, tuple(sorted(self.row.items())))] = flow
         elif tag == "td" and "data-metric" in found:
             self.cell = (found["data-metric"], found.get("data-value", ""))
