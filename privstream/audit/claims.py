@@ -101,6 +101,8 @@ class ClaimCounts:
     budget: int = 0
     budget_detail: str = ""
     worst: float = 0.0
+    composed: bool = False
+    """``worst`` was computed: the largest composed spend, as ε at the expected δ."""
 
 
 def _key(pair: I64, slot: I64) -> I64:
@@ -462,7 +464,7 @@ def _check_composed(
         total = total + as_eps
     if allow_evaluation:  # an expected evaluation composes over its budget by design
         total = np.where(evaluation, 0.0, total)
-    counts.worst = float(total.max())
+    counts.worst, counts.composed = float(total.max()), True
     over = total > epsilon * (1 + RELATIVE)
     counts.budget += int(over.sum())
     names = ", ".join(name for name, _, _, _ in streams)

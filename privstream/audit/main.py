@@ -91,6 +91,7 @@ from privstream.audit.claims import (
     check_sources,
     check_stated,
 )
+from privstream.audit.summary import summary
 from privstream.schema.keys import release_id
 
 CHECKS = (
@@ -420,7 +421,11 @@ class Collector:
     @property
     def records(self) -> int:
         """Lines taken so far."""
-        return sum(self.lines.values()) + sum(map(len, self._pending.values()))
+        return sum(map(self.taken, self.lines))
+
+    def taken(self, source: str) -> int:
+        """Lines of ``source`` taken so far, processed or still pending."""
+        return self.lines[source] + len(self._pending[source])
 
     @property
     def distinct(self) -> dict[str, int]:
@@ -1013,22 +1018,29 @@ def _population_problem(rec: _Entry) -> str | None:
 
 
 class Progress:
-    """A progress line on stderr every ``PROGRESS_SECONDS`` while a long read goes on."""
+    """A progress line on stderr every ``PROGRESS_SECONDS`` while a long read goes on: the
+    lines taken so far (pending ones included), or, before the first, that it still waits."""
 
     def __init__(self) -> None:
         self.started = self.shown = time.monotonic()
 
     def __call__(self, collector: Collector) -> None:
         now = time.monotonic()
-        if now - self.shown >= PROGRESS_SECONDS:
-            self.shown = now
-            rate = collector.records / max(now - self.started, 1e-9)
-            print(
-                f"audit: read {collector.lines['release']:,} release and "
-                f"{collector.lines['ledger']:,} ledger lines ({rate:,.0f}/s)",
-                file=sys.stderr,
-                flush=True,
-            )
+        if now - self.shown < PROGRESS_SECONDS:
+            return
+        self.shown = now
+        print(progress_line(collector, now - self.started), file=sys.stderr, flush=True)
+
+
+def progress_line(collector: Collector, seconds: float) -> str:
+    """What the audit has read after ``seconds``: never "read 0 lines" before the first."""
+    if not collector.records:
+        return f"audit: nothing read yet after {seconds:.0f} s, waiting for the first line"
+    rate = collector.records / max(seconds, 1e-9)
+    return (
+        f"audit: read {collector.taken('release'):,} release and "
+        f"{collector.taken('ledger'):,} ledger lines ({rate:,.0f}/s)"
+    )
 
 
 def read_files(
@@ -1239,8 +1251,20 @@ def audit(
         "ok": all(c["ok"] for c in checks.values()),
         "checks": checks,
         "counts": _report_counts(collector, pub, slots, windows, accountant, claims, checks),
+        "budget": _report_budget(pub, expect, claims),
         "problems": findings.problems,
         "notes": findings.notes,
+    }
+
+
+def _report_budget(pub: Published, expect: Expectation, claims: ClaimCounts) -> dict[str, Any]:
+    """The budget expected (ε, δ: ``--max-epsilon``/``--max-delta`` or the flow file's), the
+    budget found (all streams composed at their worst slot, as ε at the expected δ; ``None``
+    when it could not be composed) and every distinct guarantee stated, in its own units."""
+    return {
+        "expected": {"epsilon": expect.epsilon, "delta": expect.delta},
+        "found": {"epsilon": claims.worst if claims.composed else None},
+        "guarantees": [text for _measure, _budget, _delta, text in pub.guarantees],
     }
 
 
@@ -1330,8 +1354,14 @@ def expectation(args: argparse.Namespace) -> tuple[Expectation, int | None]:
     return expect, args.population if args.population is not None else users
 
 
+JSON_STDOUT = "-"
+"""``--json`` without a file (or ``--json -``): the JSON report on stdout instead of the
+summary."""
+
+
 def main(args: argparse.Namespace) -> int:
-    """``privstream audit``: print the report (and write it to ``--json``); 0 when every check
+    """``privstream audit``: print the summary (``privstream.audit.summary``; the JSON report
+    with ``--json``, or the summary and the report in ``--json FILE``); 0 when every check
     holds, 1 when one fails (input errors raise: the CLI turns them into 2). With
     ``--metrics-port`` the verdict is served for ``--linger`` seconds afterwards (also when
     the inputs could not be read: then it says the audit failed)."""
@@ -1351,8 +1381,8 @@ def main(args: argparse.Namespace) -> int:
         raise
     report = audit(collector, population=population, expect_slots=args.expect_slots, expect=expect)
     text = json.dumps(report, indent=2)
-    print(text)
-    if args.json:
+    print(text if args.json == JSON_STDOUT else summary(report))
+    if args.json not in (None, JSON_STDOUT):
         Path(args.json).write_text(text + "\n")
     failed = [name for name, check in report["checks"].items() if not check["ok"]]
     print(

@@ -653,7 +653,14 @@ def _audit_parser(commands: Any) -> None:
         help="every (stream, mechanism) runs to slot T unless halted (default: its last slot)",
     )
     _audit_expectations(audit)
-    audit.add_argument("--json", metavar="FILE", help="also write the report to this file")
+    audit.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        metavar="FILE",
+        help="print the JSON report instead of the summary (for scripts); --json FILE: the "
+        "summary on stdout and the JSON report in FILE",
+    )
     audit.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     _audit_metrics(audit)
 
@@ -1266,7 +1273,8 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def audit(args: argparse.Namespace) -> int:
-    """``privstream audit``: the report on stdout (and ``--json``); 0 ok, 1 a check failed."""
+    """``privstream audit``: the summary on stdout (the JSON report with ``--json``, or in
+    ``--json FILE``); 0 ok, 1 a check failed."""
     from privstream.audit.main import main as run_audit
 
     return run_audit(args)

@@ -126,7 +126,7 @@ def check_audit(env: dict[str, str], topics: Topics) -> None:
         [str(ENTRYPOINT), "audit", "--release-topic", topics.releases, "--ledger-topic",
          topics.ledger, "--population", str(USERS), "--expect-slots", "5", "--no-progress",
          "--max-epsilon", str(EPSILON),
-         "--metrics-port", port, "--metrics-addr", "127.0.0.1", "--linger", "120"],
+         "--metrics-port", port, "--metrics-addr", "127.0.0.1", "--linger", "120", "--json"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,
     )  # fmt: skip

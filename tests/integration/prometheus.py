@@ -173,6 +173,8 @@ class PrometheusServer(LocalDaemon):
         rule_files: recording and alerting rules to evaluate (every second).
         alertmanagers: ``host:port`` of the Alertmanagers that receive its alerts.
         user_assets: a directory served at ``/user/`` (``--web.user-assets``).
+        config: a configuration file to run as is (e.g. ``deploy/prometheus/local.yml``)
+            instead of one scraping ``targets``.
     """
 
     name = "prometheus"
@@ -186,13 +188,15 @@ class PrometheusServer(LocalDaemon):
         rule_files: Sequence[Path] = (),
         alertmanagers: Sequence[str] = (),
         user_assets: Path | None = None,
+        config: Path | None = None,
     ) -> None:
         super().__init__(workdir)
         self.paths = ensure_prometheus()
         jobs = targets if isinstance(targets, Mapping) else {job: targets}
         self.user_assets = user_assets
-        self.config = workdir / "prometheus.yml"
-        self.config.write_text(scrape_config(jobs, rule_files, alertmanagers))
+        self.config = config or workdir / "prometheus.yml"
+        if config is None:
+            self.config.write_text(scrape_config(jobs, rule_files, alertmanagers))
         check_config([self.paths["promtool"], "check", "config", str(self.config)], "promtool")
 
     @property

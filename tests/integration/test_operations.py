@@ -42,6 +42,7 @@ from .test_kafka_flow import event, produce_lines
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "privstream-dashboard.json"
 PAGE = ROOT / "deploy" / "prometheus" / "page"
+RULES = ROOT / "deploy" / "prometheus" / "rules" / "privstream.rules.yml"
 SCREENSHOT = ROOT / "docs" / "images" / "privacy-page.png"
 USERS, SLOTS, WINDOW = 2000, 30, 10
 
@@ -143,7 +144,9 @@ def operations(
             "privstream-internal": [f"127.0.0.1:{p}" for p in internals.values()],
             "privstream-audit": [f"127.0.0.1:{audit}"],
         }
-        prom = stack.enter_context(PrometheusServer(jobs, workdir / "prometheus", user_assets=PAGE))
+        prom = stack.enter_context(
+            PrometheusServer(jobs, workdir / "prometheus", user_assets=PAGE, rule_files=[RULES])
+        )
         prom.wait_until(lambda: len(prom.query("up == 1")) == 7, "every target up", 30)
         yield Operations(prom, flows, internals, workdir)
 
@@ -178,6 +181,11 @@ class _Cells(html.parser.HTMLParser):
         self.measure = ""
         self.measures: dict[tuple[str, tuple[tuple[str, str], ...], str], str] = {}
         """Each budget cell's ``data-measure`` (the others have none)."""
+        self.flows: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[str, str]] = {}
+        """Each row's flow: its ``data-job`` and ``data-instance`` (dropped from its key)."""
+        self.total = False
+        self.totals: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+        """The rows of a flow's total over its streams (``data-total``)."""
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         found = {k: v or "" for k, v in attrs}
@@ -189,6 +197,10 @@ class _Cells(html.parser.HTMLParser):
             self.row = {
                 k.removeprefix("data-"): v for k, v in found.items() if k.startswith("data-")
             }
+            flow = (self.row.pop("job", ""), self.row.pop("instance", ""))
+            self.total = self.row.pop("total", "") == "flow"
+            if self.row or flow != ("", ""):
+                self.flows[(self.table, tuple(sorted(self.row.items())))] = flow
         elif tag == "td" and "data-metric" in found:
             self.cell = (found["data-metric"], found.get("data-value", ""))
             self.measure = found.get("data-measure", "")
@@ -201,6 +213,8 @@ class _Cells(html.parser.HTMLParser):
     def handle_endtag(self, tag: str) -> None:
         if tag == "td" and self.cell is not None:
             key = (self.table, tuple(sorted(self.row.items())), self.cell[0])
+            if self.total:
+                self.totals.add(key[:2])
             self.cells[key] = (self.cell[1], self.text.strip())
             if self.measure:
                 self.measures[key] = self.measure
@@ -248,14 +262,33 @@ def _truth(
 def _share(
     exposed: dict[tuple[str, tuple[tuple[str, str], ...]], float], row: tuple[tuple[str, str], ...]
 ) -> float:
-    """The spend of the (stream, mechanism)'s class closest to its own ε_c, as a share of it."""
+    """The spend of the (stream, mechanism)'s class closest to its own ε_c, as a share of it
+    (a class row: that class's own)."""
     ratios = [
         value / exposed[("privstream_class_budget", labels)]
         for (name, labels), value in exposed.items()
         if name == "privstream_class_budget_spent"
-        and {k: v for k, v in labels if k not in ("class", "measure")} == dict(row)
+        and {k: v for k, v in labels if k != "measure" and (k != "class" or "class" in dict(row))}
+        == dict(row)
     ]
     return max(ratios)
+
+
+def _firing(prom: PrometheusServer) -> set[tuple[str, str]]:
+    """(alertname, instance) of every alert firing now."""
+    samples = prom.query('ALERTS{alertstate="firing"}')
+    return {(s.labels["alertname"], s.labels.get("instance", "")) for s in samples}
+
+
+def _check_flows(page: _Cells, flows: dict[str, FlowProcess]) -> None:
+    """Every row of the spend tables names its flow: job ``privstream`` and the ``instance`` of
+    the flow whose endpoint serves its stream (three flows share the tables)."""
+    ports = {spec.stream: flows[spec.family].metrics_port for spec in FLOWS}
+    for (table, row), (job, instance) in page.flows.items():
+        if table in ("mechanisms", "population", "classes"):
+            assert job == "privstream", (table, row)
+            assert instance == f"127.0.0.1:{ports[dict(row)['stream']]}", (table, row)
+    assert {t for t, _r in page.flows} >= {"mechanisms", "population", "classes"}
 
 
 def test_the_page_without_grafana_shows_the_flows_metrics(
@@ -263,13 +296,18 @@ def test_the_page_without_grafana_shows_the_flows_metrics(
 ) -> None:
     url = f"{operations.prom.url}/user/privacy.html"
     page = _Cells()
+    before = _firing(operations.prom)
     page.feed(_chromium(url, "--dump-dom"))
+    after = _firing(operations.prom)
+    shown = {(dict(r)["alertname"], i) for (t, r), (_j, i) in page.flows.items() if t == "alerts"}
+    assert before & after <= shown <= before | after  # the alerts firing while it rendered
     assert page.state == "ready"
     exposed = _exposed(operations.flows)
     checked = 0
     budgets: dict[str, int] = {}
+    _check_flows(page, operations.flows)
     for (table, row, metric), (value, text) in page.cells.items():
-        if not value:
+        if not value or table == "alerts":
             continue
         if metric == "share":
             truth = _share(exposed, row)
@@ -287,6 +325,12 @@ def test_the_page_without_grafana_shows_the_flows_metrics(
             budgets[measure] = budgets.get(measure, 0) + 1
         else:
             assert float(text) == pytest.approx(truth, rel=1e-3), (table, row, metric, text)
+        number = text.split(" ")[-1]  # rounded for people: 4 significant digits, a residue 0
+        assert len(number.replace(".", "").replace("-", "").lstrip("0")) <= max(
+            4, len(str(int(abs(truth))))
+        ), (table, row, metric, text)
+        if 0 < abs(truth) < 1e-9:
+            assert number == "0", (table, row, metric, text)
         checked += 1
     rows = {(t, r) for t, r, _m in page.cells}
     mechanisms = {r for t, r in rows if t == "mechanisms"}
