@@ -343,7 +343,6 @@ def test_the_clock_catches_up_from_a_flow_file(
     assert main(["clock", "--topic", "t", "--secret-file", str(key)]) == 2  # no stream, no config
 
 
-<<<<<<< HEAD
 def test_the_environments_bootstrap_never_makes_a_file_run_a_kafka_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -426,7 +425,8 @@ def test_consume_prints_each_value_as_one_json_line() -> None:
     assert _consumed_line(b"not json;1", {}) == '"not json;1"'  # a dead letter's raw bytes
     assert _consumed_line(b"not json", {"stream": "sin"}) is None
     assert _consumed_line(b"", {}) is None  # a tombstone
-=======
+
+
 def _events_file(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "events.csv"
     path.write_text(text)
@@ -548,4 +548,3 @@ def test_ctrl_c_stops_a_bounded_run_with_one_line_and_the_resume_is_exact(
     assert main([*argv_whole, "--out", str(whole)]) == 0
     assert out.read_bytes() == whole.read_bytes()
     assert [r["slot"] for r in read(out)] == list(range(1, 301))
->>>>>>> h-runs
