@@ -41,8 +41,8 @@ install: $(DEV_STAMP) ## Create .venv and install privstream with the dev extra 
 test: $(DEV_STAMP) ## Run the whole test suite (installs what it needs)
 	$(BIN)/python -m pytest -n 2 --timeout 900
 
-test-fast: $(DEV_STAMP) ## The unit and flow tests only (no broker, no Prometheus), about a minute
-	$(BIN)/python -m pytest -n 2 --timeout 900 --ignore=tests/integration
+test-fast: $(DEV_STAMP) ## Unit and flow tests (no broker, Prometheus, container or slow tests), about two minutes with two cores
+	$(BIN)/python -m pytest -n 2 --timeout 900 --ignore=tests/integration --ignore=tests/deploy -m 'not slow'
 
 format: $(DEV_STAMP) ## Apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix .
