@@ -26,5 +26,5 @@ def require(extra: str, modules: Sequence[str], needed_by: str) -> None:
     if missing:
         raise MissingExtra(
             f"{needed_by} needs {', '.join(missing)}, which is not installed: "
-            f"pip install 'privstream[{extra}]' (or make demo)"
+            f"pip install 'privstream[{extra}]' (in a checkout: make demo)"
         )

@@ -77,7 +77,7 @@ def test_require_names_the_missing_modules_and_the_install_line(
         require("demo", DEMO_MODULES, "privstream demo")
     assert str(refused.value) == (
         "privstream demo needs matplotlib, which is not installed: "
-        "pip install 'privstream[demo]' (or make demo)"
+        "pip install 'privstream[demo]' (in a checkout: make demo)"
     )
     assert isinstance(refused.value, ImportError)
 
