@@ -41,7 +41,7 @@ install: $(DEV_STAMP) ## Create .venv and install privstream with the dev extra 
 test: $(DEV_STAMP) ## Run the whole test suite (installs what it needs)
 	$(BIN)/python -m pytest -n 2 --timeout 900
 
-test-fast: $(DEV_STAMP) ## Unit and flow tests (no broker, Prometheus, container or slow tests), about two minutes with two cores
+test-fast: $(DEV_STAMP) ## Unit and flow tests (no broker, Prometheus, container or slow tests): 2 to 4 minutes on two cores
 	$(BIN)/python -m pytest -n 2 --timeout 900 --ignore=tests/integration --ignore=tests/deploy -m 'not slow'
 
 format: $(DEV_STAMP) ## Apply ruff's fixes and formatting
