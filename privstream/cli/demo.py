@@ -38,6 +38,7 @@ from privstream.connectors.producer import produce_synthetic
 from privstream.connectors.synthetic import SyntheticStream
 from privstream.experiments import harness, plots
 from privstream.experiments import scores as utility
+from privstream.extras import DEMO_MODULES, require
 from privstream.flows.dataflow import build
 from privstream.flows.io import KafkaIO
 from privstream.flows.secret import ENV_SECRET
@@ -244,7 +245,9 @@ def run_demo(
     progress_bar: Callable[[int | None, str], Any],
 ) -> int:
     """Run the demo (steps 1 to 6 of the module docstring) and write its outputs to
-    ``out_dir``; returns the exit status."""
+    ``out_dir``; returns the exit status. Without the ``demo`` extra (the broker, the plot's
+    matplotlib) it refuses before starting anything (``MissingExtra``)."""
+    require("demo", DEMO_MODULES, "privstream demo")
     out_dir.mkdir(parents=True, exist_ok=True)
     names = list(MECHANISMS)
     stream = SyntheticStream("sin", users, slots, seed=seed)
