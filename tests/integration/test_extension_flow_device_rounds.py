@@ -28,7 +28,7 @@ from privstream.connectors.kafka import KafkaSettings
 from privstream.mechanisms.tasks import FrequencyTask
 from tests.extension.conftest import external_site  # noqa: F401  (the fixture)
 
-from .conftest import read_all, write_secret
+from .conftest import read_all
 from .extension_flows import produce, released_once, run_flow, tagged_flow
 
 USERS, SLOTS, FIRST, LAST, EPS, WINDOW = 2000, 12, 6, 11, 10.0, 5
@@ -70,11 +70,11 @@ def test_two_external_families_run_and_resume_with_device_state_and_rounds(
     external_site: dict[str, str],  # noqa: F811
 ) -> None:
     events, tag = produce(kafka, "sin", ("memo", "probe"), USERS, SLOTS), uuid.uuid4().hex[:8]
-    flow, key = _flow(tmp_path, kafka, events, tag), str(write_secret(tmp_path / "noise.key"))
+    flow, noise = _flow(tmp_path, kafka, events, tag), ("--insecure-seed", "19")
     store = tmp_path / "store"
-    run_flow(flow, "--slots", str(FIRST), "--secret-file", key, "--recovery-dir", str(store))
+    run_flow(flow, "--slots", str(FIRST), *noise, "--recovery-dir", str(store))
     epoch1, memo1 = _memo(store)
-    run_flow(flow, "--slots", str(LAST), "--secret-file", key, "--recovery-dir", str(store))
+    run_flow(flow, "--slots", str(LAST), *noise, "--recovery-dir", str(store))
     epoch2, memo2 = _memo(store)
     drawn = memo1.permanent != -1
     assert epoch2 > epoch1 and int(drawn.sum()) >= USERS  # every user's bit of slot 1 at least

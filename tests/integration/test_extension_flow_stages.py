@@ -15,7 +15,6 @@ from pathlib import Path
 from privstream.connectors.datasets import synthetic_dataset
 from privstream.connectors.kafka import KafkaSettings
 
-from .conftest import write_secret
 from .extension_flows import produce, released_once, run_flow, tagged_flow
 
 USERS, SLOTS, FIRST, LAST, EPS, WINDOW = 1500, 12, 6, 11, 5.0, 5
@@ -34,10 +33,10 @@ def test_a_flow_file_runs_and_resumes_a_family_with_a_device_stage(
     kafka: KafkaSettings, tmp_path: Path
 ) -> None:
     events, tag = produce(kafka, "sin", ("rr",), USERS, SLOTS), uuid.uuid4().hex[:8]
-    flow, key = _flow(tmp_path, kafka, events, tag), str(write_secret(tmp_path / "noise.key"))
+    flow, noise = _flow(tmp_path, kafka, events, tag), ("--insecure-seed", "19")
     store = str(tmp_path / "store")
-    run_flow(flow, "--slots", str(FIRST), "--secret-file", key, "--recovery-dir", store)
-    run_flow(flow, "--slots", str(LAST), "--secret-file", key, "--recovery-dir", store)
+    run_flow(flow, "--slots", str(FIRST), *noise, "--recovery-dir", store)
+    run_flow(flow, "--slots", str(LAST), *noise, "--recovery-dir", store)
     by_slot = {r["slot"]: r for r in released_once(kafka, f"releases-{tag}")}
     assert set(range(1, LAST + 1)) <= set(by_slot)
     data = synthetic_dataset("sin", USERS, SLOTS, 1)
