@@ -442,8 +442,10 @@ def test_the_page_without_grafana_shows_the_flows_metrics(
     shown = {(dict(r)["alertname"], i) for (t, r), (_j, i) in page.flows.items() if t == "alerts"}
     assert before & after <= shown <= before | after  # the alerts firing while it rendered
     # population division at 100 % (LPU, LPA) and LBU's steady state: no budget alert fires
+    # (CGM's stream budget, which never renews, is nearly spent by design of the fixture)
     budget_alerts = 'ALERTS{alertstate="firing", alertname=~"Privstream.*(Budget|Exhausted).*"}'
-    assert operations.prom.query(budget_alerts) == []
+    fired = [a.labels for a in operations.prom.query(budget_alerts)]
+    assert [a for a in fired if a["alertname"] != "PrivstreamGaussianBudgetNearlyExhausted"] == []
     assert page.state == "ready"
     exposed = _exposed(operations.flows)
     checked = 0
