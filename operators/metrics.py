@@ -28,6 +28,12 @@ metric has to be classified before it can be exported (the privacy audit enforce
     ever reported, public like every report count (the server sees who sends); under central
     DP the registration table's size, public by construction. At 1 further newcomers are
     ``population_full`` dead letters.
+* **Mechanism info** (``privstream_mechanism_info``, labels ``{stream, mechanism, division}``,
+  value 1): how the mechanism's ledger divides the budget among the users — ``budget`` (every
+  user charged alike), ``population`` (LDP-IDS LSP, LPU, LPD, LPA: disjoint users, each charged
+  the whole ε at most once per window, so the scope spend is the whole budget whenever anybody
+  reported in the window, by design), ``user`` (CGM) or a family's declared division. Public
+  code and configuration; the privacy page shows a population-division row at 100 % as normal.
 * **Run gauges** (``BOARD.set_run``, no labels, 0 unless set): ``privstream_insecure_seed`` is 1
   when the run's noise comes from a public reproducible seed — its outputs are never private;
   ``privstream_evaluation`` is 1 when the mechanisms run side by side with the full budget each
@@ -116,6 +122,8 @@ GENERIC_PUBLIC_METRICS: Final[frozenset[str]] = frozenset(
         "privstream_population_budget_remaining",
         "privstream_population_mechanisms",
         "privstream_population_enrolled_ratio",
+        # how each mechanism divides its budget among the users (public code)
+        "privstream_mechanism_info",
         # the unit each measure in use is read in (the privacy page shows budgets in it)
         "privstream_measure_unit",
         # how the run was configured
@@ -138,6 +146,8 @@ class _Account:
     population: int
     tally: Tally
     halted: bool
+    division: str = "budget"
+    """How the mechanism's ledger divides the budget (``Mechanism.division``)."""
     handed: int = -1
     """The last slot whose release was handed to the output sink (``last_released_slot``),
     filled in from the board's ``_handed`` at scrape time."""
@@ -311,6 +321,23 @@ def _account_families(accounts: dict[tuple[str, str], _Account]) -> Iterator[Met
     yield from _declared_families(accounts)
     yield from _class_families(accounts)
     yield from _unit_family(accounts)
+    yield from _info_family(accounts)
+
+
+def _info_family(accounts: dict[tuple[str, str], _Account]) -> Iterator[Metric]:
+    """``privstream_mechanism_info{stream, mechanism, division}`` = 1: each mechanism's division
+    (public code). A population-division mechanism spends its whole window budget whenever
+    anybody reported in the window, so its scope spend at 100 % is normal, not an alarm."""
+    family = GaugeMetricFamily(
+        PREFIX + "mechanism_info",
+        "1 per mechanism, labelled with how its ledger divides the budget among the users "
+        "(division: budget, population — the whole budget spent whenever anybody reported "
+        "in the window —, user, or a family's own).",
+        labels=(*LABELS, "division"),
+    )
+    for (stream, mechanism), account in sorted(accounts.items()):
+        family.add_metric([stream, mechanism, account.division], 1.0)
+    yield family
 
 
 def _unit_family(accounts: dict[tuple[str, str], _Account]) -> Iterator[Metric]:
@@ -470,13 +497,18 @@ class LedgerBoard(Collector):
         population: int,
         tally: Tally,
         halted: bool,
+        *,
+        division: str = "budget",
     ) -> None:
+        """Show ``mechanism``'s account on ``stream``: its guarantee ``cost``, the population
+        ``n``, a copy of its ``tally``, whether it ``halted`` and its ``division``
+        (``Mechanism.division``, exported on ``privstream_mechanism_info``)."""
         snapshot = Tally(**vars(tally))  # scrapes read a copy, never the live state
         key = (stream, mechanism)
         with self._lock:
             # A resumed state's releases were handed on before its snapshot was taken.
             self._handed.setdefault(key, tally.last_slot)
-            self._accounts[key] = _Account(cost, population, snapshot, halted)
+            self._accounts[key] = _Account(cost, population, snapshot, halted, str(division))
 
     def mark_handed(self, stream: str, mechanism: str, slot: int) -> None:
         """A release of ``slot`` reached the output sink's step: ``last_released_slot`` and

@@ -325,7 +325,8 @@ class SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
             BOARD.update_enrolment(state.stream, *enrolment)
         for name, mechanism in self.mechanisms.items():
             BOARD.update(state.stream, name, mechanism.privacy_cost, self.n,
-                         state.tallies[name], name in state.halted)  # fmt: skip
+                         state.tallies[name], name in state.halted,
+                         division=mechanism.division)  # fmt: skip
 
     # -- closing slots -------------------------------------------------------------------------
 

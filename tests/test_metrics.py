@@ -294,3 +294,25 @@ def _cgm() -> object:
     from privstream.mechanisms.cgm import CgmLedger
 
     return CgmLedger(0.0, 0.0, 1e-5, 0, 0, 0.0)
+
+
+def test_each_mechanism_names_its_division_on_an_info_gauge() -> None:
+    """``privstream_mechanism_info{stream, mechanism, division}`` = 1: a population-division
+    mechanism (LPU) spends its whole window budget whenever anybody reported, so a reader shows
+    its 100 % as normal; the operator passes each mechanism's own ``division``."""
+    from privstream.mechanisms.guarantees import Guarantee, PureDP, WindowScope
+    from privstream.operators.stream_state import Tally
+
+    cost = Guarantee(PureDP(1.0), WindowScope(10), "ldp")
+    board = LedgerBoard()
+    assert scrape(board)["privstream_mechanism_info"] == {}
+    board.update("s", "LBU", cost, 100, Tally(), False)  # the base class's division: budget
+    board.update("s", "LPU", cost, 100, Tally(), False, division="population")
+    board.update("t", "CGM", cost, 100, Tally(), False, division="user")
+    assert scrape(board)["privstream_mechanism_info"] == {
+        (("division", "budget"), ("mechanism", "LBU"), ("stream", "s")): 1.0,
+        (("division", "population"), ("mechanism", "LPU"), ("stream", "s")): 1.0,
+        (("division", "user"), ("mechanism", "CGM"), ("stream", "t")): 1.0,
+    }
+    board.clear()
+    assert scrape(board)["privstream_mechanism_info"] == {}

@@ -39,6 +39,8 @@ from privstream.connectors.kafka import (
     wait_for_messages,
 )
 from privstream.connectors.synthetic import SyntheticStream
+from privstream.families.registry import FAMILIES
+from privstream.mechanisms.accounting import DIVISIONS as DIVISION_SPECS
 from privstream.operators.metrics import (
     EVENTS,
     INTERNAL_PREFIX,
@@ -54,7 +56,9 @@ from .conftest import PRIVSTREAM, Topics, cli_env, run_cli
 from .prometheus import FlowProcess, read_keyed
 
 PREFIX = "privstream_"
-ALLOWED_LABELS = frozenset({"stream", "mechanism", "class", "client", "measure", "unit", "scale"})
+ALLOWED_LABELS = frozenset(
+    {"stream", "mechanism", "class", "client", "measure", "unit", "scale", "division"}
+)
 KAFKA_CLIENTS = frozenset({"source", "sink"})  # privstream_kafka_connected{client}
 # {unit, scale} of privstream_measure_unit: what a measure's charge type declares (public code)
 UNITS = frozenset({"ε", "μ", "ρ"})
@@ -165,7 +169,10 @@ def sample_problems(exposition: str, policy: Disclosure) -> list[str]:
     problems = []
     forbidden = policy.forbidden
     allowed = {"stream": policy.streams, "mechanism": policy.mechanisms, "client": KAFKA_CLIENTS,
-               "measure": MEASURES, "unit": UNITS, "scale": SCALES}  # fmt: skip
+               "measure": MEASURES, "unit": UNITS, "scale": SCALES,
+               # privstream_mechanism_info{division}: how a ledger divides the budget (public
+               # code: the built-in divisions and those the discovered families declare)
+               "division": frozenset(DIVISION_SPECS)}  # fmt: skip
     for family in text_string_to_metric_families(exposition):
         for sample in family.samples:
             if not sample.name.startswith(PREFIX):
@@ -209,7 +216,7 @@ POLICY = Disclosure(
 )
 
 
-def _leak(leak: str, registry: CollectorRegistry, spent: Gauge) -> None:
+def _leak(leak: str, registry: CollectorRegistry, spent: Gauge, info: Gauge) -> None:
     """Add the deliberate ``leak`` to ``registry`` (allow-listed names unless the name is it)."""
     pair = ["stream", "mechanism"]
     if leak == "true count":
@@ -232,6 +239,8 @@ def _leak(leak: str, registry: CollectorRegistry, spent: Gauge) -> None:
         ).labels("sin", "late_event").inc()
     elif leak == "unknown mechanism":
         spent.labels("sin", "XYZ").set(0.1)
+    elif leak == "undeclared division":
+        info.labels("sin", "LPA", "alice").set(1)
     elif leak == "secret":
         Gauge(PREFIX + "insecure_seed", f"Noise from {SECRET}.", registry=registry).set(1)
     elif leak == "user in help":
@@ -265,8 +274,10 @@ def fake_exposition(leak: str | None = None) -> str:
     used = Gauge(PREFIX + "window_users_used", "Used.", pair, registry=registry)
     used.labels("sin", "LBU").set(4544)  # a true count, but published already: allowed
     Gauge(PREFIX + "population_budget", "ε.", ["stream"], registry=registry).labels("sin").set(1)
+    info = Gauge(PREFIX + "mechanism_info", "Division.", [*pair, "division"], registry=registry)
+    info.labels("sin", "LBU", "budget").set(1)
     if leak is not None:
-        _leak(leak, registry, spent)
+        _leak(leak, registry, spent, info)
     return generate_latest(registry).decode()
 
 
@@ -284,6 +295,7 @@ def test_audit_passes_a_clean_exposition() -> None:
         ("user as stream", "stream='u3' is not configured"),
         ("reason label", "label 'reason' is not one of"),
         ("unknown mechanism", "mechanism='XYZ' is not configured"),
+        ("undeclared division", "division='alice' is not configured"),
         ("secret", "the secret appears"),
         ("user in help", "user id 'u4999'"),
         ("internal metric", "privstream_internal_events_total: an internal metric"),
@@ -451,6 +463,12 @@ def test_metrics_of_a_kafka_flow_disclose_nothing_private(
     assert sample_values(exposition, PREFIX + "evaluation") == {(): 0.0}  # a split budget
     assert sample_values(exposition, PREFIX + "population_budget") == {
         (("measure", "pure"), ("stream", "sin")): EPSILON
+    }
+    # each mechanism's division, as its code declares it: LPA divides the population
+    divisions = {m: FAMILIES["ldp-ids"].mechanisms[m].division for m in MECHANISMS}
+    assert divisions == {"LBU": "budget", "LPA": "population", "LBA": "budget"}
+    assert sample_values(exposition, PREFIX + "mechanism_info") == {
+        (("division", d), ("mechanism", m), ("stream", "sin")): 1.0 for m, d in divisions.items()
     }
 
     synthetic = SyntheticStream("sin", USERS, SLOTS, seed=DATA_SEED)

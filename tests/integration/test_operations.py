@@ -3,9 +3,10 @@
 without Grafana (``deploy/prometheus/page``) rendered by headless Chromium against their
 metrics.
 
-Three flows run as their own processes over the embedded broker — LDP-IDS (three mechanisms
-sharing ε), personalized (two), CGM (a Gaussian-DP family) — each with its public and internal
-endpoints, plus ``privstream audit --metrics-port`` over the LDP-IDS topics; one Prometheus
+Four flows run as their own processes over the embedded broker — LDP-IDS (three mechanisms
+sharing ε), personalized (two), CGM (a Gaussian-DP family), and a flow file of two LDP-IDS streams
+sharing one population's budget (the page's "all streams" row) — each with its public and
+internal endpoints, plus ``privstream audit --metrics-port`` over the LDP-IDS topics; one Prometheus
 scrapes them under the deploy scrape config's job names (``privstream``,
 ``privstream-internal``, ``privstream-audit``) and serves the page at ``/user/``. The LDP-IDS
 input also carries hostile and late messages, so the dead-letter and late-event panels have data.
@@ -63,6 +64,26 @@ FLOWS = (
     FlowSpec("cgm", "load", ("CGM",), ("--domain", "0:1", "--bound", "1")),
 )
 
+FLOW_FILE = "flow-file"
+"""The fixture's flow of several streams over one population (``privstream run --config``)."""
+
+
+@dataclass(frozen=True)
+class FileStream:
+    """A stream of the flow file: its name, mechanisms, share of the population's ε, dataset."""
+
+    stream: str
+    mechanisms: tuple[str, ...]
+    share: float
+    dataset: str
+
+
+FILE_STREAMS = (  # LPU alone and LPA beside LBU: population division, 100 % by design
+    FileStream("country", ("LPU",), 0.5, "sin"),
+    FileStream("device", ("LBU", "LPA"), 0.3, "log"),
+)
+FILE_EPSILON = 1.0
+
 
 @dataclass
 class Operations:
@@ -106,6 +127,50 @@ def _start_flow(
     return flow, internal, topics
 
 
+def _flow_file(directory: Path, kafka: KafkaSettings, topics: Topics) -> Path:
+    """The flow file of ``FILE_STREAMS`` over one population of ``USERS``, ε ``FILE_EPSILON``."""
+    streams = "".join(
+        f'[[streams]]\nname = "{s.stream}"\nfamily = "ldp-ids"\nmechanisms = {list(s.mechanisms)}\n'
+        f"domain = 2\nshare = {s.share}\n"
+        + ('budget_split = "equal"\n' if len(s.mechanisms) > 1 else "")
+        + "\n"
+        for s in FILE_STREAMS
+    ).replace("'", '"')
+    path = directory / "flow.toml"
+    path.write_text(
+        f'[kafka]\nbootstrap = "{kafka.bootstrap}"\ninput_topic = "{topics.events}"\n'
+        f'output_topic = "{topics.releases}"\nledger_topic = "{topics.ledger}"\n'
+        f'dead_letter_topic = "{topics.dlq}"\nclock = "data"\ntrust_input_clock = true\n\n'
+        f"[population]\nusers = {USERS}\nepsilon = {FILE_EPSILON}\nwindow = {WINDOW}\n\n" + streams
+    )
+    return path
+
+
+def _start_flow_file(
+    kafka: KafkaSettings, stack: ExitStack, workdir: Path, secret: Path
+) -> tuple[FlowProcess, int, Topics]:
+    """``privstream run --config`` over ``FILE_STREAMS``, their events on one input topic."""
+    topics = Topics(kafka)
+    for s in FILE_STREAMS:
+        run_cli(
+            "produce", "--bootstrap", kafka.bootstrap, "--topic", topics.events, "--dataset",
+            s.dataset, "--stream", s.stream, "--users", str(USERS), "--slots", str(SLOTS),
+            "--seed", "5", "--no-progress",
+        )  # fmt: skip
+    directory = workdir / FLOW_FILE
+    directory.mkdir()
+    internal = free_port()
+    command = [
+        *PRIVSTREAM, "run", "--config", str(_flow_file(directory, kafka, topics)),
+        "--no-progress", "--secret-file", str(secret), "--internal-metrics-port", str(internal),
+    ]  # fmt: skip
+    flow = stack.enter_context(FlowProcess(command, free_port(), directory, cli_env()))
+    expected = {f"{s.stream}/{m}/{t}" for s in FILE_STREAMS for m in s.mechanisms
+                for t in range(1, SLOTS)}  # fmt: skip
+    read_keyed(kafka, topics.ledger, expected, flow, timeout=180)
+    return flow, internal, topics
+
+
 def _start_audit(kafka: KafkaSettings, topics: Topics, stack: ExitStack, workdir: Path) -> int:
     """``privstream audit --metrics-port`` over the LDP-IDS topics, lingering for the test."""
     port = free_port()
@@ -138,6 +203,7 @@ def operations(
             read_keyed(kafka, topics.ledger, expected, flow, timeout=180)
             audit_topics = audit_topics or topics
         assert audit_topics is not None
+        flows[FLOW_FILE], internals[FLOW_FILE], _ = _start_flow_file(kafka, stack, workdir, secret)
         audit = _start_audit(kafka, audit_topics, stack, workdir)
         jobs = {
             "privstream": [f"127.0.0.1:{f.metrics_port}" for f in flows.values()],
@@ -147,7 +213,8 @@ def operations(
         prom = stack.enter_context(
             PrometheusServer(jobs, workdir / "prometheus", user_assets=PAGE, rule_files=[RULES])
         )
-        prom.wait_until(lambda: len(prom.query("up == 1")) == 7, "every target up", 30)
+        targets = sum(map(len, jobs.values()))
+        prom.wait_until(lambda: len(prom.query("up == 1")) == targets, "every target up", 30)
         yield Operations(prom, flows, internals, workdir)
 
 
@@ -186,6 +253,11 @@ class _Cells(html.parser.HTMLParser):
         self.total = False
         self.totals: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
         """The rows of a flow's total over its streams (``data-total``)."""
+        self.divisions: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
+        """Each mechanism's and class's row's ``data-division`` (dropped from its key)."""
+        self.note = ""
+        self.notes: dict[tuple[str, tuple[tuple[str, str], ...], str], str] = {}
+        """Each cell's ``data-note`` (a share at 100 % by design: ``population-division``)."""
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         found = {k: v or "" for k, v in attrs}
@@ -199,11 +271,15 @@ class _Cells(html.parser.HTMLParser):
             }
             flow = (self.row.pop("job", ""), self.row.pop("instance", ""))
             self.total = self.row.pop("total", "") == "flow"
+            division = self.row.pop("division", None)
+            if division is not None:
+                self.divisions[(self.table, tuple(sorted(self.row.items())))] = division
             if self.row or flow != ("", ""):
                 self.flows[(self.table, tuple(sorted(self.row.items())))] = flow
         elif tag == "td" and "data-metric" in found:
             self.cell = (found["data-metric"], found.get("data-value", ""))
             self.measure = found.get("data-measure", "")
+            self.note = found.get("data-note", "")
             self.text = ""
 
     def handle_data(self, data: str) -> None:
@@ -218,6 +294,8 @@ class _Cells(html.parser.HTMLParser):
             self.cells[key] = (self.cell[1], self.text.strip())
             if self.measure:
                 self.measures[key] = self.measure
+            if self.note:
+                self.notes[key] = self.note
             self.cell = None
 
 
@@ -284,11 +362,73 @@ def _check_flows(page: _Cells, flows: dict[str, FlowProcess]) -> None:
     """Every row of the spend tables names its flow: job ``privstream`` and the ``instance`` of
     the flow whose endpoint serves its stream (three flows share the tables)."""
     ports = {spec.stream: flows[spec.family].metrics_port for spec in FLOWS}
+    for stream in [s.stream for s in FILE_STREAMS] + [TOTAL]:
+        ports[stream] = flows[FLOW_FILE].metrics_port
     for (table, row), (job, instance) in page.flows.items():
         if table in ("mechanisms", "population", "classes"):
             assert job == "privstream", (table, row)
             assert instance == f"127.0.0.1:{ports[dict(row)['stream']]}", (table, row)
     assert {t for t, _r in page.flows} >= {"mechanisms", "population", "classes"}
+
+
+TOTAL = "all streams"
+"""The stream label of a flow's total row in the population table."""
+POPULATION_ADDED = ("budget", "budget_spent", "budget_remaining", "mechanisms")
+"""The population columns the total sums over the flow's streams (its scope is the longest)."""
+
+
+def _check_total(
+    page: _Cells, exposed: dict[tuple[str, tuple[tuple[str, str], ...]], float]
+) -> None:
+    """The flow file's "all streams" row (the only total: every other flow has one stream) is
+    the sum of its streams' population gauges in the measure's additive unit (ε here), and its
+    budget is the streams' shares of the population's ε."""
+    row = (("stream", TOTAL),)
+    assert page.totals == {("population", row)}
+    streams = [(("stream", s.stream),) for s in FILE_STREAMS]
+    for column in (*POPULATION_ADDED, "scope_slots"):
+        name = "privstream_population_" + column
+        value, text = page.cells[("population", row, "population_" + column)]
+        parts = [_truth(exposed, name, stream)[0] for stream in streams]
+        truth = max(parts) if column == "scope_slots" else sum(parts)
+        assert float(value) == pytest.approx(truth, rel=1e-12, abs=1e-15), (column, value, parts)
+        number = float(text.removeprefix("ε "))
+        assert number == pytest.approx(truth if abs(truth) > 1e-9 else 0, rel=1e-3), (column, text)
+        if column in ("budget", "budget_spent", "budget_remaining"):
+            assert text.startswith("ε "), (column, text)
+            assert page.measures[("population", row, "population_" + column)] == "pure"
+    budget = float(page.cells[("population", row, "population_budget")][0])
+    assert budget == pytest.approx(sum(s.share for s in FILE_STREAMS) * FILE_EPSILON)
+    mechanisms = float(page.cells[("population", row, "population_mechanisms")][0])
+    assert mechanisms == sum(len(s.mechanisms) for s in FILE_STREAMS)
+
+
+def _check_divisions(
+    page: _Cells, exposed: dict[tuple[str, tuple[tuple[str, str], ...]], float]
+) -> None:
+    """Every mechanism's and class's row carries its mechanism's division (from
+    ``privstream_mechanism_info``), and a share cell says "normal for population division"
+    exactly where a population-division mechanism has spent 100 % (LPU, LPA: by design)."""
+    info = {
+        (labels["stream"], labels["mechanism"]): labels["division"]
+        for (name, pairs), _value in exposed.items()
+        if name == "privstream_mechanism_info" and (labels := dict(pairs))
+    }
+    noted = set()
+    for (table, row, metric), (value, text) in page.cells.items():
+        if metric != "share" or table not in ("mechanisms", "classes"):
+            continue
+        labels = dict(row)
+        division = info[(labels["stream"], labels["mechanism"])]
+        assert page.divisions[(table, row)] == division, (table, row)
+        by_design = division == "population" and float(value) == 1.0
+        note = page.notes.get((table, row, metric), "")
+        assert note == ("population-division" if by_design else ""), (table, row, value, note)
+        assert ("normal for population division" in text) == by_design, (table, row, text)
+        if by_design:
+            noted.add((table, labels["mechanism"]))
+    assert {("mechanisms", "LPU"), ("mechanisms", "LPA"), ("classes", "LPU")} <= noted, noted
+    assert {m for _t, m in noted} <= {"LSP", "LPU", "LPD", "LPA"}
 
 
 def test_the_page_without_grafana_shows_the_flows_metrics(
@@ -301,13 +441,20 @@ def test_the_page_without_grafana_shows_the_flows_metrics(
     after = _firing(operations.prom)
     shown = {(dict(r)["alertname"], i) for (t, r), (_j, i) in page.flows.items() if t == "alerts"}
     assert before & after <= shown <= before | after  # the alerts firing while it rendered
+    # population division at 100 % (LPU, LPA) and LBU's steady state: no budget alert fires
+    # (CGM's stream budget, which never renews, is nearly spent by design of the fixture)
+    budget_alerts = 'ALERTS{alertstate="firing", alertname=~"Privstream.*(Budget|Exhausted).*"}'
+    fired = [a.labels for a in operations.prom.query(budget_alerts)]
+    assert [a for a in fired if a["alertname"] != "PrivstreamGaussianBudgetNearlyExhausted"] == []
     assert page.state == "ready"
     exposed = _exposed(operations.flows)
     checked = 0
     budgets: dict[str, int] = {}
     _check_flows(page, operations.flows)
+    _check_total(page, exposed)
+    _check_divisions(page, exposed)
     for (table, row, metric), (value, text) in page.cells.items():
-        if not value or table == "alerts":
+        if not value or table == "alerts" or (table, row) in page.totals:
             continue
         if metric == "share":
             truth = _share(exposed, row)
@@ -334,10 +481,11 @@ def test_the_page_without_grafana_shows_the_flows_metrics(
         checked += 1
     rows = {(t, r) for t, r, _m in page.cells}
     mechanisms = {r for t, r in rows if t == "mechanisms"}
-    assert mechanisms == {
-        (("mechanism", m), ("stream", spec.stream)) for spec in FLOWS for m in spec.mechanisms
+    streams = [(spec.stream, spec.mechanisms) for spec in (*FLOWS, *FILE_STREAMS)]
+    assert mechanisms == {(("mechanism", m), ("stream", s)) for s, ms in streams for m in ms}
+    assert {r for t, r in rows if t == "population"} == {
+        (("stream", s),) for s in [s for s, _ms in streams] + [TOTAL]
     }
-    assert {r for t, r in rows if t == "population"} == {(("stream", s.stream),) for s in FLOWS}
     assert checked >= 6 * 10
     assert budgets.get("pure", 0) > 0 and budgets.get("gaussian", 0) > 0  # CGM shown in μ
     assert set(page.measures.values()) == {"pure", "gaussian"}
