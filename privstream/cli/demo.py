@@ -201,7 +201,7 @@ def _report(result: dict[str, Any], metrics: list[str]) -> str:
             print(f"  {line}")
     print(
         "this is an evaluation (compare mode): each mechanism had the full ε, so together they "
-        "spent the population_window_budget_spent above; a production run divides ε "
+        "spent the privstream_population_budget_spent above; a production run divides ε "
         "(--budget-split) and every user stays within it"
     )
     return text
