@@ -7,17 +7,10 @@ import math
 from typing import Any, Final
 
 from privstream.experiments import scores as utility
-from privstream.families.spec import BenchSpec, Family, MetricSpec, Option
+from privstream.families.spec import BenchSpec, Family, MetricSpec, Option, open_fraction
 from privstream.families.tasks import BALL, MEAN
 from privstream.mechanisms import cgm
 from privstream.mechanisms.tasks import MeanTask
-
-
-def _open_fraction(text: str) -> float:
-    value = float(text)
-    if not 0 < value < 1:
-        raise ValueError(f"must lie in (0, 1), got {text}")
-    return value
 
 
 def _non_negative(text: str) -> float:
@@ -67,7 +60,7 @@ FAMILY: Final = Family(
     delta_option="delta",
     task=MeanTask(0.0, 1.0),
     options=(
-        Option("delta", _open_fraction, 1e-5, "δ of the (ε, δ) budget"),
+        Option("delta", open_fraction, 1e-5, "δ of the (ε, δ) budget"),
         Option("bound", _non_negative, 0.05, "C: the most a user's value moves per slot (raw units)"),
         Option("budget_scope", _scope, "stream", "stream (one budget for l = --window reports) or timestamp (per slot)"),
         Option("lag", int, 1, "j: the values repeat with this period; one noise chain per phase"),

@@ -3,21 +3,12 @@
 
 from __future__ import annotations
 
-import math
 from typing import Final
 
 from privstream.experiments import scores as utility
-from privstream.families.spec import BenchSpec, Family, MetricSpec, Option
+from privstream.families.spec import BenchSpec, Family, MetricSpec, Option, open_fraction
 from privstream.families.tasks import FREQUENCY, MEAN
 from privstream.mechanisms import ldp_ids
-
-
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not (0 < value < 1) or math.isnan(value):
-        raise ValueError(f"must lie in (0, 1), got {text}")
-    return value
-
 
 METRICS: Final = (
     MetricSpec(
@@ -43,7 +34,7 @@ FAMILY: Final = Family(
     users=200_000,
     default="LPA",
     tasks=(FREQUENCY, MEAN),
-    options=(Option("beta", _fraction, 0.5, "share β of the dissimilarity step"),),
+    options=(Option("beta", open_fraction, 0.5, "share β of the dissimilarity step"),),
     metrics=METRICS,
     bench=BenchSpec(
         datasets=("lns", "sin", "log", "lns-con", "sin-con", "log-con"),

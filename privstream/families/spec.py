@@ -48,6 +48,15 @@ class FamilyConfig(Protocol):
         """This config for a mechanism given the share ``s`` of the population budget."""
 
 
+def open_fraction(text: str) -> float:
+    """An option's value in the open interval (0, 1) (a share β, a δ): the parser families
+    share for it; anything else, NaN included, is refused naming the value."""
+    value = float(text)
+    if not 0 < value < 1:
+        raise ValueError(f"must lie in (0, 1), got {text}")
+    return value
+
+
 @dataclass(frozen=True)
 class Option:
     """A family-specific config field exposed as a flow keyword and a ``--flag`` of
