@@ -61,6 +61,7 @@ from tqdm import tqdm
 
 from privstream.connectors.datasets import SlotSource
 from privstream.connectors.numeric_synthetic import NumericStream, numeric_dataset
+from privstream.experiments import adapted as fig11
 from privstream.experiments import harness
 from privstream.experiments.kafka import bench_kafka, format_result
 from privstream.experiments.noise import bench_noise, format_noise
@@ -834,6 +835,14 @@ def main(argv: list[str] | None = None) -> int:
     t2 = table2(["sin", "log"], users, slots, seeds, progress)
     print(format_table2(t2))
 
+    adapted_seeds = 1 if args.quick else 3
+    log(f"1c. adapted stream algorithms (Fig. 11) on LNS, Sin and Log, {adapted_seeds} seed(s)")
+    adapted = {
+        dataset: fig11.compare(dataset, users, slots, adapted_seeds)
+        for dataset in ("lns", "sin", "log")
+    }
+    print(fig11.format_comparison(adapted))
+
     log("2. performance")
     perf = {
         "paths": [path_ratio(name, users, path_slots) for name in ("LBU", "LPA")],
@@ -893,6 +902,7 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
         "default": default,
         "table2": t2,
+        "adapted": adapted,
         "performance": perf,
         "kafka": kafka,
         "personalized": personalized,

@@ -15,8 +15,8 @@ earlier LDP outputs and public counts, so they are post-processing.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
-from typing import ClassVar, Final, Literal
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, ClassVar, Final, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -44,6 +44,7 @@ from privstream.mechanisms.validation import check_fraction, check_population, c
 
 STATE_VERSION: Final = 1
 AbsorptionInit = Literal["literal", "tA_eq_t"]
+IntervalRule = Literal["normalized", "literal"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,24 @@ class LdpIdsConfig:
         include_sampling_variance: add the subsampling term of spec §2.5 to ``V`` (A9).
         absorption_init: LBA/LPA start, ``"literal"`` (t_A = t + 1) or ``"tA_eq_t"`` (A5).
         force_first_publish: publish at the first slot whatever ``dis`` says (A36).
+
+    The adaptive samplers' parameters (spec §3.8–§3.9; their paper's values are unavailable,
+    these are the spec's placeholders) are shown in ``repr`` only when set away from their
+    defaults, so a stream's snapshot binding is unchanged for the seven other mechanisms:
+
+    Attributes:
+        publications: DSAT's C, publications allowed per window (0, the default: ``⌈w/5⌉``).
+        threshold_scale: DSAT's multiplier on the PID step and the ``[0, 2]`` clamp (A20).
+        pid_gains, pid_span: the PID controller ``(K_p, K_i, K_d)`` and ``π``.
+        rate_tolerance: DSAT's σ (default ``0.1·C/w``).
+        initial_threshold: DSAT's T (default the publication error scale ``V``).
+        decay_scale, max_share: RescueDP's log-decay φ and its cap ``p_max``.
+        interval_gain: RescueDP's θ; ``interval_rule`` ``"normalized"`` (δ²/V) or
+            ``"literal"`` ((δ/V)², A22).
+        max_users: LP-RescueDP's ``n_max`` (default ``⌊n/2⌋``).
+        max_budget_share: LB-RescueDP's ``ε_max`` as a share of ε (default 1/2).
+        process_variance: the Kalman filter's process variance Q, a public prior.
+        measurement_factor: ``κ_R`` in ``R = κ_R·V(ε_t, n_t)``.
     """
 
     epsilon: float
@@ -71,6 +90,28 @@ class LdpIdsConfig:
     include_sampling_variance: bool = False
     absorption_init: AbsorptionInit = "literal"
     force_first_publish: bool = False
+    publications: int = field(default=0, repr=False)
+    threshold_scale: float = field(default=1.0, repr=False)
+    pid_gains: tuple[float, float, float] = field(default=(0.9, 0.1, 0.0), repr=False)
+    pid_span: int = field(default=5, repr=False)
+    rate_tolerance: float | None = field(default=None, repr=False)
+    initial_threshold: float | None = field(default=None, repr=False)
+    decay_scale: float = field(default=0.2, repr=False)
+    max_share: float = field(default=0.6, repr=False)
+    interval_gain: float = field(default=10.0, repr=False)
+    interval_rule: IntervalRule = field(default="normalized", repr=False)
+    max_users: int | None = field(default=None, repr=False)
+    max_budget_share: float = field(default=0.5, repr=False)
+    process_variance: float = field(default=0.0025**2, repr=False)
+    measurement_factor: float = field(default=1.0, repr=False)
+
+    def __repr__(self) -> str:
+        shown = (
+            f"{f.name}={getattr(self, f.name)!r}"
+            for f in fields(self)
+            if f.repr or getattr(self, f.name) != f.default
+        )
+        return f"{type(self).__qualname__}({', '.join(shown)})"
 
     def shared(self, share: float) -> LdpIdsConfig:
         """This config for a mechanism given the share ``s`` of the budget: it runs with s·ε."""
@@ -88,6 +129,43 @@ class LdpIdsConfig:
             raise ValueError(
                 f"absorption_init must be 'literal' or 'tA_eq_t', got {self.absorption_init!r}"
             )
+        _check_sampling(self)
+
+
+def _positive(name: str, value: Any) -> None:
+    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+
+
+def _check_sampling(cfg: LdpIdsConfig) -> None:
+    """Refuse adaptive-sampler parameters outside their domains (spec §3.8–§3.9)."""
+    if not isinstance(cfg.publications, int) or not 0 <= cfg.publications <= cfg.window:
+        raise ValueError(
+            f"publications (DSAT's C) must be an integer in 1..w={cfg.window} "
+            f"(0: ⌈w/5⌉), got {cfg.publications!r}"
+        )
+    for name in ("threshold_scale", "interval_gain", "measurement_factor"):
+        _positive(name, getattr(cfg, name))
+    for name in ("rate_tolerance", "initial_threshold"):
+        if getattr(cfg, name) is not None:
+            _positive(name, getattr(cfg, name))
+    for name in ("decay_scale", "max_share", "max_budget_share"):
+        value = getattr(cfg, name)
+        _positive(name, value)
+        if value > 1:
+            raise ValueError(f"{name} must lie in (0, 1], got {value!r}")
+    if not (math.isfinite(cfg.process_variance) and cfg.process_variance >= 0):
+        raise ValueError(f"process_variance must be finite and >= 0, got {cfg.process_variance!r}")
+    if cfg.max_users is not None and (not isinstance(cfg.max_users, int) or cfg.max_users < 1):
+        raise ValueError(f"max_users must be an integer >= 1, got {cfg.max_users!r}")
+    if cfg.interval_rule not in ("normalized", "literal"):
+        raise ValueError(
+            f"interval_rule must be 'normalized' or 'literal', got {cfg.interval_rule!r}"
+        )
+    if not isinstance(cfg.pid_span, int) or cfg.pid_span < 1:
+        raise ValueError(f"pid_span must be an integer >= 1, got {cfg.pid_span!r}")
+    if len(cfg.pid_gains) != 3 or not all(math.isfinite(g) and g >= 0 for g in cfg.pid_gains):
+        raise ValueError(f"pid_gains must be three finite gains >= 0, got {cfg.pid_gains!r}")
 
 
 @dataclass
@@ -98,6 +176,8 @@ class LdpIdsState:
     ``r_prev`` the last release, ``l`` the step of the last fresh publication and
     ``absorbed`` the resource it took (LBA: units ``k_l``; LPA: users ``n_l2``).
     ``pending`` is the round in flight of a two-round step (``TwoRounds``), None between slots.
+    ``controller`` is an adaptive sampler's controller state (DSAT's threshold and PID history,
+    RescueDP's Kalman filter and interval); None for the seven mechanisms of the paper.
     """
 
     mechanism: str
@@ -113,6 +193,7 @@ class LdpIdsState:
     population: PopulationLedger | None = None
     groups: NDArray[np.int32] | None = None
     pending: RoundProgress | None = None
+    controller: Any = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +211,16 @@ class LdpIdsRelease(Details):
     dissimilarity: float | None
     error: float | None
     bits: int
+
+
+@dataclass(frozen=True)
+class AdaptiveRelease(LdpIdsRelease):
+    """An adaptive sampler's release (DSAT, RescueDP; spec §3.8–§3.9): the LDP-IDS facts plus
+    its controller's public state after the slot (``control``: DSAT's threshold ``T̃``, PID
+    output ``u_t`` and publication rate; RescueDP's interval ``I``, share ``p``, Kalman gain
+    and next sampling slot). All of it is computed from public counts and released values."""
+
+    control: dict[str, float | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -162,6 +253,7 @@ class _Outcome:
     err: float = math.nan
     bits: int = 0
     remaining: float = 0.0
+    control: dict[str, float | None] | None = None
 
 
 class LdpIdsMechanism(Mechanism[LdpIdsConfig, LdpIdsState]):
@@ -174,7 +266,8 @@ class LdpIdsMechanism(Mechanism[LdpIdsConfig, LdpIdsState]):
     conformance: ClassVar[Conformance] = Conformance(
         invalid=(("epsilon", 0.0), ("epsilon", -1.0), ("epsilon", float("inf")), ("window", 0),
                  ("population", 0), ("beta", 0.0), ("beta", 1.0), ("u_min", 0),
-                 ("absorption_init", "sometimes")),
+                 ("absorption_init", "sometimes"), ("publications", -1), ("threshold_scale", 0.0),
+                 ("interval_rule", "sometimes"), ("process_variance", -1.0), ("max_share", 1.5)),
     )  # fmt: skip
 
     @property
@@ -283,6 +376,8 @@ class LdpIdsMechanism(Mechanism[LdpIdsConfig, LdpIdsState]):
             error=finite_or_none(o.err),
             bits=o.bits,
         )
+        if o.control is not None:
+            details = AdaptiveRelease(**asdict(details), control=o.control)
         return self.release(slot, o.strategy, state.r_prev, state.source_slot, details)
 
     def _ledger_entry(self, state: LdpIdsState, slot: Slot, o: _Outcome) -> LedgerEntry:
@@ -320,9 +415,9 @@ class TwoRounds(Rounds[LdpIdsConfig, LdpIdsState], LdpIdsMechanism):
     charges the ledger before it asks, and draws the randomness the one-shot step drew (named
     ``m1``/``m2``), so the releases and ledger entries are the same."""
 
-    def dissimilarity_request(self, state: LdpIdsState, slot: Slot) -> Request:
+    def dissimilarity_request(self, state: LdpIdsState, slot: Slot) -> Request | None:
         """Round 1 (M1): every user with ``βε/w`` (budget division) or ``⌊βn/w⌋`` sampled users
-        with ε (population division)."""
+        with ε (population division). None: the slot asks nothing (``skipped``)."""
         cfg = self.config
         if self.division == "budget":
             return self.ask_all(state, cfg.beta * cfg.epsilon / cfg.window, "m1")
@@ -339,8 +434,11 @@ class TwoRounds(Rounds[LdpIdsConfig, LdpIdsState], LdpIdsMechanism):
         progress = state.pending
         if progress is None:
             self.enter(state, slot, slot.client.population, self.n)
+            first = self.dissimilarity_request(state, slot)
+            if first is None:
+                return Finished(self._events(state, slot, self.skipped(state)))
             state.pending = progress = RoundProgress()
-            return progress.ask(Requests(1, (self.dissimilarity_request(state, slot),)))
+            return progress.ask(Requests(1, (first,)))
         out: _Outcome = progress.outcome
         if progress.round == 1:
             out, ask = self.publication_plan(state, slot, progress.answer("m1"))
@@ -354,7 +452,14 @@ class TwoRounds(Rounds[LdpIdsConfig, LdpIdsState], LdpIdsMechanism):
             out.strategy, out.users2 = "publish", agg.reports
             out.bits += self.bits(agg, instructed=True)
         state.pending = None
-        return Finished((self._release(state, slot, out), self._ledger_entry(state, slot, out)))
+        return Finished(self._events(state, slot, out))
+
+    def _events(self, state: LdpIdsState, slot: Slot, out: _Outcome) -> tuple[Release, LedgerEntry]:
+        return self._release(state, slot, out), self._ledger_entry(state, slot, out)
+
+    def skipped(self, state: LdpIdsState) -> _Outcome:
+        """The outcome of a slot whose ``dissimilarity_request`` asked nothing."""
+        raise NotImplementedError
 
     def absorb(self, state: LdpIdsState, slot: Slot, answers: Answers) -> None:
         if state.pending is None:

@@ -146,6 +146,24 @@ def test_the_ldp_ids_flow_passes(tmp_path: Path, ldp: Run) -> None:
     }  # fmt: skip
 
 
+ADAPTED = "LB-DSAT,LP-DSAT,LB-RescueDP,LP-RescueDP"
+
+
+def test_the_adapted_stream_algorithms_pass(tmp_path: Path) -> None:
+    """LB/LP-DSAT and LB/LP-RescueDP (issue 21) sharing ε equally, on a flow that publishes,
+    approximates and (DSAT) skips: every window, spend and repeat checks out."""
+    run = ldp_flow(tmp_path, ADAPTED, budget_split="equal")
+    status, report = audit(tmp_path, run.releases, run.ledger, "--population", str(USERS))
+    assert status == 0 and report["ok"] and report["problems"] == [], report["problems"]
+    assert report["counts"] == {
+        "releases": 4 * SLOTS, "ledger_entries": 4 * SLOTS, "streams": 1, "mechanisms": 4,
+        "slots_expected": 4 * SLOTS, **ZERO,
+    }  # fmt: skip
+    strategies = {(r["mechanism"], r["strategy"]) for r in run.records("releases")}
+    for name in ADAPTED.split(","):
+        assert {(name, "publish"), (name, "approximate")} <= strategies
+
+
 def test_the_personalized_flow_passes(tmp_path: Path, pers: Run) -> None:
     classes = {len(e["classes"]) for e in pers.records("ledger")}
     assert min(classes) > 1  # the spec's user types: several privacy classes per mechanism

@@ -26,7 +26,19 @@ CHECKS = [check for registered in REGISTRY for check in yield_checks(registered)
 def test_every_family_member_is_registered() -> None:
     by_family = {name: {r.name for r in REGISTRY if r.family.name == name} for name in FAMILIES}
     assert by_family == {
-        "ldp-ids": {"LBU", "LSP", "LPU", "LBD", "LBA", "LPD", "LPA"},
+        "ldp-ids": {
+            "LBU",
+            "LSP",
+            "LPU",
+            "LBD",
+            "LBA",
+            "LPD",
+            "LPA",
+            "LB-DSAT",
+            "LP-DSAT",
+            "LB-RescueDP",
+            "LP-RescueDP",
+        },
         "personalized": {"BD", "BA", "Uniform", "Sample", "PLBU", "PU", "PBD", "PBA"},
         "cgm": {"CGM", "Alg1"},
     }

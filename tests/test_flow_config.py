@@ -35,6 +35,10 @@ VISITS: dict[str, Any] = {
     "name": "visits", "family": "personalized", "mechanisms": "PBD", "domain": 2, "share": 0.5,
 }  # fmt: skip
 
+SAMPLERS = {"publications": 0, "threshold_scale": 1.0, "process_variance": 0.0025**2,
+            "interval_rule": "normalized"}  # fmt: skip
+"""The LDP-IDS options of DSAT and RescueDP at their defaults."""
+
 
 def _value(value: Any) -> str:
     if isinstance(value, dict):
@@ -118,7 +122,7 @@ def test_the_example_loads() -> None:
     device = by_name["device"]
     assert device.mechanisms == ("LBU", "LPA") and device.budget_split == "equal"
     assert device.epsilon == pytest.approx(0.4) and device.window == 20
-    assert by_name["page"].options == {"beta": 0.4, "client_path": "aggregate"}
+    assert by_name["page"].options == {"beta": 0.4, **SAMPLERS, "client_path": "aggregate"}
     assert by_name["page"].window == 40
     assert by_name["session"].task == (0.0, 3600.0) and by_name["session"].lateness == 2
     assert by_name["visits"].task == 2 and by_name["visits"].options == {}
@@ -145,7 +149,8 @@ def test_defaults_and_relative_paths(tmp_path: Path) -> None:
     config = load(_write(tmp_path, data))
     (stream,) = config.streams
     assert stream.window == 20 and stream.lateness == 1 and stream.budget_split is None
-    assert stream.epsilon == 1.0 and stream.options == {"beta": 0.5, "client_path": "aggregate"}
+    assert stream.epsilon == 1.0
+    assert stream.options == {"beta": 0.5, **SAMPLERS, "client_path": "aggregate"}
     assert config.kafka.max_event_bytes == 65536 and config.kafka.properties == {}
     assert config.kafka.dead_letter_topic is None and config.kafka.stall_warning_seconds == 30.0
     assert config.run.workers == 1 and config.run.processes == 1
@@ -501,3 +506,17 @@ def test_config_check_refuses_deltas_past_one_with_exit_2(
     data["streams"] = _cgm_streams(0.6, 0.6)
     assert main(["config", "check", str(_write(tmp_path, data))]) == 2
     assert "δ sum to 1.2 >= 1" in capsys.readouterr().err
+
+
+def test_the_adapted_samplers_take_their_options_by_name(tmp_path: Path) -> None:
+    """LP-DSAT and LB-RescueDP in a flow file, with DSAT's C and RescueDP's Kalman prior; a bad
+    interval rule is refused naming its key."""
+    data = copy.deepcopy(BASE)
+    _stream(mechanisms="lp-dsat,LB-RescueDP", budget_split="equal", publications=3,
+            process_variance=1e-4, interval_rule="literal")(data)  # fmt: skip
+    (country,) = load(_write(tmp_path, data)).streams
+    assert country.mechanisms == ("LP-DSAT", "LB-RescueDP")
+    assert (country.options["publications"], country.options["process_variance"]) == (3, 1e-4)
+    assert country.options["interval_rule"] == "literal"
+    message = _error(tmp_path, _stream(interval_rule="sometimes"))
+    assert 'streams["country"].interval_rule: must be normalized or literal' in message

@@ -8,7 +8,7 @@ from typing import Final
 from privstream.experiments import scores as utility
 from privstream.families.spec import BenchSpec, Family, MetricSpec, Option, open_fraction
 from privstream.families.tasks import FREQUENCY, MEAN
-from privstream.mechanisms import ldp_ids
+from privstream.mechanisms import ldp_ids, ldp_ids_dsat, ldp_ids_rescue
 
 METRICS: Final = (
     MetricSpec(
@@ -24,17 +24,57 @@ METRICS: Final = (
 )
 """LBD/LBA/LPD/LPA's decision inputs: both are computed from perturbed reports only."""
 
+MECHANISMS: Final = {**ldp_ids.MECHANISMS, **ldp_ids_dsat.MECHANISMS, **ldp_ids_rescue.MECHANISMS}
+"""The paper's seven mechanisms and its adapted stream algorithms (DSAT_w, RescueDP)."""
+
+
+def _publications(text: str) -> int:
+    """DSAT's C; 0 (the default) stands for ``⌈w/5⌉``."""
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"publications must be >= 1 (0: ⌈w/5⌉), got {value}")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not (value > 0 and value < float("inf")):
+        raise ValueError(f"must be a positive finite number, got {text!r}")
+    return value
+
+
+def _variance(text: str) -> float:
+    value = float(text)
+    if not (value >= 0 and value < float("inf")):
+        raise ValueError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def _rule(text: str) -> str:
+    if text not in ("normalized", "literal"):
+        raise ValueError(f"must be normalized or literal, got {text!r}")
+    return text
+
+
+OPTIONS: Final = (
+    Option("beta", open_fraction, 0.5, "share β of the dissimilarity step"),
+    Option("publications", _publications, 0, "DSAT's C, publications per window (0: ⌈w/5⌉)"),
+    Option("threshold_scale", _positive, 1.0, "DSAT: scale of the PID step and of the [0, 2] threshold clamp"),
+    Option("process_variance", _variance, 0.0025**2, "RescueDP: the Kalman filter's process variance Q (a public prior)"),
+    Option("interval_rule", _rule, "normalized", "RescueDP's interval update: normalized (δ²/V) or literal ((δ/V)²)"),
+)  # fmt: skip
+
 FAMILY: Final = Family(
     name="ldp-ids",
     summary="LDP-IDS mechanisms (w-event ε-LDP)",
-    mechanisms=ldp_ids.MECHANISMS,
+    mechanisms=MECHANISMS,
     config=ldp_ids.LdpIdsConfig,
     epsilon=1.0,
     window=20,
     users=200_000,
     default="LPA",
     tasks=(FREQUENCY, MEAN),
-    options=(Option("beta", open_fraction, 0.5, "share β of the dissimilarity step"),),
+    options=OPTIONS,
     metrics=METRICS,
     bench=BenchSpec(
         datasets=("lns", "sin", "log", "lns-con", "sin-con", "log-con"),
@@ -42,7 +82,7 @@ FAMILY: Final = Family(
         counts=False,
         score=utility.ldp_ids_scores,
         fields=("mre", "mae", "bits_per_user", "publications", "seconds"),
-        mechanisms=tuple(ldp_ids.MECHANISMS),
+        mechanisms=tuple(MECHANISMS),
         users=200_000,
         slots=800,
     ),
