@@ -28,10 +28,15 @@ class _SyntheticPartition(StatefulSourcePartition[EventBatch, int]):
         if self._next > self._stream.slots:
             raise StopIteration
         slot = self._next
-        values = np.asarray(self._stream.values(slot), dtype=np.float64)
+        raw = np.asarray(self._stream.values(slot))
         self._next += 1
-        slots = np.full(self._users.shape[0], slot, dtype=np.int64)
-        return [EventBatch(self._name, slots, self._users, values, complete_through=slot)]
+        present = ~(np.isnan(raw) if raw.dtype.kind == "f" else raw == -1)  # no value: no event
+        if present.ndim > 1:
+            present = present.all(axis=1)
+        users = self._users if present.all() else self._users[present]
+        values = np.asarray(raw if present.all() else raw[present], dtype=np.float64)
+        slots = np.full(users.shape[0], slot, dtype=np.int64)
+        return [EventBatch(self._name, slots, users, values, complete_through=slot)]
 
     def next_awake(self) -> datetime | None:
         return None

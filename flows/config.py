@@ -549,7 +549,7 @@ def _stream(t: _Table, name: str, population: PopulationSection) -> StreamSectio
         raise t.error(
             "family", f"must be one of {', '.join(FAMILIES)}; got {_show(t.data['family'])}"
         )
-    options = [o.name for o in family.options]
+    options = [o.word for o in family.options]
     if family.client_path:
         options.append("client_path")
     t.only((*_STREAM_KEYS, *task_types(), *options))
@@ -674,17 +674,17 @@ def _options(
     name = family.delta_option
     defaults = {name: share * population.delta} if name and population.delta is not None else {}
     for option in family.options:
-        value = t.data.get(option.name, defaults.get(option.name, option.default))
+        value = t.data.get(option.word, defaults.get(option.name, option.default))
         kinds = (int, float) if isinstance(option.default, float) else (type(option.default),)
         if isinstance(value, bool) or not isinstance(value, kinds):
             kind = {float: "a number", int: "an integer", str: "a string"}.get(
                 type(option.default), "a value"
             )
-            raise t.error(option.name, f"must be {kind} ({option.help}), got {_show(value)}")
+            raise t.error(option.word, f"must be {kind} ({option.help}), got {_show(value)}")
         try:
             options[option.name] = option.parse(str(value))
         except ValueError as exc:
-            raise t.error(option.name, f"{exc} ({option.help})") from None
+            raise t.error(option.word, f"{exc} ({option.help})") from None
     if family.client_path:
         options["client_path"] = t.choice("client_path", CLIENT_PATHS, "aggregate")
     return options

@@ -55,6 +55,7 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from bytewax.dataflow import Dataflow
 
 from privstream.families.registry import Family, family
@@ -175,7 +176,10 @@ def _registration(
                 "table names users of file or Kafka input"
             )
         return Preferences(by_user=dict(preferences)) if preferences else None
-    if source.synthetic is not None and kafka is None and entry.requirements is not None:
+    if source.synthetic is not None and kafka is None:
+        if entry.requirements is None:  # users share the stream's requirement: all registered
+            users = setting[0]
+            return Preferences(epsilons=np.full(users, np.nan), windows=np.zeros(users, np.int64))
         eps, win = entry.requirements(*setting)
         return Preferences(epsilons=eps, windows=win)
     if preferences:

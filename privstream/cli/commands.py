@@ -133,7 +133,8 @@ def _option_flags(p: argparse.ArgumentParser, family: Family) -> None:
     """The family's config options (``Family.options``) as ``--flags``."""
     for option in family.options:
         p.add_argument(
-            f"--{option.name.replace('_', '-')}",
+            f"--{option.word.replace('_', '-')}",
+            dest=option.name,
             type=option.parse,
             default=option.default,
             help=f"{option.help} (default %(default)s)",

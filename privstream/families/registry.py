@@ -59,6 +59,7 @@ BUILTIN: Final[dict[str, str]] = {
     "ldp-ids": "privstream.families.ldp_ids:FAMILY",
     "personalized": "privstream.families.personalized:FAMILY",
     "cgm": "privstream.families.cgm:FAMILY",
+    "dpi": "privstream.families.dpi:FAMILY",
 }
 """privstream's own entry points (``pyproject.toml``), read even when the install predates them."""
 

@@ -66,6 +66,15 @@ class Option:
     parse: Callable[[str], Any]
     default: Any
     help: str
+    key: str | None = None
+    """The flag and flow-file key when the config field's name is not what a user types
+    (DPI's λ is the field ``lam`` — ``lambda`` is a Python keyword — and the flag ``--lambda``);
+    None: ``name``."""
+
+    @property
+    def word(self) -> str:
+        """What a user types: the flow-file key, and the flag with ``_`` as ``-``."""
+        return self.key or self.name
 
 
 class FlowTable(Protocol):
