@@ -235,11 +235,14 @@ class LPDsat(Dsat):
         return self.V(self.config.epsilon, self.g2)
 
     def may_publish(self, state: LdpIdsState) -> tuple[bool, float]:
-        """``n_rm = n2 − Σ_{i=t−w+1}^{t−1} |U_{i,2}| ≥ g2`` (spec §3.8 lines 1–2, A21)."""
+        """``n_rm = n2 − Σ_{i=t−w+1}^{t−1} |U_{i,2}| ≥ g2`` (spec §3.8 lines 1–2, A21), and
+        fewer than C publications in the window: with ``g2 = ⌊n2/C⌋`` rounded down, ``n2``
+        alone can hold more than C groups (n2 = 15, C = 4: five groups of 3)."""
         cfg, t, pop = self.config, state.t, state.population
         assert pop is not None
         n_rm = (self.n - self.n1) - pop.used(t - cfg.window + 1, t - 1, "m2")
-        return n_rm >= self.g2, n_rm
+        fewer = len(self.recent(state.controller, t)) < self.C
+        return n_rm >= self.g2 and fewer, n_rm
 
     def dissimilarity_request(self, state: LdpIdsState, slot: Slot) -> Request | None:
         if not self.may_publish(state)[0]:

@@ -59,11 +59,13 @@ def decisions_for(mode: str, T: int, draw: st.DrawFn) -> list[bool]:
     return [mode == "always"] * T
 
 
-def min_population(name: str, beta: float, w: int) -> int:
-    """LP-DSAT refuses g1 = ⌊⌊βn⌋/w⌋ = 0 (its dissimilarity would never be measured)."""
+def min_population(name: str, beta: float, w: int, C: int) -> int:
+    """LP-DSAT refuses g1 = ⌊⌊βn⌋/w⌋ = 0 (its dissimilarity would never be measured) and
+    g2 = ⌊(n − ⌊βn⌋)/C⌋ = 0 (a publication would ask nobody)."""
     n = 50
+    C = C or max(1, math.ceil(w / 5))
     if name == "LP-DSAT":
-        while math.floor(beta * n) // w < 1:
+        while math.floor(beta * n) // w < 1 or (n - math.floor(beta * n)) // C < 1:
             n += 1
     return n
 
@@ -73,13 +75,14 @@ def cases(draw: st.DrawFn, names: tuple[str, ...]) -> tuple[str, LdpIdsConfig, l
     name = draw(st.sampled_from(names))
     w = draw(st.integers(1, 25))
     beta = draw(st.sampled_from([0.3, 0.5, 0.7]))
+    C = draw(st.integers(0, w))
     cfg = LdpIdsConfig(
         epsilon=draw(st.floats(0.05, 8.0)),
         window=w,
-        population=draw(st.integers(min_population(name, beta, w), 300)),
+        population=draw(st.integers(min_population(name, beta, w, C), 300)),
         task=TASK,
         beta=beta,
-        publications=draw(st.integers(0, w)),
+        publications=C,
     )
     T = draw(st.integers(1, 70))
     mode = draw(st.sampled_from(["always", "never", "alternating", "random"]))
@@ -413,3 +416,13 @@ def test_bad_sampler_parameters_are_refused(changes: dict[str, Any], message: st
 def test_lp_dsat_refuses_a_population_too_small_for_its_groups() -> None:
     with pytest.raises(ValueError, match="g1"):
         build("LP-DSAT", LdpIdsConfig(epsilon=1.0, window=30, population=40, task=TASK))
+
+
+def test_lp_dsat_publishes_at_most_c_times_when_its_groups_round_down() -> None:
+    """Found by the property test: n = 50, β = 0.7 gives n2 = 15 and, at C = 4, g2 = ⌊15/4⌋ = 3,
+    so the spec's user rule n_rm ≥ g2 alone let five publications into a window of 5."""
+    cfg = LdpIdsConfig(epsilon=1.0, window=5, population=50, task=TASK, beta=0.7, publications=4)
+    mech = scripted("LP-DSAT", cfg, [True] * 40)
+    records = drive(mech, 40, all_present(cfg.population))
+    check_division(records, cfg, "population")
+    assert publications_per_window(records, cfg.window) == 4
