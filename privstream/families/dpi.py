@@ -67,12 +67,17 @@ def _detail(name: str) -> Any:
     return lambda tally, entry: getattr(entry.details, name, None) if entry is not None else None
 
 
+def _exhausted(tally: Any, entry: Any) -> float | None:
+    flag = getattr(entry.details, "exhausted", None) if entry is not None else None
+    return None if flag is None else float(flag)
+
+
 METRICS: Final = (
     MetricSpec("dpi_epsilon_slot", "DPI: the last slot's series element ε_t (public).", _detail("series_epsilon")),
     MetricSpec("dpi_series_index", "DPI: the last slot's series index i_t (public).", _detail("series_index")),
     MetricSpec("dpi_epsilon_spent_nominal", "DPI: the nominal lifetime spend Σ ε_t (public).", _detail("nominal_spent")),
     MetricSpec("dpi_epsilon_spent_conservative", "DPI: the conservative lifetime account of §3.10 (public).", _detail("conservative_spent")),
-    MetricSpec("dpi_budget_exhausted", "DPI: 1 once the series has no element left or the nominal account is full.", lambda tally, entry: None if entry is None else float(entry.details.exhausted)),
+    MetricSpec("dpi_budget_exhausted", "DPI: 1 once the series has no element left or the nominal account is full.", _exhausted),
 )  # fmt: skip
 """Data-independent numbers of the series ledger (spec §10, "public-safe")."""
 
