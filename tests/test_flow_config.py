@@ -202,7 +202,7 @@ def _only(stream: dict[str, Any], **fields: Any) -> Callable[[dict[str, Any]], o
     [
         # unknown keys, at every level
         (lambda d: d.update(stream=1), ["stream: unknown key; allowed: kafka, population, run, streams"]),
-        (_set("kafka", bootstrap_servers="x"), ["kafka.bootstrap_servers: unknown key; allowed: bootstrap, clock, dead_letter_topic, grow_partitions, input_topic"]),
+        (_set("kafka", bootstrap_servers="x"), ["kafka.bootstrap_servers: unknown key; allowed: bootstrap, clock, dead_letter_topic, dpi_audit_topic, grow_partitions, input_topic"]),
         (_set("kafka", clock="data"), ["kafka.clock: the data clock", "--trust-input-clock"]),
         (_set("kafka", clock="wall"), ["kafka.clock: must be one of markers, data"]),
         (_set("population", n=5), ["population.n: unknown key; allowed: allow_large_delta, delta, epsilon, registrations, retired, users, window"]),
@@ -240,7 +240,7 @@ def _only(stream: dict[str, Any], **fields: Any) -> Callable[[dict[str, Any]], o
         (_stream(name="x" * 65), ["streams[1].name: must be a stream name"]),
         (_add_stream(share=0.1), ['streams[2].name: "country" is also the name of streams[1]; stream names are unique']),
         # family, mechanisms, budget split
-        (_stream(family="ldp"), ['streams["country"].family: must be one of ldp-ids, personalized, cgm; got "ldp"']),
+        (_stream(family="ldp"), ['streams["country"].family: must be one of ldp-ids, personalized, cgm, dpi; got "ldp"']),
         (_stream(mechanisms=["XYZ"]), ['streams["country"].mechanisms: unknown ldp-ids mechanism(s) [\'XYZ\']; choose from LBU']),
         (_stream(mechanisms=[1]), ['streams["country"].mechanisms: must be a list of names of LBU']),
         (_stream(mechanisms=["LBU", "LPA"]), ['streams["country"].budget_split: missing; required with several mechanisms (LBU, LPA share']),
@@ -274,7 +274,7 @@ def _only(stream: dict[str, Any], **fields: Any) -> Callable[[dict[str, Any]], o
         # central DP: the registration table
         (lambda d: d["streams"].append(VISITS), ["population.registrations: missing; required by the central-DP stream(s) visits"]),
         (lambda d: (d["streams"].append(VISITS), d["population"].update(registrations="none.csv")), ["population.registrations: preferences file", "none.csv does not exist"]),
-        (_set("population", registrations="registrations.csv"), ["population.registrations: no stream counts registered users (the central-DP families do: personalized; an LDP stream with registered_only = true)"]),
+        (_set("population", registrations="registrations.csv"), ["population.registrations: no stream counts registered users (the central-DP families do: personalized, dpi; an LDP stream with registered_only = true)"]),
     ],
 )  # fmt: skip
 def test_every_rule_names_the_file_the_key_and_what_is_allowed(
