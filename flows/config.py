@@ -43,8 +43,21 @@ from privstream.connectors.registrations import load_preferences
 from privstream.families.registry import FAMILIES, Family
 from privstream.families.spec import TaskType
 from privstream.mechanisms.accountant import BudgetSplit, compose_deltas
-from privstream.mechanisms.accounting import measure_type
-from privstream.mechanisms.guarantees import PeriodScope, WindowScope, budget_of
+from privstream.mechanisms.accounting import (
+    AllUsers,
+    Charge,
+    PureCharge,
+    composable,
+    measure_type,
+    scope_name,
+)
+from privstream.mechanisms.guarantees import (
+    LifetimeScope,
+    PeriodScope,
+    Scope,
+    WindowScope,
+    budget_of,
+)
 from privstream.mechanisms.ledger import budget_limit
 from privstream.mechanisms.tasks import BallTask, EstimationTask, FrequencyTask, MeanTask
 from privstream.mechanisms.validation import MAX_WINDOW, check_fraction, check_requirement
@@ -505,6 +518,7 @@ def _streams(top: _Table, population: PopulationSection) -> tuple[StreamSection,
     if not (isinstance(raw, list) and raw):
         raise top.error("streams", f"must be one or more [[streams]] tables, got {_show(raw)}")
     streams: list[StreamSection] = []
+    scope_of: dict[str, Scope] = {}
     for k, item in enumerate(raw, start=1):
         t = _Table(top.source, f"streams[{k}]", item)
         name = t.text("name", STREAM_NAME, f"a stream name ({STREAM_NAME.pattern})")
@@ -515,7 +529,10 @@ def _streams(top: _Table, population: PopulationSection) -> tuple[StreamSection,
                 f"{_show(name)} is also the name of streams[{twin}]; stream names are unique",
             )
         t.where = f"streams[{_show(name)}]"
-        streams.append(_stream(t, name, population))
+        stream, scopes = _stream(t, name, population)
+        _check_scopes(t, stream, scopes, streams, scope_of)
+        streams.append(stream)
+        scope_of[name] = scopes[0]
     total = math.fsum(s.share for s in streams)
     if total > budget_limit(1.0):
         shares = ", ".join(f"{s.name} {s.share:g}" for s in streams)
@@ -542,8 +559,47 @@ def _deltas(
     return replace(population, delta=delta if deltas or population.delta else None)
 
 
-def _stream(t: _Table, name: str, population: PopulationSection) -> StreamSection:
-    """One ``[[streams]]`` table; ε is its share of the population's budget."""
+def _check_scopes(
+    t: _Table,
+    stream: StreamSection,
+    scopes: tuple[Scope, ...],
+    earlier: Sequence[StreamSection],
+    scope_of: Mapping[str, Scope],
+) -> None:
+    """Refuse a lifetime guarantee (user-level: all of a user's data, never renewed) beside a
+    guarantee of another scope in one population, or inside one stream: the population's
+    budget is then either per ``population.window`` or over a user's lifetime, and the two do
+    not compose (``accounting.composable``): a bound over one says nothing about the other."""
+    mine = [*scopes, *(scope_of[s.name] for s in earlier)]
+    names = [stream.name] * len(scopes) + [s.name for s in earlier]
+    lifetime = [k for k, scope in enumerate(mine) if isinstance(scope, LifetimeScope)]
+    if not lifetime:
+        return
+    for k, scope in enumerate(mine):
+        if composable(_probe(mine[lifetime[0]]), _probe(scope)) is None:
+            continue
+        a, b = names[lifetime[0]], names[k]
+        both = f"streams {a} and {b}" if a != b else f"the mechanisms of stream {a}"
+        raise t.error(None, (
+            f"{both} do not compose: {a} is private over {scope_name(mine[lifetime[0]])} and "
+            f"{b} over {scope_name(scope)}, and a bound over one says nothing about the other "
+            "(accounting.composable); a population's budget is "
+            "either per population.window or over a user's lifetime, not both: run the "
+            "lifetime stream on a population of its own (a flow file of its own, with its own "
+            "users and registrations)"
+        ))  # fmt: skip
+
+
+def _probe(scope: Scope) -> Charge:
+    """A zero charge over ``scope`` (one measure for all: only the scopes are compared)."""
+    return PureCharge(AllUsers(), scope, 1, 0, 0.0, 0.0, 1.0)
+
+
+def _stream(
+    t: _Table, name: str, population: PopulationSection
+) -> tuple[StreamSection, tuple[Scope, ...]]:
+    """One ``[[streams]]`` table (ε is its share of the population's budget) and the scopes
+    of its mechanisms' guarantees."""
     family = FAMILIES.get(t.text("family", what=f"one of {', '.join(FAMILIES)}"), None)
     if family is None:
         raise t.error(
@@ -582,8 +638,7 @@ def _stream(t: _Table, name: str, population: PopulationSection) -> StreamSectio
         _options(t, family, share, population),
         _registered_only(t, family),
     )
-    _check_guarantee(t, family, stream, split, population)
-    return stream
+    return stream, _check_guarantee(t, family, stream, split, population)
 
 
 def _registered_only(t: _Table, family: Family) -> bool:
@@ -696,10 +751,10 @@ def _check_guarantee(
     stream: StreamSection,
     split: BudgetSplit,
     population: PopulationSection,
-) -> None:
+) -> tuple[Scope, ...]:
     """Build the stream's mechanisms as the run does (``Family.make_config``: the family's own
     limits of ε, w, n, the task and the options; each mechanism its share of the stream's ε)
-    and refuse one whose budget renews within a population window."""
+    and refuse one whose budget renews within a population window; their guarantees' scopes."""
     try:
         config = _family_config(family, stream, population)
         mechanisms = family.build_shared(stream.mechanisms, config, split.shares)
@@ -721,6 +776,7 @@ def _check_guarantee(
                 f"{renews} slot(s), fewer than population.window = {population.window}: "
                 "one population window could spend more than the stream's share",
             )
+    return tuple(m.privacy_cost.scope for m in mechanisms)
 
 
 def _family_config(family: Family, stream: StreamSection, population: PopulationSection) -> Any:
@@ -827,7 +883,7 @@ def describe(config: FlowConfig) -> list[str]:
         lines.append(
             f"stream {s.name}: {s.family} {', '.join(s.mechanisms)}{split}; "
             f"{_task_text(s)}; ε = {s.share:g} × {pop.epsilon:g} = "
-            f"{s.epsilon:g}{each}{_delta_text(s)}; w = {s.window}{_measure_text(s, pop)}"
+            f"{s.epsilon:g}{each}{_delta_text(s)}; {_scope_text(s, pop)}{_measure_text(s, pop)}"
         )
     total = math.fsum(s.share for s in config.streams)
     deltas = [d for s in config.streams if (d := stream_delta(s)) is not None]
@@ -837,9 +893,34 @@ def describe(config: FlowConfig) -> list[str]:
     lines.append(
         f"{len(config.streams)} stream(s), n = {pop.users}: shares sum to {total:g}, so "
         f"a user in every stream spends at most {total * pop.epsilon:g} of "
-        f"ε = {pop.epsilon:g}{delta} per {pop.window} slots"
+        f"ε = {pop.epsilon:g}{delta} {_span_text(config)}"
     )
     return lines
+
+
+def _lifetime(stream: StreamSection, population: PopulationSection) -> bool:
+    """Whether the stream's guarantee covers a user's lifetime (no window renews it)."""
+    family = FAMILIES[stream.family]
+    try:
+        config = _family_config(family, stream, population)
+        scope = family.build(stream.mechanisms[0], config).privacy_cost.scope
+    except ValueError:
+        return False
+    return isinstance(scope, LifetimeScope)
+
+
+def _scope_text(stream: StreamSection, population: PopulationSection) -> str:
+    lifetime = _lifetime(stream, population)
+    return "over a user's lifetime" if lifetime else f"w = {stream.window}"
+
+
+def _span_text(config: FlowConfig) -> str:
+    """Over what the population's budget holds: a lifetime when its streams' guarantees do
+    (``_check_scopes`` refuses a mix), else per population window."""
+    pop = config.population
+    if all(_lifetime(s, pop) for s in config.streams):
+        return "over their lifetime"
+    return f"per {pop.window} slots"
 
 
 def stream_delta(stream: StreamSection) -> float | None:

@@ -246,6 +246,11 @@ Recompute = Callable[[Sequence[Mapping[str, Any]]], list[tuple[int, float, float
 slot, in slot order) each entry's slot, the spend recomputed for the most-charged payer over the
 scope ending there, and the budget it must stay within."""
 
+Verify = Callable[[Sequence[Mapping[str, Any]]], list[tuple[int, str]]]
+"""A division's consistency audit: from the same entries, what is inconsistent in them beyond
+the spend (a series element used twice, a charge that is not what its public parameters give),
+as ``(slot, what is wrong in words)``; empty when nothing is."""
+
 
 @dataclass(frozen=True)
 class DivisionSpec:
@@ -254,13 +259,15 @@ class DivisionSpec:
     ``name`` is what a ledger entry states (``LedgerEntry.division``); ``payer(spend,
     personalized)`` who a class's spend is charged to (``payer_of``); ``recompute`` how the
     audit recomputes a scope's spend from the public ledger entries (None: the audit's own
-    checks of the built-in divisions, ``privstream.audit.checks.check_windows``). A family
+    checks of the built-in divisions, ``privstream.audit.checks.check_windows``); ``verify``
+    (optional) what else the audit checks in the entries, each problem in words. A family
     ships its own in ``Family.divisions``; the audit asks the family for it by name."""
 
     name: str
     payer: Callable[[ClassSpend, bool], Payer]
     recompute: Recompute | None = None
     summary: str = ""
+    verify: Verify | None = None
 
 
 def _class_or_all(spend: ClassSpend, personalized: bool) -> Payer:

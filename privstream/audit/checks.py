@@ -286,16 +286,27 @@ def _keyed_slots(
 ) -> tuple[list[I64], list[I64]]:
     """Per pair, the slots of its releases and ledger entries where releases carry key parts
     (``Release.key``): a keyed pair's ledger slots are its mechanism's, and the mechanism's
-    release slots are those of any of its keyed pairs — so a slot with one query's release
-    missing is still missing for that query, and several queries' releases of one slot are
-    not duplicates."""
+    release slots are those of any of its keyed pairs — so several queries' releases of one
+    slot are not duplicates. A mechanism that released every key it ever used at some slot
+    publishes all its keys at every slot: a slot with one key's release missing is missing
+    for that key. One that never released all its keys at one slot samples its keys (DPI: one
+    query per slot), so only a slot without any release of it is missing (for the
+    mechanism)."""
     if all(b == p for p, b in enumerate(bases)):
         return releases, ledger
     releases, ledger = list(releases), list(ledger)
+    children: dict[int, list[int]] = {}
     for p, b in enumerate(bases):
         if b != p:
-            ledger[p] = ledger[b]
+            children.setdefault(b, []).append(p)
             releases[b] = np.union1d(releases[b], releases[p])
+    empty = np.empty(0, dtype=np.int64)
+    for b, keyed in children.items():
+        slots = np.concatenate([releases[p] for p in keyed])
+        every = np.bincount(slots - slots.min()).max() == len(keyed) if slots.size else True
+        for p in keyed:
+            ledger[p] = ledger[b] if every else empty
+            releases[p] = releases[p] if every else empty
     return releases, ledger
 
 
@@ -374,26 +385,52 @@ def _declared_windows(pub: Published, findings: Findings, counts: WindowCounts) 
     """A family's own division: its ``recompute`` (the family's ``DivisionSpec``, discovered
     through ``privstream.families``) gives each entry's spend over the scope ending there from
     the published entries; over the budget is a window over budget, and an entry claiming less
-    than the recomputed spend is a declared mismatch."""
+    than the recomputed spend is a declared mismatch. Its ``verify`` names what else is
+    inconsistent (``division_inconsistent``); entries it cannot read are
+    ``division_unreadable``. Both count as declared mismatches."""
     from privstream.mechanisms.accounting import DIVISIONS
 
     for name, entries in sorted(pub.declared.items()):
-        recompute = DIVISIONS[name].recompute
-        assert recompute is not None  # only such divisions are collected
-        for (stream, mechanism), own in sorted(_by_mechanism(entries).items()):
-            claimed = {e["slot"]: max(c["spent"] for c in e["classes"]) for e in own}
-            for slot, spend, budget in recompute(own):
-                ident = pair_release_id((stream, mechanism), slot)
-                if spend > budget * (1 + RELATIVE):
-                    counts.over_budget += 1
-                    findings.add("window_over_budget", ident, (
-                        f"{name} division: recomputed spend {spend:.12g} > budget {budget:g} "
-                        "over the scope ending here"))  # fmt: skip
-                if claimed[slot] < spend and not close(claimed[slot], spend):
-                    counts.mismatches += 1
-                    findings.add("declared_mismatch", ident, (
-                        f"{name} division: the entry claims {claimed[slot]:.12g} but its "
-                        f"charges recompute to {spend:.12g}"))  # fmt: skip
+        division = DIVISIONS[name]
+        for pair, own in sorted(_by_mechanism(entries).items()):
+            try:
+                problems = division.verify(own) if division.verify is not None else []
+                recomputed = division.recompute(own) if division.recompute is not None else []
+            except (KeyError, IndexError, TypeError, ValueError) as exc:
+                counts.mismatches += 1
+                findings.add("division_unreadable", pair_release_id(pair, int(own[0]["slot"])),
+                             f"{name} division: its entries cannot be recomputed: {exc!r}")  # fmt: skip
+                continue
+            counts.mismatches += len(problems)
+            for slot, why in problems:
+                findings.add(
+                    "division_inconsistent", pair_release_id(pair, slot), f"{name} division: {why}"
+                )
+            _declared_spends(name, pair, own, recomputed, findings, counts)
+
+
+def _declared_spends(
+    name: str,
+    pair: tuple[str, str],
+    own: list[dict[str, Any]],
+    recomputed: list[tuple[int, float, float]],
+    findings: Findings,
+    counts: WindowCounts,
+) -> None:
+    """A family's division's recomputed spends against their budgets and the entries' claims."""
+    claimed = {e["slot"]: max(c["spent"] for c in e["classes"]) for e in own}
+    for slot, spend, budget in recomputed:
+        ident = pair_release_id(pair, slot)
+        if spend > budget * (1 + RELATIVE):
+            counts.over_budget += 1
+            findings.add("window_over_budget", ident, (
+                f"{name} division: recomputed spend {spend:.12g} > budget {budget:g} over the "
+                "scope ending here"))  # fmt: skip
+        if claimed[slot] < spend and not close(claimed[slot], spend):
+            counts.mismatches += 1
+            findings.add("declared_mismatch", ident, (
+                f"{name} division: the entry claims {claimed[slot]:.12g} but its charges "
+                f"recompute to {spend:.12g}"))  # fmt: skip
 
 
 def _by_mechanism(entries: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
@@ -653,7 +690,10 @@ def _stream_plan(
     key_epsilon = np.empty(members.size)
     plain = ~src.classwise[members]
     if plain.any():
-        values, seen = np.unique(led.pop_epsilon[rows[led.plain[rows]]], return_counts=True)
+        single = rows[led.plain[rows]]  # else a family's own division: the population's ε
+        values, seen = np.unique(
+            led.pop_epsilon[single if single.size else rows], return_counts=True
+        )
         key_epsilon[plain] = values[np.argmax(seen)]
     if not plain.all():
         classwise = members[~plain]

@@ -105,6 +105,12 @@ class ClaimCounts:
     """``worst`` was computed: the largest composed spend, as ε at the expected δ."""
 
 
+def _base(pub: Published, pair: I64) -> I64:
+    """Each release pair's ledger pair: a keyed release's mechanism (``Published.bases``)."""
+    bases: I64 = np.asarray(pub.bases, dtype=np.int64)[pair] if pair.size else pair
+    return bases
+
+
 def _key(pair: I64, slot: I64) -> I64:
     key: I64 = (pair << SLOT_BITS) | slot
     return key
@@ -197,9 +203,11 @@ def check_sources(pub: Published, findings: Findings, counts: ClaimCounts) -> No
     bad_publish = publish & (source != slot)
     led_keys = _key(pub.ledger.pair, pub.ledger.slot)
     led_order = np.argsort(led_keys)
-    lpos, lfound = _lookup(led_keys[led_order], _key(pair, slot))
+    lpos, lfound = _lookup(led_keys[led_order], _key(_base(pub, pair), slot))
     charged = _charged(pub)[led_order][lpos] if led_keys.size else np.zeros(slot.size)
-    uncharged = publish & lfound & ~(charged > 0)
+    # a family's own division says itself when a publication costs nothing (its verify)
+    own = pub.ledger.declared_division[led_order][lpos] if led_keys.size else lfound
+    uncharged = publish & lfound & ~(charged > 0) & ~own
     problems = (
         (wrong_source, "repeat_without_source",
          "repeats no earlier publish release of its stream and mechanism at its source_slot"),
@@ -227,7 +235,7 @@ def check_stated(pub: Published, findings: Findings, counts: ClaimCounts) -> Non
         _check_split(pub, findings, counts)
         return
     order = np.argsort(led_keys)
-    pos, found = _lookup(led_keys[order], _key(rel["pair"], rel["slot"]))
+    pos, found = _lookup(led_keys[order], _key(_base(pub, rel["pair"]), rel["slot"]))
     row = order[pos]
     other = found & (rel["gid"] != led.gid[row])
     flags = found & (

@@ -894,7 +894,7 @@ def _class_columns(
         "spent": _floats(column("spent")),
     }
     window, epsilon = columns["window"], columns["epsilon"]
-    ok = (window >= 1) & (window < _COUNT_LIMIT) & (epsilon > 0) & (epsilon < math.inf)
+    ok = (window >= 0) & (window < _COUNT_LIMIT) & (epsilon > 0) & (epsilon < math.inf)
     return columns, ok & (np.minimum(columns["charged"], columns["spent"]) >= 0)
 
 
@@ -944,6 +944,8 @@ def _valid_entries(
     ok &= np.isnan(c["pop_epsilon"]) | ((c["pop_epsilon"] > 0) & (c["pop_epsilon"] < math.inf))
     ok &= np.isnan(c["pop_spent"]) | (c["pop_spent"] >= 0)
     ok[classes["row"][~class_ok]] = False
+    unscoped = classes["window"] == 0  # a scope of no window: only a family's own division
+    ok[classes["row"][unscoped & ~c["declared_division"][classes["row"]]]] = False
     return ok
 
 
@@ -965,9 +967,14 @@ def _entry_problem(rec: _Entry) -> str | None:
     pe, ps = rec.population_budget, rec.population_spent
     if (pe is not None and not 0 < pe < math.inf) or (ps is not None and ps < 0):
         return "population_budget not positive and finite, or negative population spend"
+    lowest = 0 if rec.division in _declared_divisions() else 1  # 0: no window (lifetime)
     for c in rec.classes:
-        if not (1 <= c.scope < _COUNT_LIMIT and 0 < c.budget < math.inf):
-            return f"class (scope={c.scope}, budget={c.budget}) out of range"
+        if not (lowest <= c.scope < _COUNT_LIMIT and 0 < c.budget < math.inf):
+            return (
+                f"class (scope={c.scope}, budget={c.budget}) out of range: a scope in "
+                "[1, 2**40) slots (0, no window, only in a family's own division) and a "
+                "positive finite budget"
+            )
         if min(c.charged, c.spent) < 0:
             return f"class (scope={c.scope}, budget={c.budget}) has a negative spend"
     if rec.division == "user":

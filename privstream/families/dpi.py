@@ -24,35 +24,92 @@ from privstream.mechanisms.dpi_boosting import QUERIES
 from privstream.mechanisms.dpi_series import BudgetSeries
 from privstream.mechanisms.tasks import FrequencyTask
 
+SERIES_KEYS: Final = ("epsilon", "mu", "zeta", "delta_q", "eta_mode", "allow_underspend")
+"""The public series parameters every DPI ledger entry states (``details.series``)."""
+
+
+def _series_key(entry: Mapping[str, Any]) -> tuple[Any, ...]:
+    p = entry["details"]["series"]
+    return tuple(p[name] for name in SERIES_KEYS)
+
+
+class _Series:
+    """The series of each distinct public parameter tuple, built once per audit."""
+
+    def __init__(self) -> None:
+        self._of: dict[tuple[Any, ...], BudgetSeries] = {}
+
+    def __call__(self, entry: Mapping[str, Any]) -> BudgetSeries:
+        key = _series_key(entry)
+        if key not in self._of:
+            self._of[key] = BudgetSeries(*key)
+        return self._of[key]
+
 
 def recompute(entries: Sequence[Mapping[str, Any]]) -> list[tuple[int, float, float]]:
     """The audit of a DPI series ledger from its public entries (slot order): at each entry the
     lifetime spend recomputed from the series itself — ``Σ ε_{i_t}`` over the entries so far,
     each ε_{i_t} the series value of its index under the entry's public parameters (the paper
-    mode's charge is 4·ε_i, A10) — against the budget ε. A series index used twice breaks the
-    argument that the spend converges, so a repeat adds the whole budget (a finding)."""
-    out, spent, used = [], 0.0, set()
-    series_of: dict[tuple[Any, ...], BudgetSeries] = {}
+    mode's charge is 4·ε_i, A10), never reset — against the budget ε. Whether each entry's
+    own numbers are those values, and each index used once, is ``verify``'s."""
+    out, spent, series = [], 0.0, _Series()
     for entry in entries:
-        d, budget = entry["details"], float(entry["classes"][0]["budget"])
-        index = int(d["series_index"])
+        index = int(entry["details"]["series_index"])
         if index:
-            p = d["series"]
-            key = (
-                p["epsilon"],
-                p["mu"],
-                p["zeta"],
-                p["delta_q"],
-                p["eta_mode"],
-                p["allow_underspend"],
-            )
-            if key not in series_of:
-                series_of[key] = BudgetSeries(*key)
-            spent += series_of[key].nominal_charge(index) if float(d["nominal_charge"]) else 0.0
-            spent += budget if index in used else 0.0
-            used.add(index)
-        out.append((int(entry["slot"]), spent, budget))
+            spent += series(entry).nominal_charge(index)
+        out.append((int(entry["slot"]), spent, float(entry["classes"][0]["budget"])))
     return out
+
+
+def verify(entries: Sequence[Mapping[str, Any]]) -> list[tuple[int, str]]:
+    """What is inconsistent in a DPI series ledger (slot order), in words per slot: a series
+    index used twice (the spend converges only if each element is spent once); an ε_t
+    (``series_epsilon``, ``nominal_charge``, the class's ``charged``) that is not the series
+    value of its index; a series whose ε is not the budget (its sum would not be bounded by
+    it); series parameters or a budget other than the first entry's (the ledger never
+    resets); a ``nominal_spent`` other than the class's ``spent``."""
+    out: list[tuple[int, str]] = []
+    first_use: dict[int, int] = {}
+    series = _Series()
+    bound = (
+        (_series_key(entries[0]), float(entries[0]["classes"][0]["budget"])) if entries else None
+    )
+    for entry in entries:
+        slot, d, one = int(entry["slot"]), entry["details"], entry["classes"][0]
+        if (_series_key(entry), float(one["budget"])) != bound:
+            out.append((slot, f"series parameters or budget {dict(d['series'])}, "
+                              f"{one['budget']} differ from the first entry's {bound}"))  # fmt: skip
+            continue
+        if not math.isclose(float(d["series"]["epsilon"]), float(one["budget"]), rel_tol=1e-9):
+            out.append((slot, f"the series' epsilon {d['series']['epsilon']!r} is not the "
+                              f"budget {one['budget']!r} its sum must stay within"))  # fmt: skip
+        index = int(d["series_index"])
+        if index and index in first_use:
+            out.append(
+                (slot, f"series index {index} used twice (first at slot {first_use[index]})")
+            )
+        if index:
+            first_use.setdefault(index, slot)
+        out.extend((slot, why) for why in _values(series(entry), index, d, one))
+    return out
+
+
+def _values(
+    series: BudgetSeries, index: int, d: Mapping[str, Any], one: Mapping[str, Any]
+) -> list[str]:
+    """The entry's ε_t numbers that differ from the series value of its index (0 for none)."""
+    epsilon = series.epsilon_i(index) if index else 0.0
+    charge = series.nominal_charge(index)
+    wrong = [
+        f"{name} {float(value)!r} is not the series value {want!r} of index {index}"
+        for name, value, want in (("series_epsilon", d["series_epsilon"], epsilon),
+                                  ("nominal_charge", d["nominal_charge"], charge),
+                                  ("classes[0].charged", one["charged"], charge))
+        if not math.isclose(float(value), want, rel_tol=1e-9, abs_tol=1e-300)
+    ]  # fmt: skip
+    if not math.isclose(float(d["nominal_spent"]), float(one["spent"]), rel_tol=1e-9):
+        wrong.append(f"nominal_spent {d['nominal_spent']!r} but classes[0].spent {one['spent']!r}")
+    return wrong
 
 
 SERIES: Final = DivisionSpec(
@@ -60,6 +117,7 @@ SERIES: Final = DivisionSpec(
     lambda _spend, _personalized: AllUsers(),
     recompute,
     summary="every user charged one element ε_t of a convergent series per slot, each element once",
+    verify=verify,
 )
 
 
@@ -68,8 +126,8 @@ def _detail(name: str) -> Any:
 
 
 def _exhausted(tally: Any, entry: Any) -> float | None:
-    flag = getattr(entry.details, "exhausted", None) if entry is not None else None
-    return None if flag is None else float(flag)
+    exhausted = _detail("exhausted")(tally, entry)
+    return None if exhausted is None else float(exhausted)
 
 
 METRICS: Final = (
