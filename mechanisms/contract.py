@@ -412,12 +412,14 @@ def finite_or_none(x: float) -> float | None:
 class Conformance:
     """What a mechanism tells the conformance checks (``privstream.conformance.checks``) about itself:
     config changes its validation must refuse (field, bad value), checks that do not apply to
-    it with the reason, and the size of the example population and run."""
+    it with the reason, the size of the example population and run, and the example config's
+    ``window`` (a finite-horizon mechanism needs one past the slots its checks run)."""
 
     invalid: tuple[tuple[str, Any], ...] = ()
     skips: dict[str, str] = field(default_factory=dict)
     population: int = 400
     slots: int = 24
+    window: int = 5
 
 
 C = TypeVar("C")

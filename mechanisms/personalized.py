@@ -218,7 +218,7 @@ def discrete_noise(rng: np.random.Generator, epsilon: float, size: int) -> NDArr
     return discrete_laplace(rng, noise_scale(epsilon), size)
 
 
-def noise_scale(epsilon: float) -> Fraction:
+def noise_scale(epsilon: float | Fraction) -> Fraction:
     """The public scale ``≥ Δ/ε`` of ``discrete_noise``: a multiple of ``2^−20`` (coarser for
     scales beyond ``2^31``, so the sampler's integers stay exact)."""
     exact = Fraction(SENSITIVITY) / Fraction(epsilon)

@@ -80,7 +80,7 @@ def test_the_builtin_families_are_the_entry_points_pyproject_declares() -> None:
     table = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
     assert table[registry.GROUP] == registry.BUILTIN
     assert list(registry.families()) == ["ldp-ids", "personalized", "cgm", "dpi"]
-    assert len(registry.REGISTRY) == 11 + 8 + 2 + 3
+    assert len(registry.REGISTRY) == 11 + 8 + 2 + 5
     assert registry.LDP_IDS is registry.family("ldp-ids")  # the old names still resolve
 
 

@@ -50,7 +50,8 @@ def _batches(t_max: int = T) -> list[Any]:
 def _flow(registered: Registered, items: list[Any]) -> tuple[Dataflow, dict[str, list[str]]]:
     """The family's operator over ``items``; releases and ledger entries as canonical JSON."""
     family = registered.family
-    config = family.make_config(epsilon=1.0, window=5, population=N, task=family.task)
+    window = family.mechanisms[registered.name].conformance.window
+    config = family.make_config(epsilon=1.0, window=window, population=N, task=family.task)
     prefs = None
     if family.needs_registration:
         eps = np.resize([np.nan, 1.0, 2.0, 1.5], N)

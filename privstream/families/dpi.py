@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from fractions import Fraction
 from typing import Any, Final
 
 import numpy as np
@@ -18,7 +19,7 @@ import numpy as np
 from privstream.connectors import dpi_synthetic
 from privstream.families.spec import BenchSpec, Family, MetricSpec, Option, OutputSpec
 from privstream.families.tasks import FREQUENCY
-from privstream.mechanisms import dpi
+from privstream.mechanisms import dpi, dpi_baselines
 from privstream.mechanisms.accounting import AllUsers, DivisionSpec
 from privstream.mechanisms.dpi_boosting import QUERIES
 from privstream.mechanisms.dpi_series import BudgetSeries
@@ -121,6 +122,27 @@ SERIES: Final = DivisionSpec(
 )
 
 
+def recompute_horizon(entries: Sequence[Mapping[str, Any]]) -> list[tuple[int, float, float]]:
+    """The audit of a finite-horizon ledger (baseline B3, ``Laplace-horizon``) from its public
+    entries (slot order): every entry released a noisy histogram, so each charges ``ε/T`` with
+    ``T`` its public ``horizon``; the spend after ``n`` entries is ``ε·n/T``, over the budget
+    from entry ``T+1`` on (a finding), whatever the entries claim."""
+    out = []
+    for n, entry in enumerate(entries, start=1):
+        budget = float(entry["classes"][0]["budget"])
+        spent = float(Fraction(budget) * n / int(entry["details"]["horizon"]))
+        out.append((int(entry["slot"]), spent, budget))
+    return out
+
+
+HORIZON: Final = DivisionSpec(
+    dpi_baselines.HORIZON_DIVISION,
+    lambda _spend, _personalized: AllUsers(),
+    recompute_horizon,
+    summary="every user charged ε/T at each slot of a finite horizon T, then the stream stops",
+)
+
+
 def _detail(name: str) -> Any:
     return lambda tally, entry: getattr(entry.details, name, None) if entry is not None else None
 
@@ -207,10 +229,14 @@ def dpi_scores(run: Any) -> dict[str, float]:
 DATASETS: Final = {"synthetic": dpi_synthetic.dynamic, "dynamic": dpi_synthetic.dynamic,
                    **{f"dynamic-{j}": dpi_synthetic.dynamic_set(j) for j in range(1, 11)}}  # fmt: skip
 
+MECHANISMS: Final = {**dpi.MECHANISMS, **dpi_baselines.MECHANISMS}
+"""DPI, its paper and α ≡ 0 modes, and the harness baselines B1 (``DPI-uniform``) and B3
+(``Laplace-horizon``, horizon ``T = --window``) of spec §7."""
+
 FAMILY: Final = Family(
     name="dpi",
     summary="DPI: user-level ε-DP over an infinite stream (trusted curator)",
-    mechanisms=dpi.MECHANISMS,
+    mechanisms=MECHANISMS,
     config=dpi.DpiConfig,
     epsilon=2.0,
     window=1,
@@ -223,7 +249,7 @@ FAMILY: Final = Family(
     metrics=METRICS,
     release_key=("query",),
     outputs=(OutputSpec("dpi-audit", "DPI's raw per-slot statistics (users charged, largest leak): internal"),),
-    divisions=(SERIES,),
+    divisions=(SERIES, HORIZON),
     bench=BenchSpec(
         datasets=tuple(DATASETS), files=False, counts=False, score=dpi_scores,
         fields=("mse", "sse", "kl", "seconds"), mechanisms=tuple(dpi.MECHANISMS),

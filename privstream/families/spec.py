@@ -383,7 +383,8 @@ class Registered:
         return self.family.trust
 
     def example(self, population: int, task: EstimationTask | None = None) -> Mechanism[Any, Any]:
+        window = self.family.mechanisms[self.name].conformance.window
         config = self.family.make_config(
-            epsilon=1.0, window=5, population=population, task=task or self.family.task
+            epsilon=1.0, window=window, population=population, task=task or self.family.task
         )
         return self.family.build(self.name, config)
