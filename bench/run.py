@@ -30,6 +30,12 @@
    write and unpickle times — and the pause snapshots cause a real flow with a recovery store
    (``--state-only`` runs just this; ``--no-state`` skips it).
 
+8. DPI (spec dpi §8.4, ``privstream.experiments.dpi_bench``): H1 MSE/KL per query against ε
+   for DPI, DPI-paper and the baselines B1/B2 (Alg. 3 and 4), DPI-paper's weight movement
+   against the spec's bound, bounded sensitivity, H2 sweeps, H7 remaining budget against the
+   spec's table, H8 a timed long run at k = 10,000, H9 the privacy-loss table (when present),
+   H10 scaled down, and one k = 10,000 slot of 10⁶ records (``--no-dpi`` skips it).
+
 Writes everything to bench/results/latest.json (override with --out; --cgm-only writes
 bench/results/cgm.json, --state-only bench/results/state.json) and prints a summary.
 """
@@ -62,7 +68,7 @@ from tqdm import tqdm
 from privstream.connectors.datasets import SlotSource
 from privstream.connectors.numeric_synthetic import NumericStream, numeric_dataset
 from privstream.experiments import adapted as fig11
-from privstream.experiments import harness
+from privstream.experiments import dpi_bench, harness
 from privstream.experiments.kafka import bench_kafka, format_result
 from privstream.experiments.noise import bench_noise, format_noise
 from privstream.experiments.paper_results import (
@@ -800,6 +806,7 @@ def main(argv: list[str] | None = None) -> int:
         "--cgm-only", action="store_true", help="run only the CGM section (6), to cgm.json"
     )
     parser.add_argument("--no-state", action="store_true", help="skip the state section (7)")
+    parser.add_argument("--no-dpi", action="store_true", help="skip the DPI section (8)")
     parser.add_argument(
         "--state-only", action="store_true", help="run only the state section (7), to state.json"
     )
@@ -898,6 +905,11 @@ def main(argv: list[str] | None = None) -> int:
         state = run_state(state_users, args.quick)
         print("\n" + format_state(state))
 
+    dpi = None
+    if not args.no_dpi:
+        dpi = dpi_bench.run(dpi_bench.QUICK if args.quick else dpi_bench.FULL, log)
+        print("\n" + dpi_bench.format_result(dpi))
+
     record = {
         "quick": args.quick,
         "default": default,
@@ -909,6 +921,7 @@ def main(argv: list[str] | None = None) -> int:
         "noise": noise,
         "cgm": cgm,
         "state": state,
+        "dpi": dpi,
     }
     return write_record(args.out or RESULTS / "latest.json", record, started)
 

@@ -209,8 +209,12 @@ def run_lockstep(
     config = family.make_config(
         epsilon=epsilon, window=window, population=source.users, task=task, **options
     )
-    if family.needs_registration and requirements is None and family.requirements is not None:
-        requirements = Requirements(*family.requirements(source.users, epsilon, window, seed))
+    if family.needs_registration and requirements is None:  # everyone shares the default
+        requirements = (
+            Requirements(population=source.users)
+            if family.requirements is None
+            else Requirements(*family.requirements(source.users, epsilon, window, seed))
+        )
     built = {name: family.build(name, config) for name in mechanisms}
     lanes = {
         name: Lane(mech, mech.initial_state(), mech.client_state()) for name, mech in built.items()
