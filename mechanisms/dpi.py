@@ -124,7 +124,9 @@ class DpiConfig:
         try:
             self.series()
         except ValueError as exc:  # an infeasible (ε, μ, ζ): the message holds the limit
-            raise ValueError(f"epsilon = {self.epsilon!r} does not fit DPI's series: {exc}") from None
+            raise ValueError(
+                f"epsilon = {self.epsilon!r} does not fit DPI's series: {exc}"
+            ) from None
 
     def series(self) -> BudgetSeries:
         return BudgetSeries(self.epsilon, self.mu, self.zeta, self.delta_q, self.eta_mode,
@@ -288,10 +290,11 @@ class DpiMechanism(Mechanism[DpiConfig, DpiState]):
         """The true answer ``y_q`` of every query after this slot (curator side, spec §3.1)."""
         cfg = self.config
         state.accumulated += counts
-        state.pdf_sum += boosting.normalized(counts)
+        inst = boosting.smoothed(counts, cfg.prior_mass)  # one slot's PDF: q_inst and q_mean
+        state.pdf_sum += inst  # smoothed too, so q_mean keeps Δ_Q = 2/(N₀+1) when bounded
         answers = {
             "acc": boosting.normalized(state.accumulated),
-            "inst": boosting.smoothed(counts, cfg.prior_mass),
+            "inst": inst,
             "mean": state.pdf_sum / state.t,
         }
         return [answers[q] for q in cfg.queries]
@@ -307,16 +310,19 @@ class DpiMechanism(Mechanism[DpiConfig, DpiState]):
 
     def draw_element(self, state: DpiState, slot: Slot) -> tuple[Draw, float]:
         """RBA's element for this slot (I10: drawn even for an empty slot) and its nominal
-        charge; ε_t = 0 when the series is exhausted or the charge would pass ε (§3.10)."""
+        charge; ε_t = 0 when the series is exhausted or the charge would pass ε (§3.10).
+
+        ``exhausted`` flags exactly the slots that spend nothing for either reason: a refused
+        element (only ``paper_thm54``, whose charge is 4·ε_i, can reach the limit) does not
+        stop the stream, a later smaller element that fits is still spent, so the account
+        fills up to ε and never passes it; no entry shows ``exhausted`` beside a charge."""
         from privstream.mechanisms.dpi_rba import EXHAUSTED, draw
 
         element = draw(state.rba, slot.randomness("dpi/rba"))
         charge = 0.0 if element.exhausted else self.series.nominal_charge(element.series_index)
-        if state.spent_nominal + charge > budget_limit(self.config.epsilon):
-            state.exhausted = True
-            return EXHAUSTED, 0.0
-        state.exhausted = state.exhausted or element.exhausted
-        return element, charge
+        limit = budget_limit(self.config.epsilon)
+        state.exhausted = element.exhausted or state.spent_nominal + charge > limit
+        return (EXHAUSTED, 0.0) if state.exhausted else (element, charge)
 
     def spend(self, state: DpiState, slot: Slot, targets: list[NDArray[np.float64]]) -> _Slot:
         """Draw this slot's release and update the priors (the mode's own ``update``)."""
@@ -340,7 +346,8 @@ class DpiMechanism(Mechanism[DpiConfig, DpiState]):
         if self.update_mode == "paper":
             entry = replace(entry, evaluation=True)
         audit = ExtraRecord("dpi-audit", slot.stream, self.name, slot.index,
-                            {"users_charged": active, "leak_max": state.spent_nominal})  # fmt: skip
+                            {"users_charged": active, "leak_max": state.spent_nominal},
+                            evaluation=self.update_mode == "paper")  # fmt: skip
         return [release, entry, audit]
 
     def ledger_details(self, state: DpiState, done: _Slot) -> DpiLedger:
@@ -405,7 +412,7 @@ class DPIPaper(DpiMechanism):
                                     cfg.synopses, (rng("dpi/query"), rng("dpi/synopses")))  # fmt: skip
         q = drawn.query
         # §3.10: the conservative charge uses the step sizes accumulated before this slot
-        conservative = 2 * cfg.s_g * (cfg.synopses * state.acum_a[q] + state.acum_q)
+        conservative = 2 * cfg.s_g * (cfg.synopses * float(state.acum_a[q]) + state.acum_q)
         boosting.paper_update(self.pool, drawn, targets[q], (state.query_prior, state.synopsis_prior),
                               (steps.alpha_q, steps.alpha_a), (cfg.lam, cfg.mu))  # fmt: skip
         state.acum_a[q] += steps.alpha_a

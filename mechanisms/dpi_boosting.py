@@ -52,8 +52,11 @@ def smoothed(counts: NDArray[np.int64], prior_mass: float) -> FloatArray:
 
 def score(d: FloatArray, lam: float, mu: float) -> FloatArray:
     """``g(d)``: +1 when ``d ≤ λ``, −1 when ``d ≥ λ+μ``, linear in between (spec §3.1, A7:
-    if/elif/else, so g stays in [−1, 1] and is continuous at λ and λ+μ)."""
-    return np.clip(1.0 - 2.0 * (d - lam) / mu, -1.0, 1.0)
+    if/elif/else, so g stays in [−1, 1] and is continuous at λ and λ+μ). The branches are
+    explicit: the linear formula alone rounds to −1 + 4.4e−16 at ``d = λ+μ`` (0.2 + 0.05)."""
+    d = np.asarray(d, dtype=np.float64)
+    between = np.clip(1.0 - 2.0 * (d - lam) / mu, -1.0, 1.0)
+    return np.where(d <= lam, 1.0, np.where(d >= lam + mu, -1.0, between))
 
 
 def softmax(log_weights: FloatArray) -> FloatArray:
