@@ -124,7 +124,9 @@ class DpiConfig:
         try:
             self.series()
         except ValueError as exc:  # an infeasible (ε, μ, ζ): the message holds the limit
-            raise ValueError(f"epsilon = {self.epsilon!r} does not fit DPI's series: {exc}") from None
+            raise ValueError(
+                f"epsilon = {self.epsilon!r} does not fit DPI's series: {exc}"
+            ) from None
 
     def series(self) -> BudgetSeries:
         return BudgetSeries(self.epsilon, self.mu, self.zeta, self.delta_q, self.eta_mode,
@@ -310,20 +312,17 @@ class DpiMechanism(Mechanism[DpiConfig, DpiState]):
         """RBA's element for this slot (I10: drawn even for an empty slot) and its nominal
         charge; ε_t = 0 when the series is exhausted or the charge would pass ε (§3.10).
 
-        The stop is for good: once ``exhausted``, every later slot spends ε_t = 0 and releases
-        from the frozen priors (§3.6), so a ledger entry never shows ``exhausted`` beside a
-        charge (only ``paper_thm54``, whose charge is 4·ε_i, can reach the limit)."""
+        ``exhausted`` flags exactly the slots that spend nothing for either reason: a refused
+        element (only ``paper_thm54``, whose charge is 4·ε_i, can reach the limit) does not
+        stop the stream, a later smaller element that fits is still spent, so the account
+        fills up to ε and never passes it; no entry shows ``exhausted`` beside a charge."""
         from privstream.mechanisms.dpi_rba import EXHAUSTED, draw
 
         element = draw(state.rba, slot.randomness("dpi/rba"))
-        if state.exhausted or element.exhausted:
-            state.exhausted = True
-            return EXHAUSTED, 0.0
-        charge = self.series.nominal_charge(element.series_index)
-        if state.spent_nominal + charge > budget_limit(self.config.epsilon):
-            state.exhausted = True
-            return EXHAUSTED, 0.0
-        return element, charge
+        charge = 0.0 if element.exhausted else self.series.nominal_charge(element.series_index)
+        limit = budget_limit(self.config.epsilon)
+        state.exhausted = element.exhausted or state.spent_nominal + charge > limit
+        return (EXHAUSTED, 0.0) if state.exhausted else (element, charge)
 
     def spend(self, state: DpiState, slot: Slot, targets: list[NDArray[np.float64]]) -> _Slot:
         """Draw this slot's release and update the priors (the mode's own ``update``)."""
