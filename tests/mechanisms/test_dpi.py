@@ -550,5 +550,11 @@ def test_infeasible_epsilon_refused_with_the_limit() -> None:
 def test_family_registers_the_division() -> None:
     from privstream.mechanisms.accounting import division_of
 
-    assert FAMILY.name == "dpi" and set(FAMILY.mechanisms) == {"DPI", "DPI-paper", "DPI-prior"}
+    assert FAMILY.name == "dpi" and set(FAMILY.mechanisms) == {
+        "DPI",
+        "DPI-paper",
+        "DPI-prior",
+        "DPI-uniform",
+        "Laplace-horizon",
+    }
     assert division_of("dpi-series").name == "dpi-series"
