@@ -255,7 +255,13 @@ class _Cells(html.parser.HTMLParser):
         """The rows of a flow's total over its streams (``data-total``)."""
         self.divisions: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
         """Each mechanism's and class's row's ``data-division`` (dropped from its key)."""
+        self.scopes: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
+        """Each mechanism's row's ``data-scope`` (its guarantee's scope kind; dropped from its
+        key)."""
+        self.scoped: dict[tuple[str, tuple[tuple[str, str], ...], str], str] = {}
+        """Each cell's ``data-scope`` (a scope cell of a lifetime budget: ``lifetime``)."""
         self.note = ""
+        self.scope = ""
         self.notes: dict[tuple[str, tuple[tuple[str, str], ...], str], str] = {}
         """Each cell's ``data-note`` (a share at 100 % by design: ``population-division``)."""
 
@@ -272,14 +278,18 @@ class _Cells(html.parser.HTMLParser):
             flow = (self.row.pop("job", ""), self.row.pop("instance", ""))
             self.total = self.row.pop("total", "") == "flow"
             division = self.row.pop("division", None)
+            scope = self.row.pop("scope", None)
             if division is not None:
                 self.divisions[(self.table, tuple(sorted(self.row.items())))] = division
+            if scope is not None:
+                self.scopes[(self.table, tuple(sorted(self.row.items())))] = scope
             if self.row or flow != ("", ""):
                 self.flows[(self.table, tuple(sorted(self.row.items())))] = flow
         elif tag == "td" and "data-metric" in found:
             self.cell = (found["data-metric"], found.get("data-value", ""))
             self.measure = found.get("data-measure", "")
             self.note = found.get("data-note", "")
+            self.scope = found.get("data-scope", "")
             self.text = ""
 
     def handle_data(self, data: str) -> None:
@@ -296,6 +306,8 @@ class _Cells(html.parser.HTMLParser):
                 self.measures[key] = self.measure
             if self.note:
                 self.notes[key] = self.note
+            if self.scope:
+                self.scoped[key] = self.scope
             self.cell = None
 
 
