@@ -96,7 +96,7 @@ def _remaining(_tally: Any, entry: Any) -> float | None:
     details = _dpi(entry)
     if details is None:
         return None
-    return max(entry.budget - clamp_spend(details.nominal_spent, entry.budget), 0.0)
+    return max(float(entry.budget) - clamp_spend(details.nominal_spent, entry.budget), 0.0)
 
 
 def _exhausted(_tally: Any, entry: Any) -> float | None:
