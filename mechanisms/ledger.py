@@ -64,6 +64,13 @@ def budget_limit(epsilon: float) -> float:
     return epsilon * (1.0 + RELATIVE_TOLERANCE)
 
 
+def clamp_spend(spent: float, limit: float) -> float:
+    """A spend as readers are shown it: within the ledger's own slack (``budget_limit``) a sum
+    of shares that rounded a hair above ``limit`` is exactly ``limit``; a spend beyond the
+    slack is shown as it is (the ledger refused it: a violation, never hidden)."""
+    return min(spent, limit) if spent <= budget_limit(limit) else spent
+
+
 NEVER = np.iinfo(np.int64).min // 2  # "last report slot" of a user who never reported
 
 

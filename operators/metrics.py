@@ -28,9 +28,11 @@ metric has to be classified before it can be exported (the privacy audit enforce
     ever reported, public like every report count (the server sees who sends); under central
     DP the registration table's size, public by construction. At 1 further newcomers are
     ``population_full`` dead letters.
-* **Mechanism info** (``privstream_mechanism_info``, labels ``{stream, mechanism, division}``,
-  value 1): how the mechanism's ledger divides the budget among the users — ``budget`` (every
-  user charged alike), ``population`` (LDP-IDS LSP, LPU, LPD, LPA: disjoint users, each charged
+* **Mechanism info** (``privstream_mechanism_info``, labels ``{stream, mechanism, division,
+  scope}``, value 1; ``scope`` is the guarantee's scope kind: ``window``, ``class``,
+  ``stream``, ``period`` or ``lifetime`` — DPI's, a budget that never renews, for which
+  ``privstream_scope_slots`` is left out and the population's scope reads 0): how the
+  mechanism's ledger divides the budget among the users — ``budget`` (every user charged alike), ``population`` (LDP-IDS LSP, LPU, LPD, LPA: disjoint users, each charged
   the whole ε at most once per window, so the scope spend is the whole budget whenever anybody
   reported in the window, by design), ``user`` (CGM) or a family's declared division. Public
   code and configuration; the privacy page shows a population-division row at 100 % as normal.
@@ -80,12 +82,16 @@ from privstream.families.spec import MetricSpec
 from privstream.mechanisms.accounting import measure_type
 from privstream.mechanisms.contract import LedgerEntry
 from privstream.mechanisms.guarantees import Guarantee
-from privstream.mechanisms.ledger import budget_limit
+from privstream.mechanisms.ledger import clamp_spend
 from privstream.operators.stream_state import Tally
 from privstream.schema.events import LATE, DeadLetter
 from privstream.schema.exposition import INTERNAL, INTERNAL_PREFIX, PREFIX
 
 LABELS: Final = ("stream", "mechanism")  # plus "class" on the privacy class gauges
+LIFETIME: Final = "lifetime"
+"""``Guarantee.scope.kind`` of a budget over a user's whole lifetime in the stream (DPI): it
+has no window and never renews; ``privstream_scope_slots`` is left out for it (no length) and
+the population's scope reads 0."""
 MEASURE: Final = "measure"
 """The label of every budget-valued gauge: the guarantee's measure (``pure``, ``approx``,
 ``gaussian``, ``zcdp``). Their values are in its additive unit: ε, μ² or ρ
@@ -153,9 +159,8 @@ class _Account:
     filled in from the board's ``_handed`` at scrape time."""
 
 
-def _clamp(spent: float, limit: float) -> float:
-    # Sums of ε/w shares round; within the ledger's own slack the spend is exactly the limit.
-    return min(spent, limit) if spent <= budget_limit(limit) else spent
+_clamp: Final = clamp_spend
+"""Sums of ε/w shares round; within the ledger's own slack the spend is exactly the limit."""
 
 
 def window_budget_spent(cost: Guarantee, entry: LedgerEntry | None) -> tuple[float, float]:
@@ -189,9 +194,12 @@ def class_label(scope: int, budget: float, guarantee: Guarantee | None = None) -
     """The ``class`` label of a privacy class, its budget in the measure's own unit:
     ``w<w>_e<ε>`` (pure or approximate DP over a window), ``w<w>_rho<ρ>`` (zCDP),
     ``s<scope>_mu<μ>`` (Gaussian DP, μ = √budget: never μ² as an ε); ``s`` where the scope is
-    not a window (its length in slots, e.g. a user-division ledger's reports per budget); a
-    family's own measure with its charge type's ``label`` and ``reads``."""
+    not a window (its length in slots, e.g. a user-division ledger's reports per budget);
+    ``lifetime_e<ε>`` for a lifetime scope (DPI: no window, its class scope is 0 slots, never
+    read as a length); a family's own measure with its charge type's ``label`` and ``reads``."""
     kind = measure_type("pure" if guarantee is None else guarantee.measure.kind)
+    if guarantee is not None and guarantee.scope.kind == LIFETIME:
+        return f"{LIFETIME}_{kind.label}{kind.reads(budget):g}"  # no window: every slot counts
     prefix = "w" if guarantee is None or guarantee.window is not None else "s"
     return f"{prefix}{scope}_{kind.label}{kind.reads(budget):g}"
 
@@ -225,7 +233,10 @@ def _mechanism_families() -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
             "Configured budget per user over the scope, in the measure's additive unit "
             "(label measure: pure ε, gaussian μ², zcdp ρ).",
         ),
-        "scope": gauge("scope_slots", "Configured scope in slots (the window w; 0: none)."),
+        "scope": gauge(
+            "scope_slots",
+            "Configured scope in slots (the window w; absent where the scope is no window).",
+        ),
         "population": gauge("population", "Registered population size n."),
         "spent": measured(
             "scope_budget_spent",
@@ -325,18 +336,22 @@ def _account_families(accounts: dict[tuple[str, str], _Account]) -> Iterator[Met
 
 
 def _info_family(accounts: dict[tuple[str, str], _Account]) -> Iterator[Metric]:
-    """``privstream_mechanism_info{stream, mechanism, division}`` = 1: each mechanism's division
-    (public code). A population-division mechanism spends its whole window budget whenever
-    anybody reported in the window, so its scope spend at 100 % is normal, not an alarm."""
+    """``privstream_mechanism_info{stream, mechanism, division, scope}`` = 1: each mechanism's
+    division and its guarantee's scope kind (public code and configuration). A
+    population-division mechanism spends its whole window budget whenever anybody reported in
+    the window, so its scope spend at 100 % is normal, not an alarm; a ``lifetime`` scope has
+    no window (``privstream_scope_slots`` is absent for it) and its spend never renews."""
     family = GaugeMetricFamily(
         PREFIX + "mechanism_info",
         "1 per mechanism, labelled with how its ledger divides the budget among the users "
         "(division: budget, population — the whole budget spent whenever anybody reported "
-        "in the window —, user, or a family's own).",
-        labels=(*LABELS, "division"),
+        "in the window —, user, or a family's own) and the kind of its guarantee's scope "
+        "(scope: window, class, stream, period, lifetime — a budget that never renews).",
+        labels=(*LABELS, "division", "scope"),
     )
     for (stream, mechanism), account in sorted(accounts.items()):
-        family.add_metric([stream, mechanism, account.division], 1.0)
+        scope = account.cost.scope.kind
+        family.add_metric([stream, mechanism, account.division, scope], 1.0)
     yield family
 
 
@@ -376,10 +391,21 @@ def _declared_families(accounts: dict[tuple[str, str], _Account]) -> Iterator[Me
             continue
         gauge = GaugeMetricFamily(PREFIX + spec.name, spec.help, labels=spec.labels)
         for (stream, mechanism), account in sorted(accounts.items()):
-            value = spec.value(account.tally, account.tally.last_ledger)
+            value = _read(spec, account)
             if value is not None and math.isfinite(value):
                 gauge.add_metric([stream, mechanism], float(value))
         yield gauge
+
+
+def _read(spec: MetricSpec, account: _Account) -> float | None:
+    """``spec``'s value for ``account``, or None where its reader cannot read it: every
+    declared gauge is read for every (stream, mechanism) of the process, so a family's reader
+    meets other families' entries, and one that fails on them must not fail the scrape (a
+    scrape that raises serves no metric at all)."""
+    try:
+        return spec.value(account.tally, account.tally.last_ledger)
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
 
 
 def public_metrics() -> frozenset[str]:
@@ -408,7 +434,9 @@ def _population_families(populations: dict[str, _Population]) -> Iterator[Metric
             "(label measure: pure ε, gaussian μ², zcdp ρ).",
             True,
         ),
-        "scope": gauge("scope_slots", "The scope of the composed budget, in slots."),
+        "scope": gauge(
+            "scope_slots", "The scope of the composed budget, in slots (0: a lifetime budget)."
+        ),
         "spent": gauge(
             "budget_spent",
             "Composed spend of the most-charged user (or privacy class) over all mechanisms "

@@ -297,7 +297,7 @@ def _cgm() -> object:
 
 
 def test_each_mechanism_names_its_division_on_an_info_gauge() -> None:
-    """``privstream_mechanism_info{stream, mechanism, division}`` = 1: a population-division
+    """``privstream_mechanism_info{stream, mechanism, division, scope}`` = 1: a population-division
     mechanism (LPU) spends its whole window budget whenever anybody reported, so a reader shows
     its 100 % as normal; the operator passes each mechanism's own ``division``."""
     from privstream.mechanisms.guarantees import Guarantee, PureDP, WindowScope
@@ -310,9 +310,14 @@ def test_each_mechanism_names_its_division_on_an_info_gauge() -> None:
     board.update("s", "LPU", cost, 100, Tally(), False, division="population")
     board.update("t", "CGM", cost, 100, Tally(), False, division="user")
     assert scrape(board)["privstream_mechanism_info"] == {
-        (("division", "budget"), ("mechanism", "LBU"), ("stream", "s")): 1.0,
-        (("division", "population"), ("mechanism", "LPU"), ("stream", "s")): 1.0,
-        (("division", "user"), ("mechanism", "CGM"), ("stream", "t")): 1.0,
+        (("division", "budget"), ("mechanism", "LBU"), ("scope", "window"), ("stream", "s")): 1.0,
+        (
+            ("division", "population"),
+            ("mechanism", "LPU"),
+            ("scope", "window"),
+            ("stream", "s"),
+        ): 1.0,
+        (("division", "user"), ("mechanism", "CGM"), ("scope", "window"), ("stream", "t")): 1.0,
     }
     board.clear()
     assert scrape(board)["privstream_mechanism_info"] == {}

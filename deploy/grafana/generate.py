@@ -334,6 +334,46 @@ def composed_spend_panels() -> list[Builder[model.Panel]]:
     ]
 
 
+def dpi_panels() -> list[Builder[model.Panel]]:
+    """DPI (user-level ε-DP over an infinite stream): its lifetime spend against ε, the series
+    element it spent last, and whether the series is exhausted (empty without a DPI stream)."""
+    nominal = sel("privstream_dpi_epsilon_spent_nominal")
+    budget = f"({in_units('privstream_budget', 'stream, mechanism')}) and on (stream, mechanism) {nominal}"
+    return [
+        graph(
+            "DPI lifetime spend: nominal and conservative vs ε",
+            "DPI streams only: the nominal lifetime spend Σ ε_t (the guarantee's account), the "
+            "conservative account of the spec's §3.10 (equal to the nominal under the "
+            "production update, above it under the paper's update, an "
+            "evaluation) and the lifetime budget ε dashed. It never renews. Bad: the nominal "
+            "line above the dashed one (PrivstreamDpiOverEpsilon); past 90 % of ε a ticket "
+            "(PrivstreamDpiBudgetNearlySpent).",
+            [
+                pair("privstream_dpi_epsilon_spent_nominal", "nominal ε"),
+                pair("privstream_dpi_epsilon_spent_conservative", "conservative ε", "B"),
+                query(budget, "{{stream}} {{mechanism}} budget {{unit}}", "C"),
+            ],
+            dashed=["C"],
+        ),
+        graph(
+            "DPI series element ε_t",
+            "DPI streams only: the series element ε_t the last slot spent (public: drawn by the "
+            "random budget allocation, independent of the data). It shrinks as the series goes "
+            "on; 0 once the series is exhausted.",
+            [pair("privstream_dpi_epsilon_slot", "ε_t")],
+            width=8,
+        ),
+        flag(
+            "DPI series exhausted",
+            "DPI streams whose series has no element left or whose nominal account is full "
+            "(1, red): their releases no longer depend on the data. Expected only at the end "
+            "of a stream's life; 0 otherwise.",
+            [query(f"max({sel('privstream_dpi_budget_exhausted')})", "exhausted", instant=True)],
+            red_above(1),
+        ),
+    ]
+
+
 def release_panels() -> list[Builder[model.Panel]]:
     """What the mechanisms decided to release, and whom they could ask."""
 
@@ -439,6 +479,7 @@ def public_panels() -> list[Builder[model.Panel]]:
         *liveness_flags(),
         *pair_spend_panels(),
         *composed_spend_panels(),
+        *dpi_panels(),
         *release_panels(),
         *progress_panels(),
         configuration_panel(),

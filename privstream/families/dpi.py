@@ -21,8 +21,10 @@ from privstream.families.spec import BenchSpec, Family, MetricSpec, Option, Outp
 from privstream.families.tasks import FREQUENCY
 from privstream.mechanisms import dpi, dpi_baselines
 from privstream.mechanisms.accounting import AllUsers, DivisionSpec
+from privstream.mechanisms.dpi import DpiLedger
 from privstream.mechanisms.dpi_boosting import QUERIES
 from privstream.mechanisms.dpi_series import BudgetSeries
+from privstream.mechanisms.ledger import clamp_spend
 from privstream.mechanisms.tasks import FrequencyTask
 
 SERIES_KEYS: Final = ("epsilon", "mu", "zeta", "delta_q", "eta_mode", "allow_underspend")
@@ -143,8 +145,43 @@ HORIZON: Final = DivisionSpec(
 )
 
 
+def _dpi(entry: Any) -> DpiLedger | None:
+    """The entry's DPI details, or None: before the first entry, and for another family's
+    entry (declared gauges are read for every (stream, mechanism) of the process)."""
+    details = getattr(entry, "details", None)
+    return details if isinstance(details, DpiLedger) else None
+
+
 def _detail(name: str) -> Any:
-    return lambda tally, entry: getattr(entry.details, name, None) if entry is not None else None
+    def read(_tally: Any, entry: Any) -> float | None:
+        details = _dpi(entry)
+        return None if details is None else float(getattr(details, name))
+
+    return read
+
+
+def _spent(name: str) -> Any:
+    """A lifetime spend, clamped to ε within the ledger's own float slack (``clamp_spend``:
+    Σ ε_i = ε exactly in ``budget_exact`` may round a hair above ε), as the generic spend
+    gauges show theirs — so a rule comparing it with ε never fires on an honest stream."""
+
+    def read(_tally: Any, entry: Any) -> float | None:
+        details = _dpi(entry)
+        return None if details is None else clamp_spend(getattr(details, name), entry.budget)
+
+    return read
+
+
+def _remaining(_tally: Any, entry: Any) -> float | None:
+    details = _dpi(entry)
+    if details is None:
+        return None
+    return max(float(entry.budget) - clamp_spend(details.nominal_spent, entry.budget), 0.0)
+
+
+def _exhausted(_tally: Any, entry: Any) -> float | None:
+    details = _dpi(entry)
+    return None if details is None else float(details.exhausted)
 
 
 def _exhausted(tally: Any, entry: Any) -> float | None:
@@ -155,8 +192,9 @@ def _exhausted(tally: Any, entry: Any) -> float | None:
 METRICS: Final = (
     MetricSpec("dpi_epsilon_slot", "DPI: the last slot's series element ε_t (public).", _detail("series_epsilon")),
     MetricSpec("dpi_series_index", "DPI: the last slot's series index i_t (public).", _detail("series_index")),
-    MetricSpec("dpi_epsilon_spent_nominal", "DPI: the nominal lifetime spend Σ ε_t (public).", _detail("nominal_spent")),
-    MetricSpec("dpi_epsilon_spent_conservative", "DPI: the conservative lifetime account of §3.10 (public).", _detail("conservative_spent")),
+    MetricSpec("dpi_epsilon_spent_nominal", "DPI: the nominal lifetime spend Σ ε_t, against ε (public; never above ε).", _spent("nominal_spent")),
+    MetricSpec("dpi_epsilon_spent_conservative", "DPI: the conservative lifetime account of §3.10 (public; the paper's update may exceed ε here).", _spent("conservative_spent")),
+    MetricSpec("dpi_epsilon_remaining", "DPI: ε minus the nominal lifetime spend (public; never renews).", _remaining),
     MetricSpec("dpi_budget_exhausted", "DPI: 1 once the series has no element left or the nominal account is full.", _exhausted),
 )  # fmt: skip
 """Data-independent numbers of the series ledger (spec §10, "public-safe")."""

@@ -279,3 +279,28 @@ def test_budgets_are_shown_in_their_measures_units(dashboard: dict[str, Any]) ->
                 assert f'"unit", "{unit}"' in expr, f"{title}: no {unit} unit in {expr}"
             shown += 1
     assert shown >= 5
+
+
+def test_the_dpi_panels_show_the_lifetime_spend_against_epsilon(dashboard: dict[str, Any]) -> None:
+    """DPI's panels (issue 22): the nominal and the conservative lifetime spend with ε dashed
+    (the DPI streams' ``privstream_budget``, in its unit), ε_t, and the exhausted flag."""
+    panels = {panel["title"]: panel for _, panel in rows(dashboard)}
+    spend = panels["DPI lifetime spend: nominal and conservative vs ε"]
+    exprs = {t["refId"]: t["expr"] for t in spend["targets"]}
+    assert "privstream_dpi_epsilon_spent_nominal{" in exprs["A"]
+    assert "privstream_dpi_epsilon_spent_conservative{" in exprs["B"]
+    assert "privstream_budget{" in exprs["C"]
+    assert exprs["C"].endswith(
+        'and on (stream, mechanism) privstream_dpi_epsilon_spent_nominal{stream=~"$stream", '
+        'mechanism=~"$mechanism"}'
+    )
+    dashed = [o["matcher"]["options"] for o in spend["fieldConfig"]["overrides"]]
+    assert dashed == ["C"]
+    slot = panels["DPI series element ε_t"]
+    assert [t["expr"] for t in slot["targets"]] == [
+        'max by (stream, mechanism) (privstream_dpi_epsilon_slot{stream=~"$stream", '
+        'mechanism=~"$mechanism"})'
+    ]
+    flag = panels["DPI series exhausted"]
+    assert flag["type"] == "stat"
+    assert "privstream_dpi_budget_exhausted{" in flag["targets"][0]["expr"]

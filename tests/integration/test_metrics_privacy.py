@@ -57,7 +57,7 @@ from .prometheus import FlowProcess, read_keyed
 
 PREFIX = "privstream_"
 ALLOWED_LABELS = frozenset(
-    {"stream", "mechanism", "class", "client", "measure", "unit", "scale", "division"}
+    {"stream", "mechanism", "class", "client", "measure", "unit", "scale", "division", "scope"}
 )
 KAFKA_CLIENTS = frozenset({"source", "sink"})  # privstream_kafka_connected{client}
 # {unit, scale} of privstream_measure_unit: what a measure's charge type declares (public code)
@@ -69,7 +69,9 @@ OLD_NAMES = frozenset(
     PREFIX + name
     for name in ("events_total", "events_rejected_total", "late_events_total", "step_seconds")
 )
-CLASS_LABEL = re.compile(r"[ws][1-9][0-9]*_(?:e|mu|rho)[0-9.e+-]+")  # scope, budget in its unit
+# scope (w<window>, s<slots>, or lifetime: no window), budget in its unit
+CLASS_LABEL = re.compile(r"(?:[ws][1-9][0-9]*|lifetime)_(?:e|mu|rho)[0-9.e+-]+")
+SCOPES = frozenset({"window", "class", "stream", "period", "lifetime"})  # Guarantee.scope.kind
 # A produced user id ("u0" .. "u{n-1}") as a token of its own.
 USER_ID = re.compile(r"(?<!\w)u\d+(?!\w)")
 SECRET = "RaRI3ATqVl9AinbJ3RJ88GkURnYsncB7QKAXKcvvY_c"  # a fixed random key: base64url, 32 bytes
@@ -172,7 +174,7 @@ def sample_problems(exposition: str, policy: Disclosure) -> list[str]:
                "measure": MEASURES, "unit": UNITS, "scale": SCALES,
                # privstream_mechanism_info{division}: how a ledger divides the budget (public
                # code: the built-in divisions and those the discovered families declare)
-               "division": frozenset(DIVISION_SPECS)}  # fmt: skip
+               "division": frozenset(DIVISION_SPECS), "scope": SCOPES}  # fmt: skip
     for family in text_string_to_metric_families(exposition):
         for sample in family.samples:
             if not sample.name.startswith(PREFIX):
@@ -468,7 +470,8 @@ def test_metrics_of_a_kafka_flow_disclose_nothing_private(
     divisions = {m: FAMILIES["ldp-ids"].mechanisms[m].division for m in MECHANISMS}
     assert divisions == {"LBU": "budget", "LPA": "population", "LBA": "budget"}
     assert sample_values(exposition, PREFIX + "mechanism_info") == {
-        (("division", d), ("mechanism", m), ("stream", "sin")): 1.0 for m, d in divisions.items()
+        (("division", d), ("mechanism", m), ("scope", "window"), ("stream", "sin")): 1.0
+        for m, d in divisions.items()
     }
 
     synthetic = SyntheticStream("sin", USERS, SLOTS, seed=DATA_SEED)

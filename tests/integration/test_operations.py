@@ -62,6 +62,7 @@ FLOWS = (
     FlowSpec("ldp-ids", "sin", ("LBU", "LPA", "LBA"), ("--budget-split", "equal")),
     FlowSpec("personalized", "visits", ("PBD", "PBA"), ("--budget-split", "equal")),
     FlowSpec("cgm", "load", ("CGM",), ("--domain", "0:1", "--bound", "1")),
+    FlowSpec("dpi", "items", ("DPI",)),  # a lifetime budget: the DPI panels and page cells
 )
 
 FLOW_FILE = "flow-file"
@@ -112,6 +113,12 @@ def _start_flow(
         table.write_text(
             "user,epsilon,window\n"
             + "".join(f"u{u},{2.0 if u % 3 == 0 else 1.0},{WINDOW}\n" for u in range(USERS))
+        )
+        flags += ["--registrations", str(table)]
+    if spec.family == "dpi":  # a trusted curator counts registered users only: one class
+        table = workdir / "dpi-registrations.csv"
+        table.write_text(
+            "user,epsilon,window\n" + "".join(f"u{u},2.0,{WINDOW}\n" for u in range(USERS))
         )
         flags += ["--registrations", str(table)]
     internal = free_port()
@@ -255,7 +262,13 @@ class _Cells(html.parser.HTMLParser):
         """The rows of a flow's total over its streams (``data-total``)."""
         self.divisions: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
         """Each mechanism's and class's row's ``data-division`` (dropped from its key)."""
+        self.scopes: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
+        """Each mechanism's row's ``data-scope`` (its guarantee's scope kind; dropped from its
+        key)."""
+        self.scoped: dict[tuple[str, tuple[tuple[str, str], ...], str], str] = {}
+        """Each cell's ``data-scope`` (a scope cell of a lifetime budget: ``lifetime``)."""
         self.note = ""
+        self.scope = ""
         self.notes: dict[tuple[str, tuple[tuple[str, str], ...], str], str] = {}
         """Each cell's ``data-note`` (a share at 100 % by design: ``population-division``)."""
 
@@ -272,14 +285,18 @@ class _Cells(html.parser.HTMLParser):
             flow = (self.row.pop("job", ""), self.row.pop("instance", ""))
             self.total = self.row.pop("total", "") == "flow"
             division = self.row.pop("division", None)
+            scope = self.row.pop("scope", None)
             if division is not None:
                 self.divisions[(self.table, tuple(sorted(self.row.items())))] = division
+            if scope is not None:
+                self.scopes[(self.table, tuple(sorted(self.row.items())))] = scope
             if self.row or flow != ("", ""):
                 self.flows[(self.table, tuple(sorted(self.row.items())))] = flow
         elif tag == "td" and "data-metric" in found:
             self.cell = (found["data-metric"], found.get("data-value", ""))
             self.measure = found.get("data-measure", "")
             self.note = found.get("data-note", "")
+            self.scope = found.get("data-scope", "")
             self.text = ""
 
     def handle_data(self, data: str) -> None:
@@ -296,6 +313,8 @@ class _Cells(html.parser.HTMLParser):
                 self.measures[key] = self.measure
             if self.note:
                 self.notes[key] = self.note
+            if self.scope:
+                self.scoped[key] = self.scope
             self.cell = None
 
 
@@ -460,11 +479,19 @@ def test_the_page_without_grafana_shows_the_flows_metrics(
             truth = _share(exposed, row)
             assert float(value) == truth and 0 < truth <= 1, (row, value)
             continue
+        if page.scoped.get((table, row, metric)) == "lifetime":  # DPI: no window, never a length
+            assert metric in ("scope_slots", "population_scope_slots") and text == "lifetime"
+            assert float(value) == 0.0, (table, row, metric, value)
+            continue
         truth, measure = _truth(exposed, "privstream_" + metric, row)
         assert float(value) == truth, (table, row, metric)
-        expected = measure if "budget" in metric else ""  # the budget cells name theirs
+        # DPI's lifetime spends are budget cells too: pure ε, without a measure label
+        lifetime = metric.startswith("dpi_epsilon_spent")
+        measure = "pure" if lifetime else measure
+        budgeted = "budget" in metric or lifetime
+        expected = measure if budgeted else ""  # the budget cells name theirs
         assert page.measures.get((table, row, metric), "") == expected, (table, row, metric)
-        if "budget" in metric:  # a budget, in its measure's own unit: never μ² shown as an ε
+        if budgeted:  # a budget, in its measure's own unit: never μ² shown as an ε
             symbol, root = UNITS[measure]
             assert text.startswith(symbol + " "), (table, row, metric, text)
             shown = float(text.removeprefix(symbol + " "))
@@ -473,7 +500,8 @@ def test_the_page_without_grafana_shows_the_flows_metrics(
         else:
             assert float(text) == pytest.approx(truth, rel=1e-3), (table, row, metric, text)
         number = text.split(" ")[-1]  # rounded for people: 4 significant digits, a residue 0
-        assert len(number.replace(".", "").replace("-", "").lstrip("0")) <= max(
+        digits = number.split("e")[0]  # the significand: a DPI spend reads "2.445e-7"
+        assert len(digits.replace(".", "").replace("-", "").lstrip("0")) <= max(
             4, len(str(int(abs(truth))))
         ), (table, row, metric, text)
         if 0 < abs(truth) < 1e-9:
