@@ -148,6 +148,11 @@ def _check_dpi(cfg: DpiConfig) -> None:
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    if cfg.synopses > cfg.candidates:
+        raise ValueError(
+            f"candidates (M = {cfg.candidates}) must be at least synopses (n_A = {cfg.synopses}): "
+            "the released synopses are distinct candidates"
+        )
     if cfg.synopses > cfg.pool_size:
         raise ValueError(
             f"synopses (n_A = {cfg.synopses}) must not exceed pool_size N = {cfg.pool_size}"

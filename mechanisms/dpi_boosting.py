@@ -75,12 +75,18 @@ class Drawn:
 
 
 def exponential_choice(
-    base: FloatArray, scores: FloatArray, alpha: float, rng: np.random.Generator, size: int
+    base: FloatArray,
+    scores: FloatArray,
+    alpha: float,
+    rng: np.random.Generator,
+    size: int,
+    distinct: bool = False,
 ) -> NDArray[np.int64]:
-    """``size`` i.i.d. draws from ``P(i) ∝ base(i)·exp(α·score(i))``: an exponential
-    mechanism costing ``2·α·Δ(score)`` per draw."""
+    """``size`` draws from ``P(i) ∝ base(i)·exp(α·score(i))``: an exponential mechanism
+    costing ``2·α·Δ(score)`` per draw. ``distinct``: without replacement — each draw is that
+    exponential mechanism over the items not drawn yet, so the cost per draw is the same."""
     p = softmax(np.log(np.maximum(base, 1e-300)) + alpha * scores)
-    return np.asarray(rng.choice(p.shape[0], size=size, p=p), dtype=np.int64)
+    return np.asarray(rng.choice(p.shape[0], size=size, p=p, replace=not distinct), dtype=np.int64)
 
 
 def public_prior_draw(
@@ -104,9 +110,16 @@ def public_prior_draw(
     )
     q = int(exponential_choice(query_prior, badly, alpha_q, rngs[0], 1)[0])
     prior = synopsis_prior[q]
-    pool_ids = np.asarray(rngs[1].choice(prior.shape[0], size=candidates, p=prior), dtype=np.int64)
+    # distinct candidates and distinct released synopses: a repeated synopsis in the mean of
+    # n_A would only add variance (the prior concentrates on what was released)
+    size = min(candidates, int(np.count_nonzero(prior)))
+    pool_ids = np.asarray(
+        rngs[1].choice(prior.shape[0], size=size, p=prior, replace=False), dtype=np.int64
+    )
     g = score(pool.l1_errors(pool_ids, targets[q]), lam, mu)
-    chosen = pool_ids[exponential_choice(np.ones(candidates), g, alpha_a, rngs[2], n_a)]
+    chosen = pool_ids[
+        exponential_choice(np.ones(size), g, alpha_a, rngs[2], min(n_a, size), distinct=True)
+    ]
     return Drawn(q, pool.mean_of(chosen), chosen)
 
 

@@ -521,23 +521,13 @@ def _perf_one(name: str, pool: SynopsisPool, values: list[Any], users: int,
     }
 
 
-def privacy_loss() -> dict[str, Any] | str:
-    """H9: the privacy-loss table of ``experiments.dpi_privacy_loss`` when that module is
-    present (another part of issue 22), else where to find it."""
-    try:
-        from privstream.experiments import dpi_privacy_loss as loss  # type: ignore[attr-defined]
-    except ImportError:
-        return "not in this build: see `privstream.experiments.dpi_privacy_loss` (issue 22, H9)"
-    for fn in ("table", "privacy_loss_table", "run", "compute"):
-        if callable(getattr(loss, fn, None)):
-            result = getattr(loss, fn)()
-            text = None
-            for fmt in ("format_table", "format_privacy_loss", "format"):
-                if callable(getattr(loss, fmt, None)):
-                    text = getattr(loss, fmt)(result)
-                    break
-            return {"entry": fn, "result": result, "text": text}
-    return "dpi_privacy_loss is present but exposes none of table/run/compute: see its module"
+def privacy_loss() -> dict[str, Any]:
+    """H9: Table 3's analogue (``experiments.dpi_privacy_loss``: event-level baselines'
+    user-level loss through dp-accounting, against DPI's series spend) and its text."""
+    from privstream.experiments import dpi_privacy_loss as loss
+
+    result = loss.privacy_loss()
+    return {"entry": "privacy_loss", "result": result, "text": loss.format_privacy_loss(result)}
 
 
 # --- the whole section and its text ---------------------------------------------------------

@@ -184,18 +184,13 @@ def _exhausted(_tally: Any, entry: Any) -> float | None:
     return None if details is None else float(details.exhausted)
 
 
-def _exhausted(tally: Any, entry: Any) -> float | None:
-    exhausted = _detail("exhausted")(tally, entry)
-    return None if exhausted is None else float(exhausted)
-
-
 METRICS: Final = (
     MetricSpec("dpi_epsilon_slot", "DPI: the last slot's series element ε_t (public).", _detail("series_epsilon")),
     MetricSpec("dpi_series_index", "DPI: the last slot's series index i_t (public).", _detail("series_index")),
     MetricSpec("dpi_epsilon_spent_nominal", "DPI: the nominal lifetime spend Σ ε_t, against ε (public; never above ε).", _spent("nominal_spent")),
     MetricSpec("dpi_epsilon_spent_conservative", "DPI: the conservative lifetime account of §3.10 (public; the paper's update may exceed ε here).", _spent("conservative_spent")),
     MetricSpec("dpi_epsilon_remaining", "DPI: ε minus the nominal lifetime spend (public; never renews).", _remaining),
-    MetricSpec("dpi_budget_exhausted", "DPI: 1 once the series has no element left or the nominal account is full.", _exhausted),
+    MetricSpec("dpi_budget_exhausted", "DPI: 1 when the last slot spent nothing because the series or the nominal account had no room left.", _exhausted),
 )  # fmt: skip
 """Data-independent numbers of the series ledger (spec §10, "public-safe")."""
 
