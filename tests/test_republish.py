@@ -13,6 +13,7 @@ from privstream.mechanisms.errors import IncompatibleState
 from privstream.mechanisms.guarantees import (
     ClassScope,
     Guarantee,
+    LifetimeScope,
     PeriodScope,
     PureDP,
     StreamScope,
@@ -87,6 +88,21 @@ def test_the_cooldown_covers_the_largest_window_and_waits_for_a_new_period() -> 
     )
     assert cooldown_ends(gaps) == {"s": 28}
     assert plan_gaps({"s": 20}, {"s": StreamPlan(("A",), (_guarantee(WindowScope(1)),))}) == ()
+
+
+def test_a_dpi_lifetime_guarantee_is_never_restarted_over_its_population() -> None:
+    """DPI (issue 22): a new store would start the series ledger again, a second ε for the
+    same users' lifetime; refused once anything was published, unless a new population."""
+    from privstream.families.registry import family
+    from privstream.mechanisms.dpi import DpiConfig
+
+    guarantee = family("dpi").build("DPI", DpiConfig(2.0, 1, 100)).privacy_cost
+    assert isinstance(guarantee.scope, LifetimeScope)
+    plans = {"s": StreamPlan(("DPI",), (guarantee,))}
+    with pytest.raises(IncompatibleState, match=r"stream 's'.*--new-population"):
+        plan_gaps({"s": 20}, plans)
+    assert plan_gaps({}, plans) == ()
+    assert plan_gaps({"s": 20}, plans, new_population=True) == ()
 
 
 def test_a_whole_stream_guarantee_is_never_restarted_over_its_population() -> None:
