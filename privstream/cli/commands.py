@@ -86,7 +86,7 @@ def _common(
         "--epsilon",
         type=_positive_float,
         default=epsilon,
-        help="window budget ε (default %(default)s)",
+        help="privacy budget ε over the family's scope: a window of w slots, l reports or a lifetime (default %(default)s)",
     )
     p.add_argument("--window", type=_positive_int, default=window, help=window_help)
 
