@@ -25,7 +25,7 @@ def test_run_offers_an_external_family_with_its_defaults(
 ) -> None:
     text = _help(capsys, "run", "example-measure")
     assert "registered population size n (default 4000)" in text  # Family.users
-    assert "window budget ε (default 5.0)" in text and "window size w (default 5)" in text
+    assert "a lifetime (default 5.0)" in text and "window size w (default 5)" in text
     assert "one or more of RGM, comma separated (default RGM)" in text
     assert "--charge-scale CHARGE_SCALE each slot charges charge_scale·ε/w" in text
     assert "(default 1.0)" in text  # the family's own option, with its default
