@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from privstream.cli import items as items_cli
 from privstream.cli.argtypes import positive_float as _positive_float
 from privstream.cli.argtypes import positive_int as _positive_int
 from privstream.cli.run_config import add_config_flags, add_topic_change_flags, run_config
@@ -731,6 +732,7 @@ def _audit_metrics(audit: argparse.ArgumentParser) -> None:
 
 def _config_tools(commands: Any) -> None:
     """``privstream config check FILE``."""
+    items_cli.add_parser(commands)
     config = commands.add_parser("config", help="work with a flow configuration file (TOML)")
     config_cmd = config.add_subparsers(dest="config_command", required=True)
     check = config_cmd.add_parser(
@@ -1369,6 +1371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "demo": demo,
         "audit": audit,
         "config": config_check,
+        "items": items_cli.run,
     }
     refusals = (
         ValueError,
