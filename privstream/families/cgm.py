@@ -3,27 +3,21 @@ entry, registered through the ``privstream.families`` entry point ``cgm``."""
 
 from __future__ import annotations
 
-import math
 from typing import Any, Final
 
 from privstream.experiments import scores as utility
-from privstream.families.spec import BenchSpec, Family, MetricSpec, Option, open_fraction
+from privstream.families.spec import (
+    BenchSpec,
+    Family,
+    MetricSpec,
+    Option,
+    choice,
+    non_negative,
+    open_fraction,
+)
 from privstream.families.tasks import BALL, MEAN
 from privstream.mechanisms import cgm
 from privstream.mechanisms.tasks import MeanTask
-
-
-def _non_negative(text: str) -> float:
-    value = float(text)
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"must be a finite number >= 0, got {text}")
-    return value
-
-
-def _scope(text: str) -> str:
-    if text not in ("stream", "timestamp"):
-        raise ValueError(f"must be stream or timestamp, got {text}")
-    return text
 
 
 def _detail(name: str) -> Any:
@@ -61,8 +55,8 @@ FAMILY: Final = Family(
     task=MeanTask(0.0, 1.0),
     options=(
         Option("delta", open_fraction, 1e-5, "δ of the (ε, δ) budget"),
-        Option("bound", _non_negative, 0.05, "C: the most a user's value moves per slot (raw units)"),
-        Option("budget_scope", _scope, "stream", "stream (one budget for l = --window reports) or timestamp (per slot)"),
+        Option("bound", non_negative, 0.05, "C: the most a user's value moves per slot (raw units)"),
+        Option("budget_scope", choice("stream", "timestamp"), "stream", "stream (one budget for l = --window reports) or timestamp (per slot)"),
         Option("lag", int, 1, "j: the values repeat with this period; one noise chain per phase"),
     ),
     metrics=METRICS,

@@ -17,7 +17,17 @@ from typing import Any, Final
 import numpy as np
 
 from privstream.connectors import dpi_synthetic
-from privstream.families.spec import BenchSpec, Family, MetricSpec, Option, OutputSpec
+from privstream.families.spec import (
+    BenchSpec,
+    Family,
+    MetricSpec,
+    Option,
+    OutputSpec,
+    at_least,
+    choice,
+    non_negative,
+    positive,
+)
 from privstream.families.tasks import FREQUENCY
 from privstream.mechanisms import dpi, dpi_baselines
 from privstream.mechanisms.accounting import AllUsers, DivisionSpec
@@ -195,29 +205,6 @@ METRICS: Final = (
 """Data-independent numbers of the series ledger (spec §10, "public-safe")."""
 
 
-def _positive(text: str) -> float:
-    value = float(text)
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"must be a positive finite number, got {text!r}")
-    return value
-
-
-def _non_negative(text: str) -> float:
-    value = float(text)
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"must be a finite number >= 0, got {text!r}")
-    return value
-
-
-def _choice(*allowed: str) -> Any:
-    def parse(text: str) -> str:
-        if text not in allowed:
-            raise ValueError(f"must be one of {', '.join(allowed)}, got {text!r}")
-        return text
-
-    return parse
-
-
 def _queries(text: str) -> tuple[str, ...]:
     names = tuple(q.strip() for q in text.split(",") if q.strip())
     if not names or any(q not in QUERIES for q in names) or len(set(names)) != len(names):
@@ -225,25 +212,18 @@ def _queries(text: str) -> tuple[str, ...]:
     return names
 
 
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(f"must be an integer >= 1, got {text!r}")
-    return value
-
-
 OPTIONS: Final = (
-    Option("mu", _positive, 0.05, "μ: extra tolerance of the score (d ≥ λ+μ scores −1)"),
-    Option("zeta", _positive, 0.1, "ζ: decay-rate constant of the budget series"),
-    Option("lam", _non_negative, 0.2, "λ: synopsis error bound (d ≤ λ scores +1)", key="lambda"),
-    Option("rba", _choice("alg3", "alg4"), "alg3", "random budget allocation: alg3 (Exp rate Λ) or alg4 (index blocks)"),
-    Option("rba_rate", _positive, 1e8, "Λ: the rate of Algorithm 3's exponential draw", key="rba_lambda"),
+    Option("mu", positive, 0.05, "μ: extra tolerance of the score (d ≥ λ+μ scores −1)"),
+    Option("zeta", positive, 0.1, "ζ: decay-rate constant of the budget series"),
+    Option("lam", non_negative, 0.2, "λ: synopsis error bound (d ≤ λ scores +1)", key="lambda"),
+    Option("rba", choice("alg3", "alg4"), "alg3", "random budget allocation: alg3 (Exp rate Λ) or alg4 (index blocks)"),
+    Option("rba_rate", positive, 1e8, "Λ: the rate of Algorithm 3's exponential draw", key="rba_lambda"),
     Option("queries", _queries, "acc,inst", "the public query pool: acc, inst, mean"),
-    Option("synopses", _count, 20, "n_A: synopses drawn and averaged per release"),
-    Option("pool_size", _count, 6500, "N: synopses in the public pool"),
-    Option("eta_mode", _choice("budget_exact", "paper_thm54"), "budget_exact", "the series: budget_exact (Σ ε_i = ε) or paper_thm54 (reproduction, 4ε)"),
-    Option("sensitivity_mode", _choice("unbounded", "bounded"), "unbounded", "bounded: smooth each slot's PDF with a public prior of mass --prior-mass"),
-    Option("prior_mass", _non_negative, 0.0, "N₀: the public prior's mass under --sensitivity-mode bounded"),
+    Option("synopses", at_least(1), 20, "n_A: synopses drawn and averaged per release"),
+    Option("pool_size", at_least(1), 6500, "N: synopses in the public pool"),
+    Option("eta_mode", choice("budget_exact", "paper_thm54"), "budget_exact", "the series: budget_exact (Σ ε_i = ε) or paper_thm54 (reproduction, 4ε)"),
+    Option("sensitivity_mode", choice("unbounded", "bounded"), "unbounded", "bounded: smooth each slot's PDF with a public prior of mass --prior-mass"),
+    Option("prior_mass", non_negative, 0.0, "N₀: the public prior's mass under --sensitivity-mode bounded"),
 )  # fmt: skip
 
 

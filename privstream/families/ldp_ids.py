@@ -6,7 +6,16 @@ from __future__ import annotations
 from typing import Final
 
 from privstream.experiments import scores as utility
-from privstream.families.spec import BenchSpec, Family, MetricSpec, Option, open_fraction
+from privstream.families.spec import (
+    BenchSpec,
+    Family,
+    MetricSpec,
+    Option,
+    choice,
+    non_negative,
+    open_fraction,
+    positive,
+)
 from privstream.families.tasks import FREQUENCY, MEAN
 from privstream.mechanisms import ldp_ids, ldp_ids_dsat, ldp_ids_rescue
 
@@ -36,32 +45,12 @@ def _publications(text: str) -> int:
     return value
 
 
-def _positive(text: str) -> float:
-    value = float(text)
-    if not (value > 0 and value < float("inf")):
-        raise ValueError(f"must be a positive finite number, got {text!r}")
-    return value
-
-
-def _variance(text: str) -> float:
-    value = float(text)
-    if not (value >= 0 and value < float("inf")):
-        raise ValueError(f"must be a finite number >= 0, got {text!r}")
-    return value
-
-
-def _rule(text: str) -> str:
-    if text not in ("normalized", "literal"):
-        raise ValueError(f"must be normalized or literal, got {text!r}")
-    return text
-
-
 OPTIONS: Final = (
     Option("beta", open_fraction, 0.5, "share β of the dissimilarity step"),
     Option("publications", _publications, 0, "DSAT's C, publications per window (0: ⌈w/5⌉)"),
-    Option("threshold_scale", _positive, 1.0, "DSAT: scale of the PID step and of the [0, 2] threshold clamp"),
-    Option("process_variance", _variance, 0.0025**2, "RescueDP: the Kalman filter's process variance Q (a public prior)"),
-    Option("interval_rule", _rule, "normalized", "RescueDP's interval update: normalized (δ²/V) or literal ((δ/V)²)"),
+    Option("threshold_scale", positive, 1.0, "DSAT: scale of the PID step and of the [0, 2] threshold clamp"),
+    Option("process_variance", non_negative, 0.0025**2, "RescueDP: the Kalman filter's process variance Q (a public prior)"),
+    Option("interval_rule", choice("normalized", "literal"), "normalized", "RescueDP's interval update: normalized (δ²/V) or literal ((δ/V)²)"),
 )  # fmt: skip
 
 FAMILY: Final = Family(

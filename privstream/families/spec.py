@@ -10,6 +10,7 @@ metric readers are plain callables the family module fills.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -55,6 +56,46 @@ def open_fraction(text: str) -> float:
     if not 0 < value < 1:
         raise ValueError(f"must lie in (0, 1), got {text}")
     return value
+
+
+def positive(text: str) -> float:
+    """An option's positive finite number (a scale, a rate); NaN and ∞ refused."""
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"must be a positive finite number, got {text}")
+    return value
+
+
+def non_negative(text: str) -> float:
+    """An option's finite number ≥ 0 (a variance, a mass, a bound); NaN and ∞ refused."""
+    value = float(text)
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def at_least(low: int) -> Callable[[str], int]:
+    """A parser of an option's integer ``>= low``."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise ValueError(f"must be an integer >= {low}, got {text}")
+        return value
+
+    return parse
+
+
+def choice(*allowed: str) -> Callable[[str], str]:
+    """A parser of an option that is one of ``allowed`` words."""
+
+    def parse(text: str) -> str:
+        if text not in allowed:
+            words = " or ".join(allowed) if len(allowed) < 3 else f"one of {', '.join(allowed)}"
+            raise ValueError(f"must be {words}, got {text}")
+        return text
+
+    return parse
 
 
 @dataclass(frozen=True)
