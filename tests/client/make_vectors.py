@@ -46,7 +46,9 @@ def render() -> str:
     """The file's text: one vector per line, so a diff shows which vector changed."""
     doc = generate()
     lines = ",\n".join("  " + json.dumps(v) for v in doc["vectors"])
-    return f'{{"format": "{doc["format"]}", "version": {doc["version"]}, "vectors": [\n{lines}\n]}}\n'
+    return (
+        f'{{"format": "{doc["format"]}", "version": {doc["version"]}, "vectors": [\n{lines}\n]}}\n'
+    )
 
 
 if __name__ == "__main__":

@@ -37,7 +37,9 @@ def test_replaying_the_draws_gives_the_report(i: int) -> None:
 
 def test_vectors_cover_both_branches_of_each_coin() -> None:
     """GRR and OLH vectors keep and move the value; HM vectors use SR and PM (PM: 3 draws)."""
-    draws = {o: {len(v["draws"]) for v in VECTORS if v["oracle"] == o} for o in ("GRR", "OLH", "HM")}
+    draws = {
+        o: {len(v["draws"]) for v in VECTORS if v["oracle"] == o} for o in ("GRR", "OLH", "HM")
+    }
     assert draws["GRR"] == {1, 2} and draws["OLH"] == {3, 4} and {1, 2, 3} <= draws["HM"]
 
 
