@@ -22,15 +22,24 @@ from privstream.client.store import FileStore, StoreError
 class Request(Protocol):
     """What the device needs of a request (the full schema: privstream/schema/protocol.py)."""
 
-    stream: str
-    slot: int
-    round: int
-    purpose: str
-    oracle: str
-    d: int
-    epsilon: float
-    window: int
-    division: str
+    @property
+    def stream(self) -> str: ...
+    @property
+    def slot(self) -> int: ...
+    @property
+    def round(self) -> int: ...
+    @property
+    def purpose(self) -> str: ...
+    @property
+    def oracle(self) -> str: ...
+    @property
+    def d(self) -> int: ...
+    @property
+    def epsilon(self) -> float: ...
+    @property
+    def window(self) -> int: ...
+    @property
+    def division(self) -> str: ...
 
     def asks(self, user_id: str) -> bool:
         """Whether the request asks this user (evaluated on the device)."""

@@ -32,13 +32,20 @@ DIVISIONS: Final = frozenset({"budget", "population"})
 class Asked(Protocol):
     """What the ledger reads of a request (privstream.client.device.Request has more)."""
 
-    stream: str
-    slot: int
-    round: int
-    oracle: str
-    epsilon: float
-    window: int
-    division: str
+    @property
+    def stream(self) -> str: ...
+    @property
+    def slot(self) -> int: ...
+    @property
+    def round(self) -> int: ...
+    @property
+    def oracle(self) -> str: ...
+    @property
+    def epsilon(self) -> float: ...
+    @property
+    def window(self) -> int: ...
+    @property
+    def division(self) -> str: ...
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ CASES: list[tuple[str, float, int | None, list[Any]]] = [
 
 def generate() -> dict[str, Any]:
     """Every case × value × seed: the draws the device consumed and the report it made."""
-    vectors = []
+    vectors: list[dict[str, Any]] = []
     for oracle, eps, d, values in CASES:
         for value in values:
             for seed in SEEDS:

@@ -79,7 +79,8 @@ def test_the_per_category_variance_is_the_server_variance(oracle: str) -> None:
 def _two_sample_z(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any], n: int) -> np.ndarray[Any, Any]:
     """z of the difference of two binomial counts out of ``n`` each (pooled proportion)."""
     pooled = (a + b) / (2 * n)
-    return (a - b) / np.sqrt(2 * n * pooled * (1 - pooled))
+    z: np.ndarray[Any, Any] = (a - b) / np.sqrt(2 * n * pooled * (1 - pooled))
+    return z
 
 
 @pytest.mark.parametrize("oracle", ["GRR", "OUE", "OLH"])
