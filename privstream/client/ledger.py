@@ -46,6 +46,8 @@ class Asked(Protocol):
     def window(self) -> int: ...
     @property
     def division(self) -> str: ...
+    @property
+    def d(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class Policy:
     window: int
     oracles: frozenset[str] = ORACLES
     divisions: frozenset[str] = DIVISIONS
+    max_domain: int = 4096  # largest d the device randomises (OUE sends d bits)
 
     def __post_init__(self) -> None:
         if not (self.epsilon > 0 and math.isfinite(self.epsilon)):
@@ -82,6 +85,11 @@ class Policy:
                 "oracle",
                 f"oracle {request.oracle!r} not accepted (accepted: {sorted(self.oracles)})",
             )
+        d = request.d
+        if request.oracle != "HM" and (
+            isinstance(d, bool) or not isinstance(d, int) or not 2 <= d <= self.max_domain
+        ):
+            return Refusal("oracle", f"domain d={d!r} not accepted (2 <= d <= {self.max_domain})")
         if request.division not in self.divisions:
             return Refusal(
                 "division",

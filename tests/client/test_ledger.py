@@ -41,6 +41,8 @@ def test_the_slack_is_the_server_ledger_slack() -> None:
         ({"epsilon": math.nan}, "budget"),
         ({"division": "user"}, "division"),
         ({"slot": -1}, "invalid"),
+        ({"d": 10**9}, "oracle"),
+        ({"d": 1}, "oracle"),
     ],
 )
 def test_a_request_the_policy_does_not_accept_is_refused_with_its_reason(
