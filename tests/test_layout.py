@@ -76,3 +76,19 @@ def test_the_event_schema_is_neutral() -> None:
         for n in _imports(ROOT / "privstream" / "schema" / "events.py")
         if n.startswith("privstream")
     }
+
+
+def test_the_device_library_uses_the_standard_library_only() -> None:
+    """privstream.client runs where the server does not: no NumPy, Bytewax or Kafka client, and
+    nothing of privstream outside privstream.client (issue 23)."""
+    folder = ROOT / "privstream" / "client"
+    paths = sorted(folder.glob("*.py"))
+    assert paths
+    for path in paths:
+        bad = {
+            n
+            for n in _imports(path)
+            if n.split(".")[0] not in sys.stdlib_module_names
+            and not n.startswith("privstream.client")
+        }
+        assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"

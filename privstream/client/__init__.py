@@ -1,0 +1,26 @@
+"""The device library: local randomisers, the device's own w-event ledger and its durable store.
+
+Its core runs where the server does not (phones, browsers, embedded agents): the Python
+standard library only, no NumPy, no Bytewax, no Kafka client (tests/test_layout.py enforces
+it). See docs/client.md for the trust model.
+"""
+
+from privstream.client.device import Device, Report, Request
+from privstream.client.ledger import Ledger, Policy, Refusal
+from privstream.client.randomizers import ORACLES, Randomness, SystemRandomness, randomize
+from privstream.client.store import FileStore, StoreError
+
+__all__ = [
+    "ORACLES",
+    "Device",
+    "FileStore",
+    "Ledger",
+    "Policy",
+    "Randomness",
+    "Refusal",
+    "Report",
+    "Request",
+    "StoreError",
+    "SystemRandomness",
+    "randomize",
+]

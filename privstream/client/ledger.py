@@ -1,0 +1,210 @@
+"""The device's own w-event ledger: it refuses whatever would exceed the device's budget.
+
+Per stream the device keeps the ε it was charged at each of its last ``w`` slots, the slot of
+its last report and the division the stream uses. :meth:`Ledger.check` refuses a request when
+
+* the device's :class:`Policy` does not accept its oracle, division, window or per-report ε;
+* it is not newer than what the device already answered (an older slot, or a (slot, round)
+  already answered: a replay);
+* answering would make ``Σ ε`` over the ``w`` consecutive slots ending at its slot exceed the
+  policy's ε (budget division), or it comes less than ``w`` slots after the stream's last report
+  (population division: at most one report per ``w`` slots), or the stream changes division.
+
+Slots only move forward, so the window ending at the request's slot is the only one that can
+overflow: ``Σ ε`` over ANY ``w`` consecutive slots stays ≤ ε whatever the server asks. The
+order is check → charge (persisted, privstream.client.store) → send.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+from privstream.client.randomizers import ORACLES
+
+RELATIVE_TOLERANCE: Final = (
+    1e-9  # float slack of a window sum, as the server's ledger (spec §9.3 M9)
+)
+DIVISIONS: Final = frozenset({"budget", "population"})
+
+
+class Asked(Protocol):
+    """What the ledger reads of a request (privstream.client.device.Request has more)."""
+
+    @property
+    def stream(self) -> str: ...
+    @property
+    def slot(self) -> int: ...
+    @property
+    def round(self) -> int: ...
+    @property
+    def oracle(self) -> str: ...
+    @property
+    def epsilon(self) -> float: ...
+    @property
+    def window(self) -> int: ...
+    @property
+    def division(self) -> str: ...
+    @property
+    def d(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A request the device does not answer: a reason code and a message for the operator."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What the device accepts: ``epsilon`` over any ``window`` consecutive slots per stream."""
+
+    epsilon: float
+    window: int
+    oracles: frozenset[str] = ORACLES
+    divisions: frozenset[str] = DIVISIONS
+    max_domain: int = 4096  # largest d the device randomises (OUE sends d bits)
+
+    def __post_init__(self) -> None:
+        if not (self.epsilon > 0 and math.isfinite(self.epsilon)):
+            raise ValueError(
+                f"the device's ε must be a positive finite number, got {self.epsilon!r}"
+            )
+        if self.window < 1:
+            raise ValueError(f"the device's window w must be >= 1 slot, got {self.window!r}")
+        if not self.oracles <= ORACLES or not self.divisions <= DIVISIONS:
+            raise ValueError(f"policy oracles ⊆ {sorted(ORACLES)}, divisions ⊆ {sorted(DIVISIONS)}")
+
+    def refuse(self, request: Asked) -> Refusal | None:
+        """Why the policy does not accept this request, or None."""
+        if request.oracle not in self.oracles:
+            return Refusal(
+                "oracle",
+                f"oracle {request.oracle!r} not accepted (accepted: {sorted(self.oracles)})",
+            )
+        d = request.d
+        if request.oracle != "HM" and (
+            isinstance(d, bool) or not isinstance(d, int) or not 2 <= d <= self.max_domain
+        ):
+            return Refusal("oracle", f"domain d={d!r} not accepted (2 <= d <= {self.max_domain})")
+        if request.division not in self.divisions:
+            return Refusal(
+                "division",
+                f"division {request.division!r} not accepted (accepted: {sorted(self.divisions)})",
+            )
+        if request.window != self.window:
+            return Refusal(
+                "window", f"window {request.window!r} asked, the device keeps w={self.window}"
+            )
+        eps = request.epsilon
+        if (
+            isinstance(eps, bool)
+            or not isinstance(eps, float | int)
+            or not (0 < eps <= self.epsilon and math.isfinite(eps))
+        ):
+            return Refusal("budget", f"report ε {eps!r} not in (0, {self.epsilon}]")
+        if isinstance(request.slot, bool) or not isinstance(request.slot, int) or request.slot < 0:
+            return Refusal("invalid", "slot must be a non-negative integer")
+        return None
+
+
+@dataclass
+class StreamLedger:
+    """One stream: ε charged per slot (the last ``w`` slots), rounds answered, last report."""
+
+    division: str
+    charges: dict[int, float] = field(default_factory=dict)
+    answered: dict[int, list[int]] = field(default_factory=dict)
+    last_report: int | None = None
+
+    def window_sum(self, slot: int, w: int) -> float:
+        """``Σ ε`` charged over the ``w`` slots ending at ``slot``."""
+        return math.fsum(e for s, e in self.charges.items() if slot - w < s <= slot)
+
+    def prune(self, w: int) -> None:
+        """Forget slots that no future window (slots only move forward) can contain."""
+        if self.last_report is None:
+            return
+        keep = self.last_report - w
+        self.charges = {s: e for s, e in self.charges.items() if s > keep}
+        self.answered = {s: r for s, r in self.answered.items() if s > keep}
+
+
+class Ledger:
+    """The device's w-event ledger over all its streams (state in JSON-able form)."""
+
+    def __init__(self, policy: Policy, streams: dict[str, StreamLedger] | None = None) -> None:
+        self.policy = policy
+        self.streams: dict[str, StreamLedger] = streams or {}
+
+    def check(self, request: Asked) -> Refusal | None:
+        """Why answering ``request`` would break the policy or the budget, or None."""
+        refusal = self.policy.refuse(request)
+        if refusal is not None:
+            return refusal
+        w, slot = self.policy.window, request.slot
+        stream = self.streams.get(request.stream)
+        if stream is None:
+            return None
+        if stream.division != request.division:
+            return Refusal(
+                "division", f"stream uses {stream.division!r} division, {request.division!r} asked"
+            )
+        last = stream.last_report
+        if last is not None and slot < last:
+            return Refusal("stale", f"slot {slot} is older than the last report's slot {last}")
+        if request.round in stream.answered.get(slot, []):
+            return Refusal("answered", f"slot {slot} round {request.round} already answered")
+        if request.division == "population" and last is not None and slot - last < w:
+            return Refusal(
+                "window", f"population division: one report per {w} slots, the last at slot {last}"
+            )
+        spent = stream.window_sum(slot, w)
+        if spent + request.epsilon > self.policy.epsilon * (1.0 + RELATIVE_TOLERANCE):
+            return Refusal(
+                "exhausted",
+                f"ε {spent:g} already spent in the {w} slots to {slot}, {request.epsilon:g} asked, budget {self.policy.epsilon:g}",
+            )
+        return None
+
+    def charge(self, request: Asked) -> None:
+        """Record the report's ε at its slot; raises ``ValueError`` if :meth:`check` refuses."""
+        refusal = self.check(request)
+        if refusal is not None:
+            raise ValueError(f"refused ({refusal.reason}): {refusal.message}")
+        stream = self.streams.setdefault(request.stream, StreamLedger(request.division))
+        slot = request.slot
+        stream.charges[slot] = stream.charges.get(slot, 0.0) + float(request.epsilon)
+        stream.answered.setdefault(slot, []).append(request.round)
+        stream.last_report = slot
+        stream.prune(self.policy.window)
+
+    def to_state(self) -> dict[str, Any]:
+        """The ledger as JSON-able data (slots as strings, JSON's object keys)."""
+        return {
+            name: {
+                "division": s.division,
+                "charges": {str(k): v for k, v in sorted(s.charges.items())},
+                "answered": {str(k): v for k, v in sorted(s.answered.items())},
+                "last_report": s.last_report,
+            }
+            for name, s in sorted(self.streams.items())
+        }
+
+    @classmethod
+    def from_state(cls, policy: Policy, state: dict[str, Any]) -> Ledger:
+        """Rebuild from :meth:`to_state`; ``ValueError`` on any malformed field."""
+        streams: dict[str, StreamLedger] = {}
+        for name, s in state.items():
+            charges = {int(k): float(v) for k, v in s["charges"].items()}
+            answered = {int(k): [int(r) for r in v] for k, v in s["answered"].items()}
+            last = s["last_report"]
+            if s["division"] not in DIVISIONS or not (last is None or isinstance(last, int)):
+                raise ValueError(f"stream {name!r}: malformed ledger entry")
+            if any(not (math.isfinite(e) and e >= 0) for e in charges.values()):
+                raise ValueError(f"stream {name!r}: malformed charge")
+            streams[str(name)] = StreamLedger(s["division"], charges, answered, last)
+        return cls(policy, streams)
