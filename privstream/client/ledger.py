@@ -208,3 +208,81 @@ class Ledger:
                 raise ValueError(f"stream {name!r}: malformed charge")
             streams[str(name)] = StreamLedger(s["division"], charges, answered, last)
         return cls(policy, streams)
+
+
+@dataclass(frozen=True)
+class GaussianPolicy:
+    """What the device accepts of CGM (Gaussian-DP, spec cgm §8.4): ``mu`` per stream over the
+    stream's whole life. CGM's noise chain and its recursive differential clip carry a value
+    into every later report, so no window renews the budget: the reports' ``μ²`` add up."""
+
+    mu: float
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.mu, float | int) and self.mu > 0 and math.isfinite(self.mu)):
+            raise ValueError(f"the device's μ must be a positive finite number, got {self.mu!r}")
+
+
+@dataclass
+class GaussianStream:
+    """One stream's Gaussian-DP account: ``μ²`` spent, reports, the last slot, and the public
+    step the chain started with (a server may not change it mid-chain)."""
+
+    spent: float = 0.0
+    reports: int = 0
+    last_slot: int | None = None
+    step: dict[str, Any] | None = None
+
+
+class GaussianLedger:
+    """The device's μ² ledger over its CGM streams: ``Σ μ²_report ≤ μ²`` per stream."""
+
+    def __init__(self, policy: GaussianPolicy, streams: dict[str, GaussianStream] | None = None):
+        self.policy = policy
+        self.streams: dict[str, GaussianStream] = streams or {}
+
+    def check(self, stream: str, slot: int, charge: float, step: dict[str, Any]) -> Refusal | None:
+        """Why a report of ``charge`` μ² at ``slot`` would break the policy, or None."""
+        if isinstance(slot, bool) or not isinstance(slot, int) or slot < 0:
+            return Refusal("invalid", "slot must be a non-negative integer")
+        if not (charge > 0 and math.isfinite(charge)):
+            return Refusal("invalid", f"a report's μ² must be positive and finite, got {charge!r}")
+        s = self.streams.get(stream, GaussianStream())
+        if s.last_slot is not None and slot <= s.last_slot:
+            return Refusal(
+                "stale", f"slot {slot}: the chain already reported at slot {s.last_slot}"
+            )
+        if s.step is not None and s.step != step:
+            return Refusal("changed", "the CGM step's public parameters differ from the chain's")
+        budget = self.policy.mu**2
+        if s.spent + charge > budget * (1.0 + RELATIVE_TOLERANCE):
+            return Refusal(
+                "exhausted",
+                f"μ² {s.spent:.6g} already spent, {charge:.6g} asked, budget μ²={budget:.6g}",
+            )
+        return None
+
+    def charge(self, stream: str, slot: int, charge: float, step: dict[str, Any]) -> None:
+        """Record the report; raises ``ValueError`` if :meth:`check` refuses."""
+        refusal = self.check(stream, slot, charge, step)
+        if refusal is not None:
+            raise ValueError(f"refused ({refusal.reason}): {refusal.message}")
+        s = self.streams.setdefault(stream, GaussianStream())
+        s.spent, s.reports, s.last_slot, s.step = s.spent + charge, s.reports + 1, slot, step
+
+    def to_state(self) -> dict[str, Any]:
+        return {name: {"spent": s.spent, "reports": s.reports, "last_slot": s.last_slot,
+                       "step": s.step} for name, s in sorted(self.streams.items())}  # fmt: skip
+
+    @classmethod
+    def from_state(cls, policy: GaussianPolicy, state: dict[str, Any]) -> GaussianLedger:
+        """Rebuild from :meth:`to_state`; ``ValueError`` on any malformed field."""
+        streams: dict[str, GaussianStream] = {}
+        for name, s in state.items():
+            spent, reports, last = float(s["spent"]), int(s["reports"]), s["last_slot"]
+            if not (math.isfinite(spent) and spent >= 0 and reports >= 0):
+                raise ValueError(f"stream {name!r}: malformed μ² account")
+            if not (last is None or isinstance(last, int)) or not isinstance(s["step"], dict):
+                raise ValueError(f"stream {name!r}: malformed μ² account")
+            streams[str(name)] = GaussianStream(spent, reports, last, s["step"])
+        return cls(policy, streams)
