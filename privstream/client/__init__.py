@@ -5,15 +5,20 @@ standard library only, no NumPy, no Bytewax, no Kafka client (tests/test_layout.
 it). See docs/client.md for the trust model.
 """
 
+from privstream.client.cgm import CgmAnswer, CgmDevice, chain_step
 from privstream.client.device import Device, Report, Request
-from privstream.client.ledger import Ledger, Policy, Refusal
+from privstream.client.ledger import GaussianLedger, GaussianPolicy, Ledger, Policy, Refusal
 from privstream.client.randomizers import ORACLES, Randomness, SystemRandomness, randomize
 from privstream.client.store import FileStore, StoreError
 
 __all__ = [
     "ORACLES",
+    "CgmAnswer",
+    "CgmDevice",
     "Device",
     "FileStore",
+    "GaussianLedger",
+    "GaussianPolicy",
     "Ledger",
     "Policy",
     "Randomness",
@@ -22,5 +27,6 @@ __all__ = [
     "Request",
     "StoreError",
     "SystemRandomness",
+    "chain_step",
     "randomize",
 ]
