@@ -155,10 +155,16 @@ def grid_steps(sigma1: float, grid_bits: int, d: int) -> float:
 
 
 def _pull_within(x: list[float], anchor: list[float], radius: float) -> list[float]:
-    """``x`` moved onto the L2 sphere of ``radius`` around ``anchor`` if it lies outside."""
+    """``x`` moved onto the L2 sphere of ``radius`` around ``anchor`` if it lies outside; a row
+    so far away that the norm overflows moves in the scaled space (as the server's)."""
     u = [a - b for a, b in zip(x, anchor, strict=True)]
     norm = math.sqrt(math.fsum(c * c for c in u))
-    if norm <= radius:
+    huge = not math.isfinite(norm)
+    if huge:
+        scale = max(abs(c) for c in [*x, *anchor])
+        u = [a / scale - b / scale for a, b in zip(x, anchor, strict=True)]
+        norm = math.hypot(*u)
+    if not huge and norm <= radius:
         return list(x)
     return [a + c * (radius / norm) for a, c in zip(anchor, u, strict=True)]
 

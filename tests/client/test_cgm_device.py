@@ -161,7 +161,8 @@ def _z(a: float, b: float, se: float) -> float:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_device_reports_match_the_server_cgm_clients(case: str) -> None:
     """Per slot of a chain (noise reused from the previous report): ``v`` and the clipped value
-    equal the server's exactly; the noise ``x* − x'`` has the server's mean and variance and the
+    equal the server's exactly (a ball's
+    norm to 1e-12); the noise ``x* − x'`` has the server's mean and variance and the
     lag covariance (the reuse) of the server's, all within 4.5σ two-sample; and both variances
     match ``Var_t = g²·s_t(s_t+1) + r_t²·Var_{t−1}`` (the chain's variance formula) within 4.5σ."""
     step, task, slots = CASES[case]
@@ -172,7 +173,8 @@ def test_device_reports_match_the_server_cgm_clients(case: str) -> None:
     previous: dict[int, Any] = {}
     for slot, (srv, srv_clip), (dev, dev_clip) in zip(slots, server, device, strict=True):
         assert np.array_equal(srv[:, -1], dev[:, -1]), "v differs from the server's"
-        assert np.array_equal(srv_clip, dev_clip), "the clipped value differs from the server's"
+        same = np.array_equal if d == 1 else lambda a, b: np.allclose(a, b, rtol=1e-12, atol=0)
+        assert same(srv_clip, dev_clip), "the clipped value differs from the server's"
         v = float(dev[0, -1])
         noise_srv, noise_dev = srv[:, :-1] - srv_clip, dev[:, :-1] - dev_clip
         phase = slot % step.lag
@@ -306,3 +308,14 @@ def test_the_step_state_is_the_protocol_cgm_step() -> None:
     report, _ = chain_step(Chain(), step, 0, 0.5, SeededRandomness(1))
     assert report.v == 1.0 and len(report.x) == 1
     assert replace(Step(), sigma1=1.0).sigma1 == 1.0
+
+
+def test_a_huge_vector_lands_on_the_sphere_as_the_servers() -> None:
+    """A value whose norm overflows is projected in its own direction, like ``ball_clip``."""
+    from privstream.client.cgm import domain_clip
+    from privstream.mechanisms.cgm_math import ball_clip
+
+    step = Step(lower=None, upper=None, center=(0.0, 1.0), radius=2.0)
+    for value in ([1e308, -1e308], [3.0, 1.0], [0.5, 1.5]):
+        want = ball_clip(np.array(value), np.array([0.0, 1.0]), 2.0).tolist()
+        assert domain_clip(value, step) == pytest.approx(want, rel=1e-12)
