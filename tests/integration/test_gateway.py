@@ -21,7 +21,13 @@ from aiohttp.test_utils import TestClient, TestServer
 from confluent_kafka import Producer
 
 from privstream.connectors.kafka import KafkaSettings, TopicSpec, create_topics
-from privstream.runtime.gateway import Gateway, OpenRounds, ReportWriter, RequestReader
+from privstream.runtime.gateway import (
+    Gateway,
+    OpenRounds,
+    ReportWriter,
+    RequestReader,
+    decode_body,
+)
 from privstream.schema.protocol import (
     OracleSpec,
     Report,
@@ -92,7 +98,12 @@ def asked(request: Request, want: bool, prefix: str = "d") -> str:
 def test_serves_open_requests_and_closes_older_rounds(kafka: KafkaSettings) -> None:
     s = Setup(kafka)
     other = Request("device", 3, 1, "m1", GRR4, 0.5, 10)
+    produce(kafka, s.requests, ['{"type": "privstream.request", "SECRET": 1}', "not json"])
     s.publish(ROUND1, POP, other)
+    deadline = time.monotonic() + 30
+    while s.reader.bad < 2:  # refused and counted; the reader goes on
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
     later = Request("country", 8, 1, "m1", GRR4, 0.5, 10)
 
     async def test(client: TestClient[Any, Any]) -> None:
@@ -238,6 +249,13 @@ def test_a_malformed_body_is_400_with_reasons_per_item_and_no_content(
     assert (status, got) == (413, {"errors": [{"index": None, "reason": "oversized"}]})
     assert gateway.counts == {"malformed_json": 1, "missing_field": 1, "unexpected_field": 1,
                               "invalid_type": 2, "oversized": 1}  # fmt: skip
+
+
+def test_a_body_of_too_many_items_is_refused_whole() -> None:
+    good = Report.answering(ROUND1, "ok-1", 1).to_json()
+    assert decode_body(f"[{good},{good}]".encode(), max_items=2)[1] == []
+    reports, errors = decode_body(f"[{good},{good},{good}]".encode(), max_items=2)
+    assert (reports, errors) == ([], [{"index": None, "reason": "too_many_items"}])
 
 
 def test_undelivered_reports_are_503_and_not_remembered() -> None:
