@@ -157,3 +157,17 @@ def test_the_changelog_has_unreleased_then_the_current_version() -> None:
     released: list[Any] = [h for h in headings[1:] if re.match(r"\d+\.\d+\.\d+ ", h)]
     assert released and released == headings[1:]  # every later heading is a version
     assert released[0].startswith(PROJECT["version"] + " ")
+
+
+def test_the_gateway_extra_is_aiohttp_in_dev_and_its_command_refuses_without_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    extras = PROJECT["optional-dependencies"]
+    assert extras["gateway"] == ["aiohttp>=3.9"] and "privstream[gateway]" in extras["dev"]
+    assert not any("aiohttp" in d for d in PROJECT["dependencies"])  # not in the image
+    _without(monkeypatch, "aiohttp")
+    argv = ["gateway", "--bootstrap", "localhost:1", "--request-topic", "a", "--report-topic", "b"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "privstream gateway needs aiohttp" in err
+    assert "pip install 'privstream[gateway]'" in err
