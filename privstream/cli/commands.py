@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from privstream.cli import devices as devices_cli
 from privstream.cli import items as items_cli
 from privstream.cli.argtypes import positive_float as _positive_float
 from privstream.cli.argtypes import positive_int as _positive_int
@@ -733,6 +734,7 @@ def _audit_metrics(audit: argparse.ArgumentParser) -> None:
 def _config_tools(commands: Any) -> None:
     """``privstream config check FILE``."""
     items_cli.add_parser(commands)
+    devices_cli.add_parser(commands, _kafka_flags)
     config = commands.add_parser("config", help="work with a flow configuration file (TOML)")
     config_cmd = config.add_subparsers(dest="config_command", required=True)
     check = config_cmd.add_parser(
@@ -1372,6 +1374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "audit": audit,
         "config": config_check,
         "items": items_cli.run,
+        "devices": devices_cli.run,
     }
     refusals = (
         ValueError,
