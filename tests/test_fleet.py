@@ -75,7 +75,6 @@ def serve(
 def check_fleet_output(
     requests: Sequence[Request],
     batches: Sequence[Sequence[Message]],
-    fleet_stats: object,
 ) -> tuple[dict[str, Counter[str]], dict[str, int]]:
     """Assert what every honest device and every liar should see from the server."""
     dead, accepted = serve(requests, batches, SeenReports(window=W, per_window=4))
@@ -105,7 +104,7 @@ def test_honest_reports_pass_and_every_lie_is_a_dead_letter_with_its_reason() ->
     requests = scenario()
     fleet = _fleet()
     batches = run_scenario(fleet, requests)
-    dead, accepted = check_fleet_output(requests, batches, fleet.stats)
+    dead, accepted = check_fleet_output(requests, batches)
     b = requests[1]
     asked_b = sum(b.asks(device_id(u)) for u in range(HONEST))
     # every honest device answers a, c, h at slot 1 and a at slot 5; b if asked; slot 2 refused
@@ -124,7 +123,7 @@ def test_dropout_and_late_reports_are_counted_and_late_ones_closed() -> None:
     requests = scenario()
     fleet = _fleet(dropout=0.2, late=0.25)
     batches = run_scenario(fleet, requests)
-    dead, _ = check_fleet_output(requests, batches, fleet.stats)
+    dead, _ = check_fleet_output(requests, batches)
     s = fleet.stats
     assert s.dropped > 0 and s.late > 0
     late_dead = sum(dead[device_id(u)][CLOSED_ROUND] for u in range(HONEST))

@@ -265,21 +265,22 @@ class Fleet:
         self.stats.requests += 1
         values = self._values(request.slot)
         now: list[Message] = []
-        for device in self.devices:
-            now += self._honest(device, request, values)
+        for user, device in enumerate(self.devices):
+            now += self._honest(user, device, request, values)
         for user, (name, lie) in enumerate(self.liars.items(), self.config.users - len(self.liars)):
             now += self._lie(name, lie, user, request, values)
         self.slots.setdefault(request.stream, []).append(request.slot)
         return now
 
-    def _honest(self, device: Device, request: Request, values: Any) -> list[Message]:
+    def _honest(self, user: int, device: Device, request: Request, values: Any) -> list[Message]:
+        """An honest device's report (now or held back as late), or nothing: not asked,
+        dropped out, or refused by its own ledger (counted by reason)."""
         if not request.asks(device.user_id):
             self.stats.not_asked += 1
             return []
         if self.rng.random() < self.config.dropout:
             self.stats.dropped += 1
             return []
-        user = int(device.user_id.removeprefix("sim-"))
         value = device_value(self.source, values, user, request.oracle.name, request.oracle.d)
         out = device.answer(Asked(request), value)
         if isinstance(out, Refusal):

@@ -59,7 +59,7 @@ def test_the_fleet_answers_over_kafka_and_the_server_judges_its_reports(
         batches.append(batch)
         read += len(batch)
     assert len(batches) == len(requests) + 1
-    dead, accepted = check_fleet_output(requests, batches, fleet.stats)
+    dead, accepted = check_fleet_output(requests, batches)
     s = fleet.stats
     assert s.requests == 6 and s.late > 0 and s.dropped > 0
     assert sum(dead[f"sim-{u}"]["closed_round"] for u in range(HONEST)) == s.late
