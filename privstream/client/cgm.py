@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from privstream.client.ledger import GaussianLedger, GaussianPolicy, Refusal
+from privstream.client.ledger import GaussianLedger, GaussianPolicy, Refusal, Slotted
 from privstream.client.randomizers import Randomness, SystemRandomness, uniform
 from privstream.client.store import FileStore, StoreError
 
@@ -276,15 +276,9 @@ def step_state(step: CgmParams) -> dict[str, Any]:
     return out | {"center": None if step.center is None else list(step.center)}
 
 
-class CgmRequest(Protocol):
+class CgmRequest(Slotted, Protocol):
     """What :class:`CgmDevice` reads of a request: its identity, rule and CGM step."""
 
-    @property
-    def stream(self) -> str: ...
-    @property
-    def slot(self) -> int: ...
-    @property
-    def round(self) -> int: ...
     @property
     def purpose(self) -> str: ...
     @property

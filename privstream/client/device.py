@@ -14,32 +14,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from privstream.client.ledger import Ledger, Policy, Refusal
+from privstream.client.ledger import Asked, Ledger, Policy, Refusal
 from privstream.client.randomizers import Payload, Randomness, SystemRandomness, randomize
 from privstream.client.store import FileStore, StoreError
 
 
-class Request(Protocol):
-    """What the device needs of a request (the full schema: privstream/schema/protocol.py)."""
+class Request(Asked, Protocol):
+    """What the device needs of a request (the full schema: privstream/schema/protocol.py):
+    what its ledger reads (``ledger.Asked``), the purpose and who is asked."""
 
     @property
-    def stream(self) -> str: ...
-    @property
-    def slot(self) -> int: ...
-    @property
-    def round(self) -> int: ...
-    @property
     def purpose(self) -> str: ...
-    @property
-    def oracle(self) -> str: ...
-    @property
-    def d(self) -> int: ...
-    @property
-    def epsilon(self) -> float: ...
-    @property
-    def window(self) -> int: ...
-    @property
-    def division(self) -> str: ...
 
     def asks(self, user_id: str) -> bool:
         """Whether the request asks this user (evaluated on the device)."""

@@ -29,8 +29,8 @@ RELATIVE_TOLERANCE: Final = (
 DIVISIONS: Final = frozenset({"budget", "population"})
 
 
-class Asked(Protocol):
-    """What the ledger reads of a request (privstream.client.device.Request has more)."""
+class Slotted(Protocol):
+    """A request's identity: its stream, slot and round (what every ledger reads first)."""
 
     @property
     def stream(self) -> str: ...
@@ -38,6 +38,11 @@ class Asked(Protocol):
     def slot(self) -> int: ...
     @property
     def round(self) -> int: ...
+
+
+class Asked(Slotted, Protocol):
+    """What the ledger reads of a request (privstream.client.device.Request has more)."""
+
     @property
     def oracle(self) -> str: ...
     @property
