@@ -30,8 +30,6 @@ from typing import Final, Literal, NamedTuple
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.optimize import brentq
-from scipy.special import spence
 
 EtaMode = Literal["budget_exact", "paper_thm54"]
 ETA_MODES: Final[tuple[EtaMode, ...]] = ("budget_exact", "paper_thm54")
@@ -58,9 +56,17 @@ class StepSizes(NamedTuple):
 ZERO_STEPS: Final = StepSizes(0.0, 0.0, 0.0, 0.0)
 
 
+def _spence(z: float) -> float:
+    """scipy's ``spence(z) = Li₂(1 − z)``, imported on first use: every process discovers the
+    families at start, and importing scipy there would add ~0.4 s to each one's start-up."""
+    from scipy.special import spence
+
+    return float(spence(z))
+
+
 def dilog(x: float) -> float:
     """Li₂(x) = Σ_{n≥1} xⁿ/n² for x ≤ 1, via ``scipy.special.spence(1 − x)``."""
-    return float(spence(1.0 - x))
+    return float(_spence(1.0 - x))
 
 
 def exact_step_sizes(
@@ -93,8 +99,10 @@ def _solve_one_minus_r(target: float) -> float:
 
     ``π²/6 − spence(s)`` rises from 0 at s = 0 to π²/6 at s = 1, so the root is bracketed.
     """
+    from scipy.optimize import brentq
+
     root = brentq(
-        lambda s: (PI2_6 - float(spence(s))) - target,
+        lambda s: (PI2_6 - float(_spence(s))) - target,
         0.0,
         1.0,
         xtol=1e-300,
@@ -156,7 +164,7 @@ class BudgetSeries:
     @property
     def total(self) -> float:
         """Σ_i ε_i = C·(π²/6 − Li₂(r)): ε, or Cπ²/6 when underspending."""
-        return self.C * (PI2_6 - float(spence(self.one_minus_r)))
+        return self.C * (PI2_6 - float(_spence(self.one_minus_r)))
 
     @property
     def underspend(self) -> float:
