@@ -735,7 +735,7 @@ def _audit_metrics(audit: argparse.ArgumentParser) -> None:
 def _config_tools(commands: Any) -> None:
     """``privstream config check FILE``."""
     items_cli.add_parser(commands)
-    gateway_cli.add_parser(commands)
+    gateway_cli.add_parser(commands, _kafka_flags)
     devices_cli.add_parser(commands, _kafka_flags)
     config = commands.add_parser("config", help="work with a flow configuration file (TOML)")
     config_cmd = config.add_subparsers(dest="config_command", required=True)

@@ -4,26 +4,19 @@
 from __future__ import annotations
 
 import argparse
-import os
+from collections.abc import Callable
 from typing import Any
 
 from privstream.cli.argtypes import positive_float, positive_int
 
 
-def add_parser(commands: Any) -> None:
+def add_parser(commands: Any, kafka_flags: Callable[..., None]) -> None:
     gw = commands.add_parser(
         "gateway",
         help="serve devices over HTTP: GET /v1/requests, POST /v1/reports, GET /healthz "
         "(run it behind TLS termination; docs/gateway.md)",
     )
-    gw.add_argument(
-        "--bootstrap", required=not os.environ.get("PRIVSTREAM_BOOTSTRAP"),
-        help="Kafka bootstrap servers HOST:PORT[,...] (or $PRIVSTREAM_BOOTSTRAP)",
-    )  # fmt: skip
-    gw.add_argument(
-        "--kafka-config", action="append", default=[], metavar="KEY=VALUE",
-        help="librdkafka client property (repeatable; also $PRIVSTREAM_KAFKA_<PROPERTY>)",
-    )  # fmt: skip
+    kafka_flags(gw, required=True)
     gw.add_argument("--request-topic", required=True, help="topic the server writes requests to")
     gw.add_argument("--report-topic", required=True, help="topic accepted reports are written to")
     gw.add_argument("--host", default="127.0.0.1", help="listen address (default %(default)s)")
