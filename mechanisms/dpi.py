@@ -43,7 +43,7 @@ from privstream.mechanisms.contract import (
     Slot,
 )
 from privstream.mechanisms.dpi_boosting import QUERIES, Drawn, Query
-from privstream.mechanisms.dpi_pool import SynopsisPool
+from privstream.mechanisms.dpi_pool import SynopsisPool, shared_pool
 from privstream.mechanisms.dpi_rba import Alg3State, Alg4State, Draw, RbaState
 from privstream.mechanisms.dpi_series import ETA_MODES, BudgetSeries, EtaMode, StepSizes
 from privstream.mechanisms.guarantees import Guarantee, LifetimeScope, PureDP
@@ -259,15 +259,13 @@ class DpiMechanism(Mechanism[DpiConfig, DpiState]):
     def __init__(self, config: DpiConfig) -> None:
         super().__init__(config)
         self.series = config.series()
-        self._pool: SynopsisPool | None = None
 
     @property
     def pool(self) -> SynopsisPool:
-        """Algorithm 2's pool, built once from its public descriptor (never snapshotted)."""
-        if self._pool is None:
-            cfg = self.config
-            self._pool = SynopsisPool(cfg.k, cfg.pool_trials or cfg.k, cfg.pool_size, cfg.pool_seed)
-        return self._pool
+        """Algorithm 2's pool, built once per process from its public descriptor and shared by
+        every mechanism of that descriptor (``dpi_pool.shared_pool``); never snapshotted."""
+        cfg = self.config
+        return shared_pool(cfg.k, cfg.pool_trials or cfg.k, cfg.pool_size, cfg.pool_seed)
 
     @property
     def privacy_cost(self) -> Guarantee:

@@ -30,7 +30,7 @@ from privstream.connectors.dpi_synthetic import DpiSynthetic
 from privstream.families.registry import family
 from privstream.mechanisms.client import Requirements, SimulatedCurator
 from privstream.mechanisms.contract import Release, Slot
-from privstream.mechanisms.dpi_pool import SynopsisPool
+from privstream.mechanisms.dpi_pool import SynopsisPool, shared_pool
 from privstream.mechanisms.dpi_rba import Alg3State, Alg4State, draw
 from privstream.mechanisms.driver import Lane, drive_slot
 from privstream.mechanisms.seeding import SlotRandomness
@@ -121,21 +121,8 @@ class Trace:
     state: Any = None
 
 
-def _share_pool(mechanism: Any, pools: dict[tuple[int, ...], SynopsisPool]) -> None:
-    """Hand ``mechanism`` the one pool of its public descriptor (k, n_trials, N, seed): the
-    pool is a pure function of it (I6), so sharing the object equals rebuilding it, and a run
-    of several mechanisms builds (and holds) it once."""
-    cfg = mechanism.config
-    key = (cfg.k, cfg.pool_trials or cfg.k, cfg.pool_size, cfg.pool_seed)
-    if key in pools:
-        mechanism._pool = pools[key]
-    else:
-        pools[key] = mechanism.pool
-
-
 def build_lanes(
-    names: Sequence[str], source: Any, epsilon: float, pools: dict[tuple[int, ...], Any],
-    **options: Any,
+    names: Sequence[str], source: Any, epsilon: float, **options: Any,
 ) -> dict[str, Lane]:  # fmt: skip
     """One lane per mechanism, built from the family's config of ``options``."""
     fam = dpi_family()
@@ -143,9 +130,7 @@ def build_lanes(
                              task=FrequencyTask(source.d), **options)  # fmt: skip
     lanes = {}
     for name in names:
-        mech = fam.build(name, config)
-        if isinstance(getattr(type(mech), "pool", None), property):
-            _share_pool(mech, pools)
+        mech = fam.build(name, config)  # mechanisms of one pool descriptor share it
         lanes[name] = Lane(mech, mech.initial_state(), mech.client_state())
     return lanes
 
@@ -171,12 +156,12 @@ def _curator(values: NDArray[np.int64], task: FrequencyTask,
 
 def drive(
     names: Sequence[str], source: Any, epsilon: float, seed: int, *,
-    slots: int | None = None, pools: dict[tuple[int, ...], Any] | None = None,
+    slots: int | None = None,
     **options: Any,
 ) -> dict[str, Trace]:  # fmt: skip
     """Run ``names`` in lockstep over ``source`` (its first ``slots`` slots) and score every
     release against the truth of the query its ``key`` names."""
-    lanes = build_lanes(names, source, epsilon, {} if pools is None else pools, **options)
+    lanes = build_lanes(names, source, epsilon, **options)
     traces = {name: Trace() for name in names}
     k, stream = source.d, source.name
     accumulated = np.zeros(k, dtype=np.int64)
@@ -392,16 +377,15 @@ def h8(users: int, budget_s: float, max_slots: int, probe: int = 10) -> dict[str
     """H8 at k = 10,000: time ``probe`` slots, then run as many slots as ``budget_s`` allows
     (at most ``max_slots``), report MSE/KL per quarter of the run and extrapolate the paper's
     200,000 slots from the measured seconds per slot."""
-    pools: dict[tuple[int, ...], Any] = {}
     started = time.perf_counter()
-    drive(LONG_NAMES, DpiSynthetic(users, probe, 99, k=10_000), 2.0, 99, pools=pools)
+    drive(LONG_NAMES, DpiSynthetic(users, probe, 99, k=10_000), 2.0, 99)
     pool_s = time.perf_counter() - started
     started = time.perf_counter()
-    drive(LONG_NAMES, DpiSynthetic(users, probe, 98, k=10_000), 2.0, 98, pools=pools)
+    drive(LONG_NAMES, DpiSynthetic(users, probe, 98, k=10_000), 2.0, 98)
     per_slot = (time.perf_counter() - started) / probe
     slots = int(max(probe, min(max_slots, budget_s // per_slot)))
     started = time.perf_counter()
-    traces = drive(LONG_NAMES, DpiSynthetic(users, slots, 1, k=10_000), 2.0, 1, pools=pools)
+    traces = drive(LONG_NAMES, DpiSynthetic(users, slots, 1, k=10_000), 2.0, 1)
     wall = time.perf_counter() - started
     out: dict[str, Any] = {"k": 10_000, "users": users, "slots": slots, "epsilon": 2.0,
                            "wall_s": wall, "wall_per_slot_s": wall / slots,
@@ -425,13 +409,12 @@ def h10(users: int, slots: int) -> list[dict[str, Any]]:
     """H10 scaled down: k ∈ {1,000, 10,000}, sets j ∈ ``H10_SETS`` (variance j², mean 1,000
     capped at users/(1.25k)), ε ∈ ``H10_EPSILONS``, ``slots`` slots, one seed; DPI beside B2."""
     rows: list[dict[str, Any]] = []
-    pools: dict[tuple[int, ...], Any] = {}
     for k in (1_000, 10_000):
         for j in H10_SETS:
             for eps in H10_EPSILONS:
                 source = DpiSynthetic(users, slots, 1, k=k, mean=1000.0, variance=float(j * j),
                                       name=f"dynamic-{j}")  # fmt: skip
-                traces = drive(["DPI", "DPI-prior"], source, eps, 1, pools=pools)
+                traces = drive(["DPI", "DPI-prior"], source, eps, 1)
                 rows.append({"k": k, "set": j, "epsilon": eps, **{
                     name: {q: s.summary() for q, s in trace.scores.items()}
                     for name, trace in traces.items()}})  # fmt: skip
@@ -473,8 +456,9 @@ def performance(users: int, k: int = 10_000, repeats: int = 5) -> dict[str, Any]
     source = DpiSynthetic(users, 2, 1, k=k, mean=100.0)
     values = [source.values(1), source.values(2)]
     records = int((values[1] >= 0).sum())
+    shared_pool.cache_clear()  # time the build, not an earlier section's cached pool
     started = time.perf_counter()
-    pool = SynopsisPool(k, k, 6500, 0)
+    pool = shared_pool(k, k, 6500, 0)  # the mechanisms below find it in the cache
     out: dict[str, Any] = {"k": k, "users": users, "records": records, "pool_size": 6500,
                            "synopses": 20, "pool_build_s": time.perf_counter() - started,
                            "pool_bytes": pool.nbytes, "mechanisms": {}}  # fmt: skip
@@ -486,7 +470,6 @@ def performance(users: int, k: int = 10_000, repeats: int = 5) -> dict[str, Any]
     for name in LONG_NAMES:
         out["mechanisms"][name] = _perf_one(name, pool, values, users, repeats)
     dpi = dpi_family().build("DPI", _perf_config(users, k))
-    dpi._pool = pool
     warm = dpi.step(dpi.initial_state(), _perf_slot(values[0], 1, "DPI", users, k))[0]
     out["profile_DPI"] = _profile(dpi, warm, lambda: _perf_slot(values[1], 2, "DPI", users, k))
     return out
@@ -507,7 +490,6 @@ def _perf_one(name: str, pool: SynopsisPool, values: list[Any], users: int,
     """One mechanism's warm step time, state bytes and pickle/unpickle pauses."""
     k = pool.k
     mech = dpi_family().build(name, _perf_config(users, k))
-    mech._pool = pool
     state = mech.step(mech.initial_state(), _perf_slot(values[0], 1, name, users, k))[0]
     step_s = _median_time(lambda: mech.step(state, _perf_slot(values[1], 2, name, users, k)),
                           repeats)  # fmt: skip
