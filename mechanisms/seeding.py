@@ -157,6 +157,15 @@ class NoiseKey:
         return h.digest()
 
 
+    def selection_key(self) -> bytes:
+        """The key of ``ldp-reports``' population selections (``protocol.derive_salt``): a
+        PRF output under its own label, so who a later round asks cannot be told in advance
+        by anyone without the secret, and a replay after a crash asks the same devices."""
+        h = hashlib.blake2b(key=self.prf_key, digest_size=32, person=_CLOCK_PERSON)
+        h.update(b"report selection")
+        return h.digest()
+
+
 def clock_key_from_text(text: str, *, origin: str = "the clock key") -> bytes:
     """A clock key from its hex text form (``privstream clock key`` prints it)."""
     value = text.strip()

@@ -108,6 +108,9 @@ class StreamState:
     clients: dict[str, Any] = field(default_factory=dict)
     reported_at: NDArray[np.int64] | None = None
     """Per user, the slot their carried value was reported in (``carry_slots`` bound)."""
+    protocol: Any = None
+    """The trust mode's server-side protocol state: in ``ldp-reports`` the stream's rounds
+    (``operators.report_book.RoundBook``); None in the other modes."""
     withdrawn_from: NDArray[np.int64] | None = None
     """Per seat, the first slot at which its user is withdrawn from the registration table
     (``NOT_WITHDRAWN`` for the others; None while nobody is): from it on the seat's value is

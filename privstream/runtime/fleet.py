@@ -5,7 +5,7 @@ topic and, for each, lets every simulated device that the request's rule asks an
 the device library (:meth:`privstream.client.Device.answer`, each device with its own ledger
 and store), writing each :class:`~privstream.schema.protocol.Report` to the report topic keyed
 by the device's id. Device ``i`` is user ``i`` of a synthetic dataset (``connectors.datasets``);
-request slot ``s`` reads the dataset's slot ``s mod slots + 1``.
+request slot ``s ≥ 1`` reads the dataset's slot ``(s − 1) mod slots + 1``.
 
 Knobs: ``dropout`` (a device does not answer), ``late`` (its report is held back and written
 after the next request arrives, i.e. after the server closed the round) and ``liars``: the last
@@ -236,7 +236,7 @@ class Fleet:
         return FileStore(path, create=not path.exists())
 
     def _values(self, slot: int) -> Any:
-        index = slot % self.source.slots + 1
+        index = (slot - 1) % self.source.slots + 1  # request slot t reads dataset slot t
         if self._cache is None or self._cache[0] != index:
             self._cache = (index, self.source.values(index))
         return self._cache[1]

@@ -28,6 +28,7 @@ event schema's dead letters.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import math
 import re
@@ -527,7 +528,11 @@ class Report:
 
 def decode_report(line: str | bytes) -> Report:
     """The report in ``line``; anything else raises ``ProtocolError`` naming why."""
-    obj = _check_head(_load(line), REPORT_TYPE)
+    return _report_of(_load(line))
+
+
+def _report_of(obj: Any) -> Report:
+    obj = _check_head(obj, REPORT_TYPE)
     _check_fields(obj, _REPORT_FIELDS, "report")
     return Report(*(_take(obj, k) for k in _REPORT_FIELDS[2:]))
 
@@ -656,3 +661,59 @@ def _dead(exc: ProtocolError, stream: str | None, item: str | bytes | Report) ->
     cut = text[:256] if exc.reason == OVERSIZED else text.strip()
     original = item if isinstance(item, bytes) and item != cut.encode() else None
     return DeadLetter(exc.reason, None, cut, exc.detail, original)
+
+
+# -- round markers -----------------------------------------------------------------------------
+
+CLOSE_TYPE: Final = "privstream.close"
+_CLOSE_PERSON = b"privstream-cls"
+_CLOSE_FIELDS: Final = ("type", "version", "stream", "slot", "round", "tag")
+
+
+@dataclass(frozen=True)
+class Close:
+    """A round marker on the report topic, written by the clock from the server's schedule
+    (``privstream clock --requests``): ``round = 0`` opens ``slot``; ``round = r ≥ 1`` closes
+    round ``r`` of ``slot`` (reports after it on its partition are late). ``tag`` authenticates
+    it with the clock key (``close_tag``): a writer of the report topic without the key can
+    neither open nor close a round."""
+
+    stream: str
+    slot: int
+    round: int
+    tag: str = ""
+
+    def __post_init__(self) -> None:
+        _text(self.stream, "stream")
+        _int(self.slot, "slot", 0)
+        _int(self.round, "round", 0)
+
+    def signed(self, clock_key: bytes) -> Close:
+        return Close(self.stream, self.slot, self.round, close_tag(clock_key, self))
+
+    def authentic(self, clock_key: bytes) -> bool:
+        """Whether ``tag`` authenticates this marker (compared in constant time)."""
+        return hmac.compare_digest(self.tag.lower(), close_tag(clock_key, self))
+
+    def to_json(self) -> str:
+        return canonical({"type": CLOSE_TYPE, "version": VERSION, "stream": self.stream,
+                          "slot": self.slot, "round": self.round, "tag": self.tag})  # fmt: skip
+
+
+def close_tag(clock_key: bytes, marker: Close) -> str:
+    """Hex BLAKE2b keyed with the clock key over the marker's (stream, slot, round)."""
+    parts = (marker.stream.encode(), marker.slot.to_bytes(16, "little", signed=True),
+             marker.round.to_bytes(8, "little"))  # fmt: skip
+    return _digest(_CLOSE_PERSON, parts, key=clock_key).hex()
+
+
+def decode_message(line: str | bytes) -> Report | Close:
+    """A report-topic message: a ``Report`` or a round marker (``Close``); anything else
+    raises ``ProtocolError`` naming why."""
+    obj = _load(line)
+    if isinstance(obj, dict) and obj.get("type") == CLOSE_TYPE:
+        _check_head(obj, CLOSE_TYPE)
+        _check_fields(obj, _CLOSE_FIELDS, "round marker")
+        return Close(_take(obj, "stream"), _take(obj, "slot"), _take(obj, "round"),
+                     _text(_take(obj, "tag"), "tag"))  # fmt: skip
+    return _report_of(obj)

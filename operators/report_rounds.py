@@ -1,0 +1,279 @@
+"""The server stage of ``ldp-reports`` mode (issue 23): rounds of requests and reports.
+
+The operator reads one keyed stream of report-topic messages (``ReportItem``: the input
+partition and a ``schema.protocol.Report`` or round marker ``Close``) and, per stream:
+
+1. an authenticated opening marker (``Close`` with round 0) lets slot ``t`` start;
+2. it runs every mechanism's step on a ``ReportsPort`` (``mechanisms.report_port``): a step that
+   needs the devices raises ``AwaitingReports``, and the round's requests go to the request
+   output (one per mechanism that waits);
+3. reports are checked (``schema.protocol.check_reports``: the refused ones are dead letters
+   with their reason) and collected per request until the round's marker has arrived on every
+   input partition;
+4. the round's answers are computed, the steps run again, and once none waits the slot is
+   released through the shared step driver (``mechanisms.driver``): the population
+   accountant, halts and the outputs exactly as the slotted operator's.
+
+Guarantee: each mechanism's declared one, enforced by its ledger mirror before any request is
+published (a request is only planned by a step that charged it) and by every device's own
+ledger; the server never holds a raw value. Rounds close on authenticated markers only, never
+on wall time, so a replay after a crash (Bytewax recovery of ``StreamState``, the report topic
+re-read from the snapshot's offsets) releases byte-identical output and re-publishes the same
+requests (their ids are digests, so devices and the server recognise them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from bytewax import operators as op
+from bytewax.dataflow import Stream, operator
+from bytewax.operators import KeyedStream, StatefulBatchLogic
+
+from privstream.mechanisms.accountant import BudgetSplit
+from privstream.mechanisms.contract import Mechanism, Slot
+from privstream.mechanisms.driver import Lane, drive_slot, failure
+from privstream.mechanisms.report_port import Ask, AwaitingReports, ReportsPort
+from privstream.mechanisms.seeding import NoiseKey, SlotRandomness
+from privstream.mechanisms.tasks import EstimationTask
+from privstream.operators.metrics import BOARD
+from privstream.operators.reasons import Notes, Output
+from privstream.operators.report_book import RoundBook
+from privstream.operators.slotting import (
+    MechanismOut,
+    SlottedLogic,
+    SlottedPlan,
+    _pick,
+    make_plan,
+)
+from privstream.operators.stream_state import StreamState
+from privstream.schema.events import STREAM_HALTED, UNAUTHENTICATED_MARKER, DeadLetter
+from privstream.schema.protocol import CLOSED_ROUND, Close, Report, Request, check_reports
+
+log = logging.getLogger(__name__)
+
+ReportItem = tuple[int, Report | Close]
+"""One report-topic message of a stream: its input partition and what it holds."""
+MAX_OPEN_AHEAD = 64
+"""The most slots an opening marker may run ahead of the slot in progress."""
+
+
+@dataclass(frozen=True)
+class ReportsPlan(SlottedPlan):
+    """The slotted plan plus what the server stage needs: the report topic's ``partitions``
+    (a round closes once each delivered its marker) and the longest ``window`` of the
+    mechanisms. A snapshot is bound to the trust mode too: a store of a simulated run is
+    refused here and the other way round."""
+
+    partitions: int = 1
+    window: int = 1
+
+    @classmethod
+    def of(cls, plan: SlottedPlan, partitions: int) -> ReportsPlan:
+        window = max(m.privacy_cost.window or 1 for m in plan.mechanisms.values())
+        fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)}
+        return cls(**fields, partitions=partitions, window=window)
+
+    def binding(self) -> dict[str, str]:
+        return super().binding() | {
+            "trust": f"ldp-reports partitions={self.partitions}",
+        }
+
+
+class ReportRoundsLogic(SlottedLogic):
+    """One stream's rounds (module docstring), over the slotted operator's parts: its plan,
+    snapshotted ``StreamState`` (the ``RoundBook`` in ``protocol``), runner and metrics."""
+
+    def __init__(self, step_id: str, plan: ReportsPlan, resume: StreamState | None) -> None:
+        super().__init__(step_id, plan, resume)
+        self.setup = plan
+        self.clock_key = plan.key.clock_key()
+        self.selection_key = plan.key.selection_key()
+
+    def on_batch(self, values: list[ReportItem]) -> tuple[Iterable[Output], bool]:  # type: ignore[override]
+        out: list[Output] = []
+        notes = Notes()
+        for partition, item in values:
+            state = self._state_for(item.stream)
+            book = self._book(state)
+            if state.all_halted():
+                out.append(_dead(STREAM_HALTED, item, "; ".join(state.halted.values())))
+                continue
+            try:
+                if isinstance(item, Close):
+                    self._marker(state, book, partition, item, out, notes)
+                else:
+                    self._report(book, partition, item, out)
+            except Exception as exc:  # a broken stream halts; the process serves the others
+                self._halt_all(state, book, f"report rounds failed: {failure(exc)}", out)
+        self.publish(notes)
+        return out, StatefulBatchLogic.RETAIN
+
+    def on_eof(self) -> tuple[Iterable[Output], bool]:
+        return [], StatefulBatchLogic.RETAIN  # the stream goes on: open rounds stay open
+
+    def _book(self, state: StreamState) -> RoundBook:
+        if state.protocol is None:
+            state.protocol = RoundBook.fresh(self.setup.window, len(self.mechanisms))
+        book: RoundBook = state.protocol
+        return book
+
+    def _report(self, book: RoundBook, partition: int, report: Report, out: list[Output]) -> None:
+        """Check one report; accept it into its request's collection or dead-letter it."""
+        if partition in book.closed_parts and report.request in book.open:
+            out.append(_dead(CLOSED_ROUND, report, "after its round's marker on its partition"))
+            return
+        accepted, dead = check_reports([report], book.open_requests(), book.seen)
+        book.accept(accepted)
+        out.extend(("dead_letter", d) for d in dead)
+
+    def _marker(
+        self,
+        state: StreamState,
+        book: RoundBook,
+        partition: int,
+        marker: Close,
+        out: list[Output],
+        notes: Notes,
+    ) -> None:
+        """An opening marker lets slots start; a closing one closes the open round once every
+        partition delivered it. A stale or foreign marker closes nothing (counted)."""
+        if not marker.authentic(self.clock_key):
+            out.append(_dead(UNAUTHENTICATED_MARKER, marker, "round marker not authenticated"))
+            return
+        if marker.round == 0:
+            if marker.slot <= book.opened:
+                notes.ignored(state.stream, "stale")
+                return
+            if book.opened and marker.slot > max(book.slot, book.opened) + MAX_OPEN_AHEAD:
+                notes.ignored(state.stream, "too_far_ahead")
+                return
+            book.opened = marker.slot
+        elif (marker.slot, marker.round) == (book.slot, book.round):
+            book.closed_parts.add(partition)
+            if len(book.closed_parts) < self.setup.partitions:
+                return
+            book.close(self.plan.task, self.n)
+        else:
+            notes.ignored(state.stream, "stale")
+            return
+        self._advance(state, book, out, notes)
+
+    def _advance(
+        self, state: StreamState, book: RoundBook, out: list[Output], notes: Notes
+    ) -> None:
+        """Run slots forward until a round waits for reports or no opened slot is left."""
+        while not state.all_halted():
+            if book.idle:
+                if book.slot >= book.opened:
+                    return
+                book.slot = book.slot + 1 if book.slot else book.opened
+            asks = self._asks(state, book)
+            if asks:
+                requests = book.publish(
+                    state.stream, asks, population=self.n, window=self.setup.window,
+                    selection_key=self.selection_key,
+                )  # fmt: skip
+                out.extend(("request", r) for r in requests)
+                return
+            self._release(state, book, out, notes)
+
+    def _lanes(self, state: StreamState) -> dict[str, Lane]:
+        return self.runner.lanes(state)
+
+    def _port(self, book: RoundBook, name: str) -> ReportsPort:
+        return ReportsPort(self.n, self.plan.task, book.answers.get(name, {}))
+
+    def _randomness(self, state: StreamState, slot: int, name: str) -> SlotRandomness:
+        return SlotRandomness(self.plan.key, state.stream, slot, scope=name)
+
+    def _asks(self, state: StreamState, book: RoundBook) -> dict[str, Ask]:
+        """Each live mechanism's next request at the slot (none: every step can finish)."""
+        asks: dict[str, Ask] = {}
+        for name, lane in self._lanes(state).items():
+            if lane.halted:
+                continue
+            slot = Slot(state.stream, book.slot, self._port(book, name),
+                        self._randomness(state, book.slot, name))  # fmt: skip
+            try:
+                lane.mechanism.step(lane.state, slot)
+            except AwaitingReports as waiting:
+                asks[name] = waiting.ask
+            except Exception:  # the driver's run below halts it with its reason
+                pass
+        return asks
+
+    def _release(
+        self, state: StreamState, book: RoundBook, out: list[Output], notes: Notes
+    ) -> None:
+        """Every step has its answers: release the slot through the shared driver."""
+        slot = book.slot
+        emitted = drive_slot(
+            self._lanes(state), state.stream, slot,
+            lambda name, _r, _c: self._port(book, name),
+            lambda name: self._randomness(state, slot, name),
+            accountant=state.accountant, stamp=self.runner.stamp,
+        )  # fmt: skip
+        state.last_closed = slot
+        self.runner.apply(state, emitted, out, notes)
+        book.finish_slot(self.setup.window)
+        notes.clocks.append((state.stream, slot, 1))
+
+    def _halt_all(
+        self, state: StreamState, book: RoundBook, reason: str, out: list[Output]
+    ) -> None:
+        for name in self.mechanisms:
+            if name not in state.halted:
+                self.runner.halt(state, name, book.slot, reason, False, out)
+
+
+def _dead(reason: str, item: Report | Close, detail: str) -> Output:
+    return ("dead_letter", DeadLetter(reason, item.stream, item.to_json(), detail))
+
+
+@dataclass(frozen=True)
+class ReportsOut:
+    """The server stage's outputs: the mechanisms' (releases, ledger, dead letters) and the
+    requests to publish."""
+
+    out: MechanismOut
+    requests: Stream[Request]
+
+
+@operator
+def report_rounds(
+    step_id: str,
+    up: KeyedStream[ReportItem],
+    *,
+    mechanisms: Sequence[Mechanism[Any, Any]],
+    task: EstimationTask,
+    population: int,
+    secret: NoiseKey | int | bytes,
+    partitions: int = 1,
+    split: BudgetSplit | None = None,
+    epsilon: float | None = None,
+) -> ReportsOut:
+    """Run ``mechanisms`` in ``ldp-reports`` mode over every stream of ``up`` (keyed by
+    stream): the module docstring. ``population`` is the enrolled devices ``n`` (the
+    mechanisms' planning mirror), ``partitions`` the report topic's."""
+    plan = ReportsPlan.of(
+        make_plan(step_id, mechanisms, task, population, secret, None, None, split, epsilon),
+        partitions,
+    )
+    BOARD.set_run(insecure_seed=plan.key.insecure, evaluation=plan.split.evaluation)
+
+    def builder(resume: StreamState | None) -> ReportRoundsLogic:
+        return ReportRoundsLogic(step_id, plan, resume)
+
+    tagged = op.key_rm("untag", op.stateful_batch("rounds", up, builder))  # type: ignore[arg-type]
+    out = MechanismOut(
+        releases=op.filter_map("releases", tagged, _pick("release")),
+        ledger=op.filter_map("ledger", tagged, _pick("ledger")),
+        dead_letters=op.filter_map("dead_letters", tagged, _pick("dead_letter")),
+        extra=op.filter_map("extra", tagged, _pick("extra")),
+    )
+    return ReportsOut(out, op.filter_map("requests", tagged, _pick("request")))
