@@ -58,6 +58,8 @@ class RoundBook:
     open: dict[str, Published] = field(default_factory=dict)
     collected: dict[str, list[Report]] = field(default_factory=dict)
     closed_parts: set[int] = field(default_factory=set)
+    held: list[tuple[int, Any]] = field(default_factory=list)
+    """Messages of partitions that already closed the open round, in arrival order."""
     used: dict[str, dict[int, int]] = field(default_factory=dict)
     missing: int = 0
     """Reports a budget-division request asked for and never got (offline or refusing

@@ -35,7 +35,14 @@ from bytewax.dataflow import Stream, operator
 from bytewax.operators import KeyedStream, StatefulBatchLogic
 
 from privstream.mechanisms.accountant import BudgetSplit
-from privstream.mechanisms.contract import Mechanism, Slot
+from privstream.mechanisms.contract import (
+    ExtraRecord,
+    Halt,
+    LedgerEntry,
+    Mechanism,
+    Release,
+    Slot,
+)
 from privstream.mechanisms.driver import Lane, drive_slot, failure
 from privstream.mechanisms.report_port import Ask, AwaitingReports, ReportsPort
 from privstream.mechanisms.seeding import NoiseKey, SlotRandomness
@@ -52,7 +59,7 @@ from privstream.operators.slotting import (
 )
 from privstream.operators.stream_state import StreamState
 from privstream.schema.events import STREAM_HALTED, UNAUTHENTICATED_MARKER, DeadLetter
-from privstream.schema.protocol import CLOSED_ROUND, Close, Report, Request, check_reports
+from privstream.schema.protocol import Close, Report, Request, check_reports
 
 log = logging.getLogger(__name__)
 
@@ -104,14 +111,37 @@ class ReportRoundsLogic(SlottedLogic):
                 out.append(_dead(STREAM_HALTED, item, "; ".join(state.halted.values())))
                 continue
             try:
-                if isinstance(item, Close):
-                    self._marker(state, book, partition, item, out, notes)
-                else:
-                    self._report(book, partition, item, out)
+                self._feed(state, book, [(partition, item)], out, notes)
             except Exception as exc:  # a broken stream halts; the process serves the others
                 self._halt_all(state, book, f"report rounds failed: {failure(exc)}", out)
         self.publish(notes)
         return out, StatefulBatchLogic.RETAIN
+
+    def _feed(
+        self,
+        state: StreamState,
+        book: RoundBook,
+        items: list[ReportItem],
+        out: list[Output],
+        notes: Notes,
+    ) -> None:
+        """Take ``items`` in order. A partition that delivered the open round's closing marker
+        is held back (``RoundBook.held``) until the round closes everywhere, so each message is
+        judged against the round its partition was in when it was written, however the
+        partitions' polls interleave (a replay reads them far apart)."""
+        queue = list(items)
+        while queue:
+            partition, item = queue.pop(0)
+            if book.open and partition in book.closed_parts:
+                book.held.append((partition, item))
+                continue
+            if isinstance(item, Report):
+                self._report(book, partition, item, out)
+                continue
+            was = (book.slot, book.round)
+            self._marker(state, book, partition, item, out, notes)
+            if (book.slot, book.round) != was and book.held:
+                queue, book.held = book.held + queue, []
 
     def on_eof(self) -> tuple[Iterable[Output], bool]:
         return [], StatefulBatchLogic.RETAIN  # the stream goes on: open rounds stay open
@@ -124,9 +154,6 @@ class ReportRoundsLogic(SlottedLogic):
 
     def _report(self, book: RoundBook, partition: int, report: Report, out: list[Output]) -> None:
         """Check one report; accept it into its request's collection or dead-letter it."""
-        if partition in book.closed_parts and report.request in book.open:
-            out.append(_dead(CLOSED_ROUND, report, "after its round's marker on its partition"))
-            return
         accepted, dead = check_reports([report], book.open_requests(), book.seen)
         book.accept(accepted)
         out.extend(("dead_letter", d) for d in dead)
@@ -166,8 +193,9 @@ class ReportRoundsLogic(SlottedLogic):
     def _advance(
         self, state: StreamState, book: RoundBook, out: list[Output], notes: Notes
     ) -> None:
-        """Run slots forward until a round waits for reports or no opened slot is left."""
-        while not state.all_halted():
+        """Run slots forward until a round waits for reports or no opened slot is left (a
+        round in flight waits for its own closing marker)."""
+        while not state.all_halted() and not book.open:
             if book.idle:
                 if book.slot >= book.opened:
                     return
@@ -237,11 +265,18 @@ def _dead(reason: str, item: Report | Close, detail: str) -> Output:
 
 @dataclass(frozen=True)
 class ReportsOut:
-    """The server stage's outputs: the mechanisms' (releases, ledger, dead letters) and the
-    requests to publish."""
+    """The server stage's outputs: the mechanisms' (releases, ledger, dead letters, extra
+    records) and the requests to publish."""
 
-    out: MechanismOut
+    releases: Stream[Release]
+    ledger: Stream[LedgerEntry | Halt]
+    dead_letters: Stream[DeadLetter]
+    extra: Stream[ExtraRecord]
     requests: Stream[Request]
+
+    def mechanism_out(self) -> MechanismOut:
+        """The outputs every flow writes (``flows.io.outputs``)."""
+        return MechanismOut(self.releases, self.ledger, self.dead_letters, self.extra)
 
 
 @operator
@@ -270,10 +305,10 @@ def report_rounds(
         return ReportRoundsLogic(step_id, plan, resume)
 
     tagged = op.key_rm("untag", op.stateful_batch("rounds", up, builder))  # type: ignore[arg-type]
-    out = MechanismOut(
+    return ReportsOut(
         releases=op.filter_map("releases", tagged, _pick("release")),
         ledger=op.filter_map("ledger", tagged, _pick("ledger")),
         dead_letters=op.filter_map("dead_letters", tagged, _pick("dead_letter")),
         extra=op.filter_map("extra", tagged, _pick("extra")),
+        requests=op.filter_map("requests", tagged, _pick("request")),
     )
-    return ReportsOut(out, op.filter_map("requests", tagged, _pick("request")))

@@ -22,6 +22,7 @@ from typing import Any
 from privstream.cli import devices as devices_cli
 from privstream.cli import gateway as gateway_cli
 from privstream.cli import items as items_cli
+from privstream.cli import reports as reports_cli
 from privstream.cli.argtypes import positive_float as _positive_float
 from privstream.cli.argtypes import positive_int as _positive_int
 from privstream.cli.run_config import add_config_flags, add_topic_change_flags, run_config
@@ -212,6 +213,8 @@ def _run_flags(p: argparse.ArgumentParser, family: Family) -> None:
     )
     _family_flags(p, family)
     _output_flags(p)
+    if family.local:
+        reports_cli.add_run_flags(p)
     _extra_output_flags(p, family)
     _service_flags(p)
 
@@ -559,6 +562,7 @@ def _clock_tools(commands: Any) -> None:
     clock.add_argument(
         "--now", action="store_true", help="write the markers at once (tests, demos; --through)"
     )
+    reports_cli.add_clock_flags(clock)
     _kafka_flags(clock)
     _clock_key_flags(clock)
     key = commands.add_parser(
@@ -859,6 +863,8 @@ def _run_family(args: argparse.Namespace) -> int:
 
     family = FAMILIES[args.family]
     names = family.names(args.mechanism)
+    if getattr(args, "trust", "default") == reports_cli.REPORTS:
+        return _run_reports(args, family)
     kafka = _kafka_io(args)
     slots = args.slots or 800
     secret = resolve_noise_key(secret_file=args.secret_file, insecure_seed=args.insecure_seed)
@@ -903,6 +909,31 @@ def _run_family(args: argparse.Namespace) -> int:
     wrote = f"wrote releases to {where} in {time.perf_counter() - started:.1f} s{reason}"
     counts = counts_now().since(before)
     return _run_summary(args, counts, kafka is not None, incarnation.new, wrote)
+
+
+def _run_reports(args: argparse.Namespace, family: Family) -> int:
+    """``privstream run FAMILY --trust ldp-reports``: the server stage until stopped (or
+    ``--slots`` released); its recovery store bound like every run's."""
+    from privstream.connectors import control
+    from privstream.flows.io import resolve_source
+    from privstream.flows.secret import resolve_noise_key
+
+    reports_cli.check_run(args, family)
+    options = _task_options(args, family)
+    source = resolve_source(args.dataset, args.users, args.slots or 1, args.seed,
+                            options.pop("domain"), options.pop("mean_range"), args.stream,
+                            ball=options.pop("ball", None), task=options.pop("task", None),
+                            datasets=family.sources)  # fmt: skip
+    secret = resolve_noise_key(secret_file=args.secret_file, insecure_seed=args.insecure_seed)
+    incarnation = _family_incarnation(args, secret, None, args.window or family.window)
+    flow = reports_cli.run(args, family, _kafka_settings(args), source.task, incarnation.key)
+    control.install_signal_handlers()
+    started = time.perf_counter()
+    _serve_run(flow, args)
+    print(f"served {args.report_topic} → {args.output_topic} in "
+          f"{time.perf_counter() - started:.1f} s ({control.current().reason})",
+          file=sys.stderr)  # fmt: skip
+    return 0
 
 
 def _interrupted_line(args: argparse.Namespace, bar: Any) -> str:
@@ -1071,6 +1102,8 @@ def clock(args: argparse.Namespace) -> int:
     if key is None:
         raise ValueError("the clock needs its key: --clock-key-file, $PRIVSTREAM_CLOCK_KEY or "
                          "--secret-file")  # fmt: skip
+    if args.requests is not None:
+        return reports_cli.round_clock(args, _kafka_settings(args), key)
     if args.now and args.through is None:
         raise ValueError("--now writes the markers at once through --through: give --through")
     settings, topic, streams = _clock_target(args)

@@ -650,6 +650,14 @@ def _no_request(report: Report, seen: SeenReports) -> ProtocolError:
     return ProtocolError(UNKNOWN_REQUEST, f"no open request {report.request} for these fields")
 
 
+def refused(exc: ProtocolError, item: str | bytes | Report | Close) -> DeadLetter:
+    """The dead letter of a report-topic message the server refuses for ``exc``."""
+    stream = None if isinstance(item, (str, bytes)) else item.stream
+    if isinstance(item, Close):
+        return DeadLetter(exc.reason, stream, item.to_json(), exc.detail)
+    return _dead(exc, stream, item)
+
+
 def _dead(exc: ProtocolError, stream: str | None, item: str | bytes | Report) -> DeadLetter:
     """The dead letter of a refused report. An unexpected field's content is left out (it could
     be a raw value a broken device leaked): its payload names the fields only."""

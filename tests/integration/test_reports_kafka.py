@@ -1,0 +1,103 @@
+"""``ldp-reports`` end to end over the embedded broker, as three processes: the server stage
+(``privstream run ldp-ids --trust ldp-reports``), the round clock (``privstream clock
+--requests``) and a simulated fleet with liars (``privstream devices``). A second server over
+the same report topic (a replay, as after a crash without a store) releases byte-identical
+output and re-publishes the same requests."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from privstream.connectors.datasets import synthetic_dataset
+from privstream.connectors.kafka import (
+    DEAD_LETTER_REASON_HEADER,
+    RELEASE_TOPIC_CONFIG,
+    KafkaSettings,
+    TopicSpec,
+    create_topics,
+)
+from privstream.mechanisms.oracles import GRR
+from tests.integration.conftest import PRIVSTREAM, cli_env, read_all
+
+USERS, SLOTS, W, EPS, LIARS = 400, 5, 5, 2.0, 8
+
+
+def _topics(kafka: KafkaSettings) -> dict[str, str]:
+    tag = uuid.uuid4().hex[:8]
+    names = {k: f"{k}-{tag}" for k in ("reports", "requests", "releases", "dlq", "ledger")}
+    specs = [TopicSpec(names["reports"], partitions=2), TopicSpec(names["requests"]),
+             TopicSpec(names["releases"], config=RELEASE_TOPIC_CONFIG), TopicSpec(names["dlq"]),
+             TopicSpec(names["ledger"], config=RELEASE_TOPIC_CONFIG)]  # fmt: skip
+    create_topics(kafka, specs)
+    return names
+
+
+def _server(kafka: KafkaSettings, t: dict[str, str], secret: Path, releases: str) -> list[str]:
+    return [
+        *PRIVSTREAM, "run", "ldp-ids", "--trust", "ldp-reports", "--mechanism", "LBU",
+        "--dataset", "sin", "--users", str(USERS), "--window", str(W), "--epsilon", str(EPS),
+        "--slots", str(SLOTS), "--bootstrap", kafka.bootstrap, "--report-topic", t["reports"],
+        "--request-topic", t["requests"], "--output-topic", releases,
+        "--dead-letter-topic", t["dlq"], "--ledger-topic", t["ledger"],
+        "--secret-file", str(secret), "--snapshot-interval", "1",
+    ]  # fmt: skip
+
+
+def test_server_clock_and_fleet_release_every_slot_and_refuse_every_lie(
+    kafka: KafkaSettings, secret_file: Path
+) -> None:
+    t = _topics(kafka)
+    server = subprocess.Popen(_server(kafka, t, secret_file, t["releases"]), env=cli_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    fleet = subprocess.Popen([
+        *PRIVSTREAM, "devices", "--bootstrap", kafka.bootstrap, "--request-topic",
+        t["requests"], "--report-topic", t["reports"], "--dataset", "sin", "--users",
+        str(USERS), "--slots", str(SLOTS), "--epsilon", str(EPS), "--window", str(W),
+        "--liars", str(LIARS), "--flood", "4", "--idle-seconds", "40",
+    ], env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    clock = subprocess.run([
+        *PRIVSTREAM, "clock", "--requests", t["requests"], "--topic", t["reports"],
+        "--stream", "sin", "--now", "--through", str(SLOTS), "--round-seconds", "4",
+        "--idle-seconds", "8", "--bootstrap", kafka.bootstrap, "--secret-file", str(secret_file),
+    ], env=cli_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert clock.returncode == 0, clock.stderr[-2000:]
+    _, err = server.communicate(timeout=120)
+    assert server.returncode == 0, err[-3000:]
+    fleet.communicate(timeout=120)
+
+    releases = [json.loads(m.value()) for m in read_all(kafka, t["releases"])]
+    assert [r["slot"] for r in releases] == list(range(1, SLOTS + 1))
+    source = synthetic_dataset("sin", USERS, SLOTS, 0)
+    truth = np.array([np.bincount(source.values(s).astype(int), minlength=2) / USERS
+                      for s in range(1, SLOTS + 1)])  # fmt: skip
+    estimates = np.array([r["estimate"] for r in releases])
+    # LBU: every slot ε/w per device, GRR over d = 2; ~USERS − LIARS honest reports per slot
+    sd = np.sqrt(GRR(2).variance(EPS / W, USERS - LIARS))
+    assert np.all(np.abs(estimates - truth) < 5 * sd), (estimates, truth, sd)
+
+    reasons = Counter(dict(m.headers())[DEAD_LETTER_REASON_HEADER].decode()
+                      for m in read_all(kafka, t["dlq"]))  # fmt: skip
+    for reason in ("unknown_request", "duplicate_report", "budget_mismatch", "oracle_mismatch",
+                   "shape_mismatch", "replayed_report"):  # fmt: skip
+        assert reasons[reason] > 0, reasons
+    requests = [json.loads(m.value()) for m in read_all(kafka, t["requests"])]
+    assert {(r["slot"], r["round"]) for r in requests} == {(s, 1) for s in range(1, SLOTS + 1)}
+    assert all(set(r) >= {"id", "oracle", "epsilon", "select"} for r in requests)
+
+    # the same report topic read again by a fresh server: byte-identical releases
+    again = f"releases-again-{uuid.uuid4().hex[:8]}"
+    create_topics(kafka, [TopicSpec(again, config=RELEASE_TOPIC_CONFIG)])
+    replay = subprocess.run(_server(kafka, t, secret_file, again), env=cli_env(),
+                            capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert replay.returncode == 0, replay.stderr[-3000:]
+    first = sorted(m.value() for m in read_all(kafka, t["releases"]))
+    second = sorted(m.value() for m in read_all(kafka, again))
+    assert first == second
+    ids = [json.loads(m.value())["id"] for m in read_all(kafka, t["requests"])]
+    assert len(ids) == 2 * SLOTS and len(set(ids)) == SLOTS  # the replay re-published the same
