@@ -20,12 +20,16 @@ Gaussian noise on that grid (the sensitivity bound grows by two grid steps, whic
 covers), drawn from the slot's keyed AES-CTR stream, so a replayed slot releases byte-identical reports. The client side (clipping,
 the noise chain ``(v, x'_{i−1}, x*_{i−1})`` per user and lag phase) runs behind the client port
 and keeps its state there; the server side only sees the reports ``(x*, v_i)`` and releases
-their mean with its standard error ``σ₁·√(Σ v_k)/n`` and a 95 % interval (spec §8.5).
+their mean with its standard error ``σ₁·√(Σ v_k)/n`` and a 95 % interval (spec §8.5). In
+``ldp-reports`` the chain runs on the devices (``privstream.client.cgm``, each with its own μ²
+ledger): a request names the public step (``CgmProtocol.request_oracle``) and ``n`` is the
+number of reports that came back.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -57,6 +61,7 @@ from privstream.mechanisms.noise import discrete_gaussian
 from privstream.mechanisms.tasks import BallTask, MeanTask
 from privstream.mechanisms.trust import TrustMode
 from privstream.mechanisms.validation import check_fraction, check_population, check_requirement
+from privstream.schema.protocol import CgmStep, OracleSpec
 
 STATE_VERSION: Final = 1
 BudgetScope = Literal["stream", "timestamp"]
@@ -64,6 +69,9 @@ Z95: Final = 1.959963984540054
 LEVELS: Final = 128
 """Gap-aware runs round each report's noise level up to a power of ``2^(1/LEVELS)`` (at most
 0.55 % more noise) so users at irregular steps share a few exact sampler calls."""
+MIN_REQUEST_EPSILON: Final = 1e-9
+"""The ε a CGM request states for a report so noisy that it is ``(0, δ)``-DP (a request's ε
+must be positive; any ε above the true one is a true statement)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -269,6 +277,25 @@ class CgmProtocol:
     lag: int
     reuse: bool
     gap_aware: bool
+    delta: float | None = None
+    """The δ a request for real devices states its per-report ε at (``request_oracle``)."""
+
+    def request_oracle(self) -> tuple[OracleSpec, float, float]:
+        """What an ``ldp-reports`` request asks the devices (``schema.protocol.CgmStep``): the
+        public step (``σ̃₁``, grid, lag, ``C``, the switches, the domain), each device computing
+        ``r, V, v`` from its own chain; and one report's budget ``(ε, δ)``: a report is
+        ``1/σ̃₁``-GDP (spec §4.5, §8.4), i.e. ``(ε(δ; 1/σ̃₁), δ)``-DP at the configured δ."""
+        if self.delta is None:
+            raise ValueError("a CGM protocol names a request for real devices only with its δ")
+        task = self.task
+        if isinstance(task, BallTask):
+            domain: dict[str, Any] = {"lower": None, "upper": None, "radius": float(task.radius),
+                                      "center": tuple(float(c) for c in task.center)}  # fmt: skip
+        else:
+            domain = {"lower": float(task.lower), "upper": float(task.upper)}
+        step = CgmStep(float(self.sigma1), self.grid_bits, self.lag, float(self.bound),
+                       self.reuse, self.gap_aware, **domain)  # fmt: skip
+        return OracleSpec("CGM", task.d, step), report_epsilon(self.sigma1, self.delta), self.delta
 
     def respond(
         self, values: NDArray[Any], asked: NDArray[np.bool_], state: CgmClients,
@@ -352,6 +379,13 @@ class CgmProtocol:
         return result
 
 
+@functools.cache
+def report_epsilon(sigma1: float, delta: float) -> float:
+    """ε at ``delta`` of one report, a ``1/σ̃₁``-GDP mechanism (at least
+    ``MIN_REQUEST_EPSILON``)."""
+    return max(GaussianDP(1 / sigma1).epsilon(delta), MIN_REQUEST_EPSILON)
+
+
 def grid_steps(sigma1: float, grid_bits: int, d: int = 1) -> float:
     """``K``: the public grid's steps per diameter, ``2^grid_bits`` — fine enough that the
     rounding's extra sensitivity (``2√d`` steps) adds little to the noise — unless the noise
@@ -407,7 +441,7 @@ class CgmMechanism(Mechanism[CgmConfig, CgmState]):
     def protocol(self, slot: int) -> CgmProtocol:
         cfg = self.config
         return CgmProtocol(slot, cfg.task, cfg.bound, self.sigma1, cfg.grid_bits, cfg.lag,
-                           self.reuse, cfg.gap_aware)  # fmt: skip
+                           self.reuse, cfg.gap_aware, cfg.delta)  # fmt: skip
 
     def _advance(self, state: CgmState, slot: Slot) -> list[Release | LedgerEntry]:
         cfg = self.config
@@ -418,20 +452,22 @@ class CgmMechanism(Mechanism[CgmConfig, CgmState]):
         admitted = state.charged < cfg.reports_per_budget  # μ_total = √t·μ_step ≤ μ*
         asked = eligible & admitted
         refused = int((eligible & ~admitted).sum())
-        reports = np.zeros((0, cfg.task.d + 1))
-        if asked.any():
+        reports, paid = np.zeros((0, cfg.task.d + 1)), bool(asked.any())
+        if paid:  # ldp-reports: the rows of the reports that came back, maybe fewer than asked
             reports = slot.client.respond(self.protocol(slot.index), asked, "report")
             state.charged[asked] += 1
             state.lifetime[asked] += 1
         return [
             self._release(state, slot, reports, refused),
-            self._entry(state, slot, reports, refused),
+            self._entry(state, slot, paid, refused),
         ]
 
     def _release(
         self, state: CgmState, slot: Slot, reports: NDArray[np.float64], refused: int
     ) -> Release:
-        """The mean of the reports with ``SE = σ₁·√(Σ v_k)/n`` (spec §8.5), or the last one."""
+        """The mean of the reports with ``SE = σ₁·√(Σ v_k)/n`` (spec §8.5), ``n`` the rows
+        received (``ldp-reports``: the reports that came back, not the users asked), or the
+        last one when none came."""
         cfg, n = self.config, reports.shape[0]
         strategy: Strategy = "approximate"
         se: tuple[float, ...] = ()
@@ -445,18 +481,17 @@ class CgmMechanism(Mechanism[CgmConfig, CgmState]):
         details = CgmRelease(n, se, low, high, self.sigma1 * cfg.diameter, refused)
         return self.release(slot, strategy, state.estimate, state.source_slot, details)
 
-    def _entry(
-        self, state: CgmState, slot: Slot, reports: NDArray[np.float64], refused: int
-    ) -> LedgerEntry:
-        """One class (every user shares the budget): a reporting user paid ``μ_step²`` at this
-        slot; the most-charged user has ``t·μ_step²`` of ``μ²`` (spec §8.4). The lifetime μ
-        composes the surrogates, ``√t/σ̃₁`` (spec §4.5)."""
+    def _entry(self, state: CgmState, slot: Slot, paid: bool, refused: int) -> LedgerEntry:
+        """One class (every user shares the budget): an asked user paid ``μ_step²`` at this
+        slot (``paid``: charged when asked, whether or not its report came back); the
+        most-charged user has ``t·μ_step²`` of ``μ²`` (spec §8.4). The lifetime μ composes the
+        surrogates, ``√t/σ̃₁`` (spec §4.5)."""
         cfg = self.config
         step = cfg.report_charge
         most = int(state.charged.max(initial=0))
         spent = most * step
         spend = ClassSpend(cfg.reports_per_budget, cfg.mu_budget**2, cfg.population,
-                           step if reports.shape[0] else 0.0, spent)  # fmt: skip
+                           step if paid else 0.0, spent)  # fmt: skip
         eps = GaussianDP(math.sqrt(spent)).epsilon(cfg.delta) if spent > 0 else 0.0
         lifetime = math.sqrt(int(state.lifetime.max(initial=0))) / self.sigma1
         details = CgmLedger(math.sqrt(spent), eps, cfg.delta, most, refused, lifetime)

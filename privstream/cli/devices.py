@@ -24,6 +24,11 @@ def add_parser(commands: Any, kafka_flags: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="dataset, dropout and lateness seed")
     p.add_argument("--epsilon", type=float, default=1.0, help="each device's ε per window")
     p.add_argument("--window", type=int, default=10, help="each device's window w in slots")
+    p.add_argument("--delta", type=float, default=1e-5, help="CGM: δ of each device's (ε, δ)")
+    p.add_argument(
+        "--mu", type=float,
+        help="CGM: each device's μ per stream over its life (default: μ*(--epsilon, --delta))",
+    )  # fmt: skip
     p.add_argument("--dropout", type=float, default=0.0, help="P(an asked device is silent)")
     p.add_argument(
         "--late", type=float, default=0.0,
@@ -49,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     require_topics(settings, [args.request_topic, args.report_topic])
     config = FleetConfig(
         args.users, args.epsilon, args.window, args.dropout, args.late, args.liars,
-        args.flood, args.store_dir, args.seed,
+        args.flood, args.store_dir, args.seed, args.delta, args.mu,
     )  # fmt: skip
     fleet = Fleet(config, synthetic_dataset(args.dataset, args.users, args.slots, args.seed))
     try:

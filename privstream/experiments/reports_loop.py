@@ -51,7 +51,8 @@ def seeded_devices(seed: int) -> Callable[[], SeededRandomness]:
 
 @dataclass
 class ReportsRun:
-    """What a run released and refused, and its timings (server seconds exclude the fleet)."""
+    """What a run released and refused, and its timings (server seconds exclude the fleet);
+    ``fleet`` the simulated devices after the run (their stats, ledgers and chains)."""
 
     releases: list[Release] = field(default_factory=list)
     ledger: list[LedgerEntry | Halt] = field(default_factory=list)
@@ -60,6 +61,7 @@ class ReportsRun:
     reports: int = 0
     server_seconds: float = 0.0
     fleet_seconds: float = 0.0
+    fleet: Fleet | None = None
 
 
 def run_reports(
@@ -84,7 +86,7 @@ def run_reports(
     logic = ReportRoundsLogic("reports", plan, None)
     factory = seeded_devices(device_seed) if device_seed is not None else None
     devices = Fleet(fleet, source, factory) if factory else Fleet(fleet, source)
-    clock_key, run = key.clock_key(), ReportsRun()
+    clock_key, run = key.clock_key(), ReportsRun(fleet=devices)
     for t in range(1, slots + 1):
         pending = _server(logic, run, [Close(stream, t, 0).signed(clock_key)])
         while pending:

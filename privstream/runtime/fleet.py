@@ -4,8 +4,11 @@ One process reads the server's :class:`~privstream.schema.protocol.Request` s fr
 topic and, for each, lets every simulated device that the request's rule asks answer through
 the device library (:meth:`privstream.client.Device.answer`, each device with its own ledger
 and store), writing each :class:`~privstream.schema.protocol.Report` to the report topic keyed
-by the device's id. Device ``i`` is user ``i`` of a synthetic dataset (``connectors.datasets``);
-request slot ``s ≥ 1`` reads the dataset's slot ``(s − 1) mod slots + 1``.
+by the device's id. A CGM request (oracle ``CGM``) goes to the device's
+:class:`~privstream.client.CgmDevice` instead (its own noise chains and μ² ledger in a store of
+its own, policy ``GaussianPolicy(FleetConfig.cgm_mu)``), with the raw value: the device clips it
+itself. Device ``i`` is user ``i`` of a synthetic dataset (``connectors.datasets``); request slot
+``s ≥ 1`` reads the dataset's slot ``(s − 1) mod slots + 1``.
 
 Knobs: ``dropout`` (a device does not answer), ``late`` (its report is held back and written
 after the next request arrives, i.e. after the server closed the round) and ``liars``: the last
@@ -20,14 +23,25 @@ import hashlib
 import math
 import random
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
-from privstream.client import Device, FileStore, Policy, Randomness, Refusal, SystemRandomness
+from privstream.client import (
+    CgmDevice,
+    Device,
+    FileStore,
+    GaussianPolicy,
+    Policy,
+    Randomness,
+    Refusal,
+    SystemRandomness,
+)
 from privstream.client import randomize as client_randomize
+from privstream.client.cgm import Chain, chain_step
 from privstream.connectors.datasets import SlotStream
+from privstream.mechanisms.cgm_math import agm_mu
 from privstream.schema.events import DUPLICATE
 from privstream.schema.protocol import (
     BUDGET_MISMATCH,
@@ -37,6 +51,7 @@ from privstream.schema.protocol import (
     REPLAYED,
     SHAPE_MISMATCH,
     UNKNOWN_REQUEST,
+    CgmStep,
     ProtocolError,
     Report,
     Request,
@@ -114,6 +129,14 @@ class Asked:
     def division(self) -> str:
         return self.request.division
 
+    @property
+    def cgm(self) -> CgmStep:
+        """A CGM request's public step (``ValueError`` for another oracle's request)."""
+        step = self.request.oracle.cgm
+        if step is None:
+            raise ValueError(f"a {self.oracle} request has no CGM step")
+        return step
+
     def asks(self, user_id: str) -> bool:
         return self.request.asks(user_id)
 
@@ -122,7 +145,12 @@ class Asked:
 class FleetConfig:
     """The fleet: ``users`` devices, each with the policy ``(epsilon, window)``; the knobs'
     probabilities; ``liars`` of them lying; ``store_dir`` a folder of one ledger file per
-    device (None: in memory); ``seed`` drives dropout, lateness and nothing else."""
+    device (None: in memory); ``seed`` drives dropout, lateness and nothing else.
+
+    CGM (Gaussian DP): each device admits μ² ≤ ``cgm_mu``² per stream over the stream's whole
+    life (``GaussianPolicy``): ``mu`` when given, else ``μ*(epsilon, delta)``, the μ of an
+    (ε, δ)-LDP stream (spec cgm §2.4) — what a server's CGM config with the same ``epsilon``,
+    ``delta`` and ``budget_scope = "stream"`` spends on a user's ``window`` reports."""
 
     users: int
     epsilon: float = 1.0
@@ -133,6 +161,8 @@ class FleetConfig:
     flood: int = FLOOD_COPIES
     store_dir: Path | None = None
     seed: int = 0
+    delta: float = 1e-5
+    mu: float | None = None
 
     def __post_init__(self) -> None:
         if self.users < 1:
@@ -145,6 +175,16 @@ class FleetConfig:
             raise ValueError(f"--liars must lie in [0, --users={self.users}], got {self.liars}")
         if self.flood < 2:
             raise ValueError(f"--flood must be >= 2 copies, got {self.flood}")
+        if not (isinstance(self.delta, float | int) and 0 < self.delta < 1):
+            raise ValueError(f"--delta (CGM's δ) must lie in (0, 1), got {self.delta!r}")
+        mu = self.mu
+        if mu is not None and not (isinstance(mu, float | int) and 0 < mu < math.inf):
+            raise ValueError(f"--mu (each device's CGM μ per stream) must be > 0, got {mu!r}")
+
+    @property
+    def cgm_mu(self) -> float:
+        """Each device's CGM budget per stream in μ: ``mu``, else ``μ*(epsilon, delta)``."""
+        return float(self.mu) if self.mu is not None else agm_mu(self.epsilon, self.delta)
 
 
 @dataclass
@@ -193,6 +233,18 @@ def device_value(source: SlotStream, values: Any, user: int, oracle: str, d: int
     return min(int(unit * d), d - 1)
 
 
+def raw_value(values: Any, user: int) -> object:
+    """User ``user``'s raw value as its device holds it for CGM: a number, or a list of
+    coordinates (the device clips it to the request's public domain itself)."""
+    x = values[user]
+    return x.tolist() if hasattr(x, "tolist") else x
+
+
+def cgm_wire(x: Sequence[float], v: float) -> dict[str, Any]:
+    """A CGM report's value in the report schema's form: ``{"x": [...], "v": v}``."""
+    return {"x": [float(c) for c in x], "v": float(v)}
+
+
 def wire_value(oracle: str, payload: Any) -> Any:
     """The device library's payload in the report schema's form: OUE's bits as a string,
     OLH's ``(a, b, y)`` as a list, GRR's category and HM's number as they are."""
@@ -216,10 +268,13 @@ class Fleet:
         self.stats = FleetStats()
         self.rng = random.Random(config.seed)
         self.noise = randomness()
+        self.randomness = randomness
         policy = Policy(config.epsilon, config.window)
         honest = config.users - config.liars
         self.devices = [Device(device_id(u), self._store(u), policy, randomness())
                         for u in range(honest)]  # fmt: skip
+        self._cgm: list[CgmDevice] | None = None
+        self.liar_chains: dict[tuple[str, str, int], Chain] = {}  # (liar, stream, lag phase)
         self.liars = {device_id(u): LIES[j % len(LIES)]
                       for j, u in enumerate(range(honest, config.users))}  # fmt: skip
         self.held: list[Message] = []
@@ -228,11 +283,22 @@ class Fleet:
         self._cache: tuple[int, Any] | None = None
         self.consumed = 0  # request-topic messages received (where a later run goes on)
 
-    def _store(self, user: int) -> FileStore:
+    @property
+    def cgm_devices(self) -> list[CgmDevice]:
+        """The honest devices' CGM side (chains and μ² ledger in a store of their own, under
+        ``store_dir/cgm``), made at the first CGM request, in device order."""
+        if self._cgm is None:
+            policy = GaussianPolicy(self.config.cgm_mu)
+            self._cgm = [CgmDevice(d.user_id, self._store(u, "cgm"), policy, self.randomness())
+                         for u, d in enumerate(self.devices)]  # fmt: skip
+        return self._cgm
+
+    def _store(self, user: int, folder: str = "") -> FileStore:
         if self.config.store_dir is None:
-            return MemoryStore(device_id(user))
-        self.config.store_dir.mkdir(parents=True, exist_ok=True)
-        path = self.config.store_dir / f"{device_id(user)}.json"
+            return MemoryStore(f"{folder}/{device_id(user)}" if folder else device_id(user))
+        where = self.config.store_dir / folder
+        where.mkdir(parents=True, exist_ok=True)
+        path = where / f"{device_id(user)}.json"
         return FileStore(path, create=not path.exists())
 
     def _values(self, slot: int) -> Any:
@@ -281,14 +347,11 @@ class Fleet:
         if self.rng.random() < self.config.dropout:
             self.stats.dropped += 1
             return []
-        value = device_value(self.source, values, user, request.oracle.name, request.oracle.d)
-        out = device.answer(Asked(request), value)
+        out = self._device_answer(user, device, request, values)
         if isinstance(out, Refusal):
             self.stats.refused[out.reason] += 1
             return []
-        report = Report.answering(
-            request, device.user_id, wire_value(request.oracle.name, out.payload)
-        )
+        report = Report.answering(request, device.user_id, out)
         self.stats.reports += 1
         message = (device.user_id, report.to_json())
         if self.rng.random() < self.config.late:
@@ -297,24 +360,48 @@ class Fleet:
             return []
         return [message]
 
+    def _device_answer(self, user: int, device: Device, request: Request, values: Any) -> Any:
+        """The wire value of an honest device's answer (through its ledger), or its Refusal:
+        a CGM request goes to its ``CgmDevice`` with the raw value, any other to ``Device``
+        with the value in the oracle's form."""
+        oracle = request.oracle
+        if oracle.name == "CGM":
+            cgm = self.cgm_devices[user].answer(Asked(request), raw_value(values, user))
+            return cgm if isinstance(cgm, Refusal) else cgm_wire(cgm.x, cgm.v)
+        value = device_value(self.source, values, user, oracle.name, oracle.d)
+        out = device.answer(Asked(request), value)
+        return out if isinstance(out, Refusal) else wire_value(oracle.name, out.payload)
+
     def _lie(self, name: str, lie: str, user: int, request: Request, values: Any) -> list[Message]:
         """The reports a liar sends: each one a report ``check_reports`` refuses for the
         reason ``EXPECTED_REASONS[lie]`` (none when the lie does not fit this request)."""
         asked = request.asks(name)
         if (lie == "not-asked") == asked:
             return []
-        oracle = request.oracle
-        value = device_value(self.source, values, user, oracle.name, oracle.d)
         try:
-            payload = client_randomize(oracle.name, value, request.epsilon, oracle.d, self.noise)
-        except ValueError:
-            return []  # an oracle the device library lacks (CGM): nothing to lie with
-        base = Report.answering(request, name, wire_value(oracle.name, payload))
+            value = self._lie_value(name, user, request, values)
+        except (ValueError, TypeError):
+            return []  # a value the device library refuses (e.g. none): nothing to lie with
+        base = Report.answering(request, name, value)
         reports = _lies(lie, base, request, self._replayable(name, request), self.config.flood)
         self.sent.setdefault(name, []).append(base)
         if reports:
             self.stats.lies[lie] += 1
         return [(name, r.to_json()) for r in reports]
+
+    def _lie_value(self, name: str, user: int, request: Request, values: Any) -> Any:
+        """A well-formed wire value for a liar to twist, made without a ledger: the oracle's
+        randomiser, or for CGM the next step of the liar's own noise chain."""
+        oracle = request.oracle
+        if oracle.cgm is not None:
+            key = (name, request.stream, request.slot % oracle.cgm.lag)
+            report, chain = chain_step(self.liar_chains.get(key, Chain()), oracle.cgm,
+                                       request.slot, raw_value(values, user), self.noise)  # fmt: skip
+            self.liar_chains[key] = chain
+            return cgm_wire(report.x, report.v)
+        value = device_value(self.source, values, user, oracle.name, oracle.d)
+        payload = client_randomize(oracle.name, value, request.epsilon, oracle.d, self.noise)
+        return wire_value(oracle.name, payload)
 
     def _replayable(self, name: str, request: Request) -> Report | None:
         """A liar's earlier report on this stream from a slot before the stream's previous
@@ -358,6 +445,8 @@ def _bad_value(request: Request) -> Any:
         return "1" * (d + 1)
     if name == "OLH":
         return [0, 0, 0]
+    if name == "CGM":
+        return cgm_wire([0.0] * d, 2.0)  # v beyond (0, 1]
     return 1e9
 
 

@@ -620,6 +620,7 @@ def test_server_side_reads_only_reports(mechanism: type[CgmMechanism]) -> None:
             "lag",
             "reuse",
             "gap_aware",
+            "delta",  # the configured δ (a request states its per-report ε at it)
         }
         after = inner.client_state_after
         assert after is not clients and isinstance(after, CgmClients)
