@@ -39,6 +39,9 @@ class Slotted(Protocol):
     @property
     def round(self) -> int: ...
 
+    @property
+    def purpose(self) -> str: ...
+
 
 class Asked(Slotted, Protocol):
     """What the ledger reads of a request (privstream.client.device.Request has more)."""
@@ -116,13 +119,19 @@ class Policy:
         return None
 
 
+def answered_key(request: Slotted) -> str:
+    """How a ledger remembers an answered request within its slot: ``round/purpose``."""
+    return f"{request.round}/{request.purpose}"
+
+
 @dataclass
 class StreamLedger:
-    """One stream: ε charged per slot (the last ``w`` slots), rounds answered, last report."""
+    """One stream: ε charged per slot (the last ``w`` slots), the requests answered per slot
+    (``round/purpose``: several mechanisms may ask in one round), last report."""
 
     division: str
     charges: dict[int, float] = field(default_factory=dict)
-    answered: dict[int, list[int]] = field(default_factory=dict)
+    answered: dict[int, list[str]] = field(default_factory=dict)
     last_report: int | None = None
 
     def window_sum(self, slot: int, w: int) -> float:
@@ -161,7 +170,7 @@ class Ledger:
         last = stream.last_report
         if last is not None and slot < last:
             return Refusal("stale", f"slot {slot} is older than the last report's slot {last}")
-        if request.round in stream.answered.get(slot, []):
+        if answered_key(request) in stream.answered.get(slot, []):
             return Refusal("answered", f"slot {slot} round {request.round} already answered")
         if request.division == "population" and last is not None and slot - last < w:
             return Refusal(
@@ -183,7 +192,7 @@ class Ledger:
         stream = self.streams.setdefault(request.stream, StreamLedger(request.division))
         slot = request.slot
         stream.charges[slot] = stream.charges.get(slot, 0.0) + float(request.epsilon)
-        stream.answered.setdefault(slot, []).append(request.round)
+        stream.answered.setdefault(slot, []).append(answered_key(request))
         stream.last_report = slot
         stream.prune(self.policy.window)
 
@@ -205,7 +214,7 @@ class Ledger:
         streams: dict[str, StreamLedger] = {}
         for name, s in state.items():
             charges = {int(k): float(v) for k, v in s["charges"].items()}
-            answered = {int(k): [int(r) for r in v] for k, v in s["answered"].items()}
+            answered = {int(k): [str(r) for r in v] for k, v in s["answered"].items()}
             last = s["last_report"]
             if s["division"] not in DIVISIONS or not (last is None or isinstance(last, int)):
                 raise ValueError(f"stream {name!r}: malformed ledger entry")
