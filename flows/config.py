@@ -93,6 +93,10 @@ class KafkaSection:
     extra_topics: Mapping[str, str] = field(default_factory=dict)
     """A family's declared extra outputs (``Family.outputs``) by name → topic, from the keys
     ``<output>_topic`` (``audit_topic``): delivered like the ledger; unnamed ones go nowhere."""
+    trust: str = "default"
+    """``ldp-reports``: real devices answer; ``input_topic`` is then the report topic (the
+    file's ``report_topic``) and the server writes its requests to ``request_topic``."""
+    request_topic: str | None = None
 
 
 @dataclass(frozen=True)
@@ -344,6 +348,7 @@ def load(path: str | Path) -> FlowConfig:
     population = _population(population_table)
     run = _run(top.table("run", required=False))
     streams = _streams(top, population)
+    _check_trust(top.table("kafka"), kafka, streams)
     live = sorted({s.name for s in streams} & set(population.retired))
     if live:
         raise population_table.error("retired", f"names configured stream(s) {live}")
@@ -351,6 +356,26 @@ def load(path: str | Path) -> FlowConfig:
     population = _registrations(population_table, population, streams)
     _check_outputs(top.table("kafka"), kafka, streams)
     return FlowConfig(source, kafka, population, streams, run)
+
+
+def _check_trust(t: _Table, kafka: KafkaSection, streams: Sequence[StreamSection]) -> None:
+    """Refuse an ``ldp-reports`` flow with a stream whose family is not local DP."""
+    if kafka.trust == "default":
+        return
+    closed = [s.name for s in streams if s.registered_only]
+    if closed:
+        raise t.error(
+            "trust",
+            f"stream(s) {closed} set registered_only: in ldp-reports the devices enrol "
+            "themselves (population.users is how many the server plans for)",
+        )
+    central = [s.name for s in streams if not FAMILIES[s.family].local]
+    if central:
+        raise t.error(
+            "trust",
+            f"ldp-reports runs local-DP families only; stream(s) {central} run a trusted "
+            "curator (central DP)",
+        )
 
 
 def output_keys() -> dict[str, str]:
@@ -390,19 +415,23 @@ def _kafka(t: _Table) -> KafkaSection:
             "trust_input_clock",
             "grow_partitions",
             "input_topic_recreated",
+            "trust",
+            "report_topic",
+            "request_topic",
             *output_keys(),
         )
     )
     bootstrap = t.text("bootstrap", what="HOST:PORT[,...] (a non-empty string)")
     what = f"a Kafka topic name ({TOPIC_NAME.pattern})"
-    input_topic = t.text("input_topic", TOPIC_NAME, what)
+    trust, input_topic, request_topic = _input_topics(t, what)
     output_topic = t.text("output_topic", TOPIC_NAME, what)
     dead_letter_topic = t.optional_text("dead_letter_topic", TOPIC_NAME, what)
     ledger_topic = t.optional_text("ledger_topic", TOPIC_NAME, what)
     extra = {key: t.optional_text(key, TOPIC_NAME, what) for key in output_keys() if key in t.data}
     roles: dict[str, str] = {}
     for role, topic in (
-        ("input_topic", input_topic),
+        ("input_topic" if trust == "default" else "report_topic", input_topic),
+        ("request_topic", request_topic),
         ("output_topic", output_topic),
         ("dead_letter_topic", dead_letter_topic),
         ("ledger_topic", ledger_topic),
@@ -425,7 +454,29 @@ def _kafka(t: _Table) -> KafkaSection:
         grow_partitions=_flag(t, "grow_partitions"),
         input_topic_recreated=_flag(t, "input_topic_recreated"),
         extra_topics={output_keys()[k]: v for k, v in extra.items() if v is not None},
+        trust=trust,
+        request_topic=request_topic,
     )
+
+
+def _input_topics(t: _Table, what: str) -> tuple[str, str, str | None]:
+    """``kafka.trust`` and the topics the server reads and writes besides its outputs: the
+    event topic (``input_topic``), or in ``ldp-reports`` the report topic it reads and the
+    request topic it writes (and never an event topic: it reads no raw value)."""
+    trust = t.choice("trust", ("default", "ldp-reports"), "default")
+    if trust == "default":
+        for key in ("report_topic", "request_topic"):
+            if key in t.data:
+                raise t.error(key, 'is read only with trust = "ldp-reports"')
+        return trust, t.text("input_topic", TOPIC_NAME, what), None
+    if "input_topic" in t.data:
+        raise t.error(
+            "input_topic",
+            "an ldp-reports server reads no events: its input is report_topic (the devices' "
+            "reports), and it writes request_topic",
+        )
+    report = t.text("report_topic", TOPIC_NAME, what)
+    return trust, report, t.text("request_topic", TOPIC_NAME, what)
 
 
 def _flag(t: _Table, key: str) -> bool:

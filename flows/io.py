@@ -159,6 +159,8 @@ class KafkaIO:
         extra_topics: a family's declared extra outputs (``Family.outputs``) by name → topic,
             delivered like the ledger (or the epoch fails); an output not named here is
             written nowhere.
+        request_topic: ``ldp-reports``: where the server writes its requests
+            (``input_topic`` is then the report topic it reads).
     """
 
     settings: KafkaSettings
@@ -181,6 +183,7 @@ class KafkaIO:
     grow_partitions: bool = False
     input_topic_recreated: bool = False
     extra_topics: Mapping[str, str] = field(default_factory=dict)
+    request_topic: str | None = None
 
     def __post_init__(self) -> None:
         check_input_clock(self.clock, self.trust_input_clock)
@@ -191,7 +194,8 @@ class KafkaIO:
             )
 
     def topics(self) -> list[str]:
-        names = [self.input_topic, self.output_topic, self.dead_letter_topic, self.ledger_topic]
+        names = [self.input_topic, self.output_topic, self.dead_letter_topic, self.ledger_topic,
+                 self.request_topic]  # fmt: skip
         return [t for t in [*names, *self.extra_topics.values()] if t]
 
     def with_partitions(self, counts: Mapping[str, int]) -> KafkaIO:

@@ -19,7 +19,9 @@ one, enforced by the devices' own ledgers and mirrored by the server's before an
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 from bytewax import operators as op
@@ -31,13 +33,16 @@ from privstream.connectors import control
 from privstream.connectors.kafka import KafkaEventSource, RawBatch
 from privstream.connectors.kafka_sink import kafka_output
 from privstream.families.registry import family
+from privstream.flows.config import FlowConfig, estimation_task
 from privstream.flows.io import KafkaIO, outputs, poll_max
 from privstream.flows.secret import resolve_noise_key
 from privstream.mechanisms.accountant import BudgetSplit
+from privstream.mechanisms.contract import Mechanism
 from privstream.mechanisms.seeding import NoiseKey
 from privstream.mechanisms.tasks import EstimationTask
 from privstream.operators.metrics import BOARD
 from privstream.operators.report_rounds import ReportItem, report_rounds
+from privstream.operators.slotting import MechanismOut
 from privstream.schema.events import DeadLetter
 from privstream.schema.protocol import (
     UNKNOWN_REQUEST,
@@ -48,10 +53,21 @@ from privstream.schema.protocol import (
 )
 
 
+@dataclass(frozen=True)
+class ServedStream:
+    """One stream the server stage serves: its mechanisms (built with their shares), task,
+    enrolled devices and budget split."""
+
+    name: str
+    mechanisms: tuple[Mechanism[Any, Any], ...]
+    task: EstimationTask
+    users: int
+    split: BudgetSplit
+
+
 def build_reports(
     family_name: str,
     kafka: KafkaIO,
-    request_topic: str,
     *,
     task: EstimationTask,
     mechanisms: str | Sequence[str] | None = None,
@@ -66,29 +82,72 @@ def build_reports(
 ) -> Dataflow:
     """The server stage of ``family_name`` in ``ldp-reports`` mode for one ``stream`` of
     ``users`` enrolled devices: reads ``kafka.input_topic`` (the report topic), writes its
-    requests to ``request_topic`` and its outputs to ``kafka``'s topics."""
+    requests to ``kafka.request_topic`` and its outputs to ``kafka``'s topics."""
     entry = family(family_name)
     names = entry.names(mechanisms or entry.default)
-    key = resolve_noise_key(secret, insecure_seed)
     split = BudgetSplit.parse(budget_split, len(names))
     users = users or entry.users
     config = entry.make_config(
         epsilon=epsilon or entry.epsilon, window=window or entry.window, population=users,
         task=task, **options,
     )  # fmt: skip
-    built = entry.build_shared(names, config, split.shares)
+    built = tuple(entry.build_shared(names, config, split.shares))
+    served = ServedStream(stream, built, task, users, split)
+    flow = Dataflow(f"privstream_{entry.name.replace('-', '_')}_reports")
+    return serve(flow, kafka, [served], resolve_noise_key(secret, insecure_seed))
+
+
+def build_report_streams(config: FlowConfig, kafka: KafkaIO, secret: NoiseKey) -> Dataflow:
+    """The server stage of every stream of an ``ldp-reports`` flow file (each under its share
+    of the population's budget, as ``flows.streams``)."""
+    served = []
+    for spec in config.streams:
+        entry, task = family(spec.family), estimation_task(spec.task)
+        split = BudgetSplit.parse(spec.budget_split, len(spec.mechanisms))
+        options = dict(spec.options)
+        options.pop("client_path", None)  # no simulated clients: the devices answer
+        family_config = entry.make_config(
+            epsilon=spec.epsilon, window=spec.window, population=config.population.users,
+            task=task, **options,
+        )  # fmt: skip
+        built = tuple(entry.build_shared(spec.mechanisms, family_config, split.shares))
+        served.append(ServedStream(spec.name, built, task, config.population.users, split))
+    return serve(Dataflow("privstream_reports"), kafka, served, secret)
+
+
+def serve(
+    flow: Dataflow, kafka: KafkaIO, streams: Sequence[ServedStream], secret: NoiseKey
+) -> Dataflow:
+    """Wire ``streams``' server stages into ``flow``: report topic in, requests and the usual
+    outputs out."""
+    if kafka.request_topic is None:
+        raise ValueError("an ldp-reports flow needs a request topic")
     stop = control.fresh()
     BOARD.clear()
-    flow = Dataflow(f"privstream_{entry.name.replace('-', '_')}_reports")
-    items, parse_errors = report_messages(flow, kafka, [stream], stop)
-    served = report_rounds(
-        "rounds", items, mechanisms=built,
-        task=task, population=users, secret=key, partitions=kafka.partitions, split=split,
-    )  # fmt: skip
-    kafka_output("requests_out", served.requests, kafka.settings, request_topic,
+    items, parse_errors = report_messages(flow, kafka, [s.name for s in streams], stop)
+    outs = []
+    for spec in streams:
+        mine: Any = op.filter(f"stream_{spec.name}", items, functools.partial(_is, spec.name))
+        outs.append(report_rounds(
+            f"rounds_{spec.name}", mine, mechanisms=spec.mechanisms, task=spec.task,
+            population=spec.users, secret=secret, partitions=kafka.partitions, split=spec.split,
+        ))  # fmt: skip
+    requests = op.merge("requests", *(o.requests for o in outs))
+    kafka_output("requests_out", requests, kafka.settings, kafka.request_topic,
                  request_message, stall_seconds=kafka.stall_warning_seconds)  # fmt: skip
-    outputs(served.mechanism_out(), parse_errors, pairs=[(stream, m) for m in names], kafka=kafka, stop=stop)
+    merged = MechanismOut(
+        op.merge("releases", *(o.releases for o in outs)),
+        op.merge("ledger", *(o.ledger for o in outs)),
+        op.merge("mechanism_dead_letters", *(o.dead_letters for o in outs)),
+        op.merge("extra", *(o.extra for o in outs)),
+    )
+    pairs = [(s.name, m.name) for s in streams for m in s.mechanisms]
+    outputs(merged, parse_errors, pairs=pairs, kafka=kafka, stop=stop)
     return flow
+
+
+def _is(name: str, item: tuple[str, ReportItem]) -> bool:
+    return item[0] == name
 
 
 def request_message(request: Request) -> KafkaSinkMessage[bytes, bytes]:

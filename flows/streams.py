@@ -58,6 +58,7 @@ def kafka_io(config: FlowConfig, until_slot: int | None = None) -> KafkaIO:
         stall_warning_seconds=k.stall_warning_seconds, clock=k.clock,
         trust_input_clock=k.trust_input_clock, grow_partitions=k.grow_partitions,
         input_topic_recreated=k.input_topic_recreated, extra_topics=dict(k.extra_topics),
+        request_topic=k.request_topic,
     )  # fmt: skip
 
 
@@ -68,7 +69,12 @@ def build_streams(
     *,
     progress: Callable[[Release], None] | None = None,
 ) -> Dataflow:
-    """The dataflow of every stream of ``config`` over ``kafka`` (with its partition count)."""
+    """The dataflow of every stream of ``config`` over ``kafka`` (with its partition count);
+    an ``ldp-reports`` file's is the server stage of each stream (``flows.reports``)."""
+    if config.kafka.trust == "ldp-reports":
+        from privstream.flows.reports import build_report_streams
+
+        return build_report_streams(config, kafka, secret)
     if kafka.published:  # a new incarnation's cooldown (issue 18 §2)
         kafka = kafka.with_gaps(_plans(config))
     stop = control.fresh()

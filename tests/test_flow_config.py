@@ -520,3 +520,46 @@ def test_the_adapted_samplers_take_their_options_by_name(tmp_path: Path) -> None
     assert country.options["interval_rule"] == "literal"
     message = _error(tmp_path, _stream(interval_rule="sometimes"))
     assert 'streams["country"].interval_rule: must be normalized or literal' in message
+
+
+REPORTS_KAFKA: dict[str, Any] = {
+    "bootstrap": "localhost:9092", "trust": "ldp-reports", "report_topic": "reports",
+    "request_topic": "requests", "output_topic": "releases",
+}  # fmt: skip
+
+
+def test_an_ldp_reports_file_reads_reports_and_writes_requests(tmp_path: Path) -> None:
+    """``trust = "ldp-reports"``: the report topic is the flow's input, the request topic one
+    more role; the slot clock of ``privstream clock --config`` follows the request topic."""
+    data = copy.deepcopy(BASE)
+    data["kafka"] = dict(REPORTS_KAFKA)
+    config = load(_write(tmp_path, data))
+    assert config.kafka.trust == "ldp-reports"
+    assert (config.kafka.input_topic, config.kafka.request_topic) == ("reports", "requests")
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda d: d["kafka"].update(input_topic="events"), "kafka.input_topic: an ldp-reports "
+         "server reads no events"),
+        (lambda d: d["kafka"].pop("request_topic"), "kafka.request_topic"),
+        (lambda d: d["kafka"].update(request_topic="reports"), "each role needs its own topic"),
+        (lambda d: d["streams"].append(dict(VISITS)), "ldp-reports runs local-DP families "
+         "only; stream(s) ['visits']"),
+        (lambda d: d["kafka"].update(trust="cdp"), "kafka.trust"),
+    ],
+)  # fmt: skip
+def test_an_ldp_reports_file_refuses_what_would_break_local_dp(
+    tmp_path: Path, change: Callable[[dict[str, Any]], object], expected: str
+) -> None:
+    def reports(data: dict[str, Any]) -> None:
+        data["kafka"] = dict(REPORTS_KAFKA)
+        change(data)
+
+    assert expected in _error(tmp_path, reports)
+
+
+def test_report_topics_are_refused_without_ldp_reports(tmp_path: Path) -> None:
+    message = _error(tmp_path, lambda d: d["kafka"].update(request_topic="requests"))
+    assert 'kafka.request_topic: is read only with trust = "ldp-reports"' in message

@@ -1102,8 +1102,10 @@ def clock(args: argparse.Namespace) -> int:
     if key is None:
         raise ValueError("the clock needs its key: --clock-key-file, $PRIVSTREAM_CLOCK_KEY or "
                          "--secret-file")  # fmt: skip
-    if args.requests is not None:
-        return reports_cli.round_clock(args, _kafka_settings(args), key)
+    requests = reports_cli.request_topic(args)
+    if requests is not None:
+        settings, topic, streams = _clock_target(args)
+        return reports_cli.round_clock(args, key, settings, topic, streams, requests)
     if args.now and args.through is None:
         raise ValueError("--now writes the markers at once through --through: give --through")
     settings, topic, streams = _clock_target(args)

@@ -80,9 +80,9 @@ def kafka_io(args: argparse.Namespace, settings: Any) -> Any:
         settings, args.report_topic, args.output_topic, args.dead_letter_topic,
         args.ledger_topic, until_slot=args.slots, max_event_bytes=args.max_event_bytes,
         stall_warning_seconds=args.stall_warning_seconds,
-        input_topic_recreated=args.input_topic_recreated,
+        input_topic_recreated=args.input_topic_recreated, request_topic=args.request_topic,
     )  # fmt: skip
-    found = require_topics(settings, [*kafka.topics(), args.request_topic])
+    found = require_topics(settings, kafka.topics())
     return kafka.with_partitions(found)
 
 
@@ -95,24 +95,40 @@ def run(args: argparse.Namespace, family: Any, settings: Any, task: Any, secret:
     stream = args.stream or args.dataset
     options = {o.name: getattr(args, o.name) for o in family.options}
     return build_reports(
-        family.name, kafka, args.request_topic, task=task, mechanisms=args.mechanism,
+        family.name, kafka, task=task, mechanisms=args.mechanism,
         users=args.users, epsilon=args.epsilon, window=args.window, stream=stream,
         secret=secret, budget_split=args.budget_split, **options,
     )  # fmt: skip
 
 
-def round_clock(args: argparse.Namespace, settings: Any, key: bytes) -> int:
+def request_topic(args: argparse.Namespace) -> str | None:
+    """The request topic a ``privstream clock`` follows: ``--requests``, or an ``ldp-reports``
+    flow file's; None for the slot clock of an event topic."""
+    if args.requests is not None or args.config is None:
+        return str(args.requests) if args.requests is not None else None
+    from privstream.flows.config import load
+
+    kafka = load(args.config).kafka
+    return kafka.request_topic if kafka.trust == REPORTS else None
+
+
+def round_clock(
+    args: argparse.Namespace,
+    key: bytes,
+    settings: Any,
+    topic: str,
+    streams: list[str],
+    requests: str,
+) -> int:
     """``privstream clock --requests``: the round clock until ``--through`` is done."""
     from privstream.runtime.round_clock import RoundSchedule, run_round_clock
 
-    if not args.topic or not args.stream:
-        raise ValueError("the round clock needs --topic (the report topic) and --stream")
     schedule = RoundSchedule(
-        tuple(args.stream), args.first_slot or 1, args.through,
+        tuple(streams), args.first_slot or 1, args.through,
         0.0 if args.now else args.slot_seconds, args.round_seconds, args.origin,
         args.idle_seconds,
     )  # fmt: skip
-    stats = run_round_clock(settings, args.topic, args.requests, key, schedule)
-    print(f"opened {stats.opened} slots and closed {stats.closed} rounds on {args.topic} "
+    stats = run_round_clock(settings, topic, requests, key, schedule)
+    print(f"opened {stats.opened} slots and closed {stats.closed} rounds on {topic} "
           f"({stats.requests} requests read)", file=sys.stderr)  # fmt: skip
     return 0

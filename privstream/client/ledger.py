@@ -1,18 +1,21 @@
 """The device's own w-event ledger: it refuses whatever would exceed the device's budget.
 
-Per stream the device keeps the ε it was charged at each of its last ``w`` slots, the slot of
-its last report and the division the stream uses. :meth:`Ledger.check` refuses a request when
+Per stream the device keeps the ε it was charged at each of its last ``w`` slots, the requests
+it answered, the slot of its last report and, per mechanism (a request's ``purpose`` names it
+before its first dot: ``LPA.m1``), the slot of its last population-division report.
+:meth:`Ledger.check` refuses a request when
 
 * the device's :class:`Policy` does not accept its oracle, division, window or per-report ε;
-* it is not newer than what the device already answered (an older slot, or a (slot, round)
-  already answered: a replay);
+* it is not newer than what the device already answered (an older slot, or a (slot, round,
+  purpose) already answered: a replay);
 * answering would make ``Σ ε`` over the ``w`` consecutive slots ending at its slot exceed the
-  policy's ε (budget division), or it comes less than ``w`` slots after the stream's last report
-  (population division: at most one report per ``w`` slots), or the stream changes division.
+  policy's ε (every division), or, under population division, it comes less than ``w`` slots
+  after that mechanism's last population report (at most one per ``w`` slots).
 
 Slots only move forward, so the window ending at the request's slot is the only one that can
-overflow: ``Σ ε`` over ANY ``w`` consecutive slots stays ≤ ε whatever the server asks. The
-order is check → charge (persisted, privstream.client.store) → send.
+overflow: ``Σ ε`` over ANY ``w`` consecutive slots stays ≤ ε whatever the server asks, over
+every mechanism and division of the stream together. The order is check → charge (persisted,
+privstream.client.store) → send.
 """
 
 from __future__ import annotations
@@ -124,15 +127,21 @@ def answered_key(request: Slotted) -> str:
     return f"{request.round}/{request.purpose}"
 
 
+def mechanism_of(purpose: str) -> str:
+    """The mechanism a purpose names: the part before its first dot (``LPA.m1`` → ``LPA``)."""
+    return purpose.split(".", 1)[0]
+
+
 @dataclass
 class StreamLedger:
     """One stream: ε charged per slot (the last ``w`` slots), the requests answered per slot
     (``round/purpose``: several mechanisms may ask in one round), last report."""
 
-    division: str
     charges: dict[int, float] = field(default_factory=dict)
     answered: dict[int, list[str]] = field(default_factory=dict)
     last_report: int | None = None
+    populations: dict[str, int] = field(default_factory=dict)
+    """Each mechanism's last population-division report (its slot)."""
 
     def window_sum(self, slot: int, w: int) -> float:
         """``Σ ε`` charged over the ``w`` slots ending at ``slot``."""
@@ -163,18 +172,16 @@ class Ledger:
         stream = self.streams.get(request.stream)
         if stream is None:
             return None
-        if stream.division != request.division:
-            return Refusal(
-                "division", f"stream uses {stream.division!r} division, {request.division!r} asked"
-            )
         last = stream.last_report
         if last is not None and slot < last:
             return Refusal("stale", f"slot {slot} is older than the last report's slot {last}")
         if answered_key(request) in stream.answered.get(slot, []):
             return Refusal("answered", f"slot {slot} round {request.round} already answered")
-        if request.division == "population" and last is not None and slot - last < w:
+        previous = stream.populations.get(mechanism_of(request.purpose))
+        if request.division == "population" and previous is not None and slot - previous < w:
             return Refusal(
-                "window", f"population division: one report per {w} slots, the last at slot {last}"
+                "window",
+                f"population division: one report per {w} slots, the last at slot {previous}",
             )
         spent = stream.window_sum(slot, w)
         if spent + request.epsilon > self.policy.epsilon * (1.0 + RELATIVE_TOLERANCE):
@@ -189,21 +196,23 @@ class Ledger:
         refusal = self.check(request)
         if refusal is not None:
             raise ValueError(f"refused ({refusal.reason}): {refusal.message}")
-        stream = self.streams.setdefault(request.stream, StreamLedger(request.division))
+        stream = self.streams.setdefault(request.stream, StreamLedger())
         slot = request.slot
         stream.charges[slot] = stream.charges.get(slot, 0.0) + float(request.epsilon)
         stream.answered.setdefault(slot, []).append(answered_key(request))
         stream.last_report = slot
+        if request.division == "population":
+            stream.populations[mechanism_of(request.purpose)] = slot
         stream.prune(self.policy.window)
 
     def to_state(self) -> dict[str, Any]:
         """The ledger as JSON-able data (slots as strings, JSON's object keys)."""
         return {
             name: {
-                "division": s.division,
                 "charges": {str(k): v for k, v in sorted(s.charges.items())},
                 "answered": {str(k): v for k, v in sorted(s.answered.items())},
                 "last_report": s.last_report,
+                "populations": dict(sorted(s.populations.items())),
             }
             for name, s in sorted(self.streams.items())
         }
@@ -216,11 +225,12 @@ class Ledger:
             charges = {int(k): float(v) for k, v in s["charges"].items()}
             answered = {int(k): [str(r) for r in v] for k, v in s["answered"].items()}
             last = s["last_report"]
-            if s["division"] not in DIVISIONS or not (last is None or isinstance(last, int)):
+            populations = {str(k): int(v) for k, v in s.get("populations", {}).items()}
+            if not (last is None or isinstance(last, int)):
                 raise ValueError(f"stream {name!r}: malformed ledger entry")
             if any(not (math.isfinite(e) and e >= 0) for e in charges.values()):
                 raise ValueError(f"stream {name!r}: malformed charge")
-            streams[str(name)] = StreamLedger(s["division"], charges, answered, last)
+            streams[str(name)] = StreamLedger(charges, answered, last, populations)
         return cls(policy, streams)
 
 

@@ -101,3 +101,70 @@ def test_server_clock_and_fleet_release_every_slot_and_refuse_every_lie(
     assert first == second
     ids = [json.loads(m.value())["id"] for m in read_all(kafka, t["requests"])]
     assert len(ids) == 2 * SLOTS and len(set(ids)) == SLOTS  # the replay re-published the same
+
+
+FLOW = """
+[kafka]
+bootstrap = "{bootstrap}"
+trust = "ldp-reports"
+report_topic = "{reports}"
+request_topic = "{requests}"
+output_topic = "{releases}"
+dead_letter_topic = "{dlq}"
+ledger_topic = "{ledger}"
+
+[population]
+users = {users}
+epsilon = {epsilon}
+window = {window}
+
+[[streams]]
+name = "country"
+family = "ldp-ids"
+mechanisms = ["LBU", "LPA"]
+budget_split = "equal"
+domain = 2
+share = 0.5
+
+[[streams]]
+name = "device"
+family = "ldp-ids"
+mechanisms = ["LBA"]
+domain = 2
+share = 0.5
+"""
+
+
+def test_a_flow_file_serves_two_streams_and_the_clock_follows_its_request_topic(
+    kafka: KafkaSettings, secret_file: Path, tmp_path: Path
+) -> None:
+    """``privstream run --config`` and ``privstream clock --config`` of an ``ldp-reports``
+    file: every stream and mechanism releases every slot; each device's own ledger (ε per w
+    over all streams) never refuses the server's requests, whose shares sum to ε."""
+    t = _topics(kafka)
+    flow = tmp_path / "flow.toml"
+    flow.write_text(FLOW.format(bootstrap=kafka.bootstrap, users=USERS, epsilon=EPS, window=W,
+                                **t))  # fmt: skip
+    slots = 3
+    server = subprocess.Popen([*PRIVSTREAM, "run", "--config", str(flow), "--slots", str(slots),
+                               "--secret-file", str(secret_file)], env=cli_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    fleet = subprocess.Popen([
+        *PRIVSTREAM, "devices", "--bootstrap", kafka.bootstrap, "--request-topic",
+        t["requests"], "--report-topic", t["reports"], "--dataset", "sin", "--users",
+        str(USERS), "--slots", str(slots), "--epsilon", str(EPS), "--window", str(W),
+        "--idle-seconds", "40",
+    ], env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    clock = subprocess.run([
+        *PRIVSTREAM, "clock", "--config", str(flow), "--now", "--through", str(slots),
+        "--round-seconds", "3", "--idle-seconds", "8", "--secret-file", str(secret_file),
+    ], env=cli_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert clock.returncode == 0, clock.stderr[-2000:]
+    _, err = server.communicate(timeout=120)
+    assert server.returncode == 0, err[-3000:]
+    _, fleet_err = fleet.communicate(timeout=120)
+    releases = {json.loads(m.value())["release_id"] for m in read_all(kafka, t["releases"])}
+    assert releases == {f"{s}/{m}/{slot}" for s, ms in (("country", ("LBU", "LPA")),
+                                                         ("device", ("LBA",)))
+                        for m in ms for slot in range(1, slots + 1)}  # fmt: skip
+    assert "refused by the device ledger: 0 " in fleet_err, fleet_err
