@@ -105,11 +105,12 @@ class RoundBook:
         return out
 
     def used_in_window(self, lane: str, window: int) -> int:
-        """Devices that reported to ``lane``'s population-division requests in the ``w − 1``
-        slots before this one: they cannot report again in this window (their own ledgers
+        """Devices that reported to ``lane``'s population-division requests in the window
+        ending at this slot (the ``w − 1`` slots before it and this slot's closed rounds, e.g.
+        LPD's M1 before its M2): they cannot report again in this window (their own ledgers
         refuse), so the selection rate is ``k`` over the others."""
         low = self.slot - window + 1
-        return sum(n for s, n in self.used.get(lane, {}).items() if low <= s < self.slot)
+        return sum(n for s, n in self.used.get(lane, {}).items() if low <= s <= self.slot)
 
     def accept(self, reports: list[Report]) -> None:
         for report in reports:

@@ -78,7 +78,9 @@ def run_reports(
 ) -> ReportsRun:
     """Run ``mechanisms`` over ``slots`` slots with ``fleet.users`` simulated devices holding
     ``source``'s values (device ``i`` is user ``i``); ``device_seed`` makes the devices'
-    randomness reproducible (None: the OS CSPRNG, as real devices)."""
+    randomness reproducible (None: the OS CSPRNG, as real devices). A report the fleet holds
+    back (``FleetConfig.late``) reaches the server after its round's marker, whichever of the
+    round's requests it answers; the last round's after the last slot."""
     key = NoiseKey.coerce(secret)
     plan = ReportsPlan.of(
         make_plan("reports", mechanisms, task, fleet.users, key, split=split), partitions=1
@@ -87,16 +89,21 @@ def run_reports(
     factory = seeded_devices(device_seed) if device_seed is not None else None
     devices = Fleet(fleet, source, factory) if factory else Fleet(fleet, source)
     clock_key, run = key.clock_key(), ReportsRun(fleet=devices)
+    late: list[str] = []  # reports the fleet held back: written after their round's marker
     for t in range(1, slots + 1):
         pending = _server(logic, run, [Close(stream, t, 0).signed(clock_key)])
         while pending:
-            started, lines = time.perf_counter(), []
+            started, lines, late = time.perf_counter(), late, []
             for request in pending:
                 lines += [m for _key, m in devices.receive(request.to_json())]
+                late += [m for _key, m in devices.flush()]  # not before the round closes
             run.fleet_seconds += time.perf_counter() - started
             run.reports += len(lines)
             closes = [Close(stream, t, r.round).signed(clock_key) for r in pending[:1]]
             pending = _server(logic, run, [decode_message(m) for m in lines] + closes)
+    if late:  # the last round's, written when the fleet stops
+        run.reports += len(late)
+        _server(logic, run, [decode_message(m) for m in late])
     return run
 
 
