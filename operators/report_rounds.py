@@ -143,6 +143,15 @@ class ReportRoundsLogic(SlottedLogic):
             if (book.slot, book.round) != was and book.held:
                 queue, book.held = book.held + queue, []
 
+    def _state_for(self, stream: str) -> StreamState:
+        """The stream's state, without the simulated clients' per-user state (CGM's noise
+        chains live on the devices, never here)."""
+        fresh = self.state is None
+        state = super()._state_for(stream)
+        if fresh:
+            state.clients = {}
+        return state
+
     def on_eof(self) -> tuple[Iterable[Output], bool]:
         return [], StatefulBatchLogic.RETAIN  # the stream goes on: open rounds stay open
 

@@ -62,6 +62,9 @@ class ReportsRun:
     server_seconds: float = 0.0
     fleet_seconds: float = 0.0
     fleet: Fleet | None = None
+    server: ReportRoundsLogic | None = None
+    inputs: list[str] = field(default_factory=list)
+    """Every report-topic message the server read (reports and round markers), as written."""
 
 
 def run_reports(
@@ -88,7 +91,7 @@ def run_reports(
     logic = ReportRoundsLogic("reports", plan, None)
     factory = seeded_devices(device_seed) if device_seed is not None else None
     devices = Fleet(fleet, source, factory) if factory else Fleet(fleet, source)
-    clock_key, run = key.clock_key(), ReportsRun(fleet=devices)
+    clock_key, run = key.clock_key(), ReportsRun(fleet=devices, server=logic)
     late: list[str] = []  # reports the fleet held back: written after their round's marker
     for t in range(1, slots + 1):
         pending = _server(logic, run, [Close(stream, t, 0).signed(clock_key)])
@@ -109,6 +112,7 @@ def run_reports(
 
 def _server(logic: ReportRoundsLogic, run: ReportsRun, messages: list[Any]) -> list[Request]:
     """One call of the server stage; its requests (decoded as a device reads them)."""
+    run.inputs += [m.to_json() for m in messages]
     started = time.perf_counter()
     out, _ = logic.on_batch([(0, m) for m in messages])
     run.server_seconds += time.perf_counter() - started
