@@ -440,6 +440,8 @@ def _kafka_tools(commands: Any) -> None:
     )  # fmt: skip
     _kafka_flags(create)
     _topic_flags(create, input_required=False)
+    create.add_argument("--report-topic", help="ldp-reports: the devices' reports (an input)")
+    create.add_argument("--request-topic", help="ldp-reports: the server's requests")
     create.add_argument("--partitions", type=_positive_int, default=1)
     create.add_argument("--replication", type=_positive_int, default=1)
 
@@ -1052,8 +1054,8 @@ def topics_create(args: argparse.Namespace) -> int:
     from privstream.connectors.kafka import RELEASE_TOPIC_CONFIG, TopicSpec, create_topics
 
     settings, topics, extra = _topics_to_create(args)
-    inputs, outputs, dead_letters, ledger = topics
-    roles = [(inputs, {}), (outputs, RELEASE_TOPIC_CONFIG), (dead_letters, {}),
+    inputs, outputs, dead_letters, ledger, requests = topics
+    roles = [(inputs, {}), (requests, {}), (outputs, RELEASE_TOPIC_CONFIG), (dead_letters, {}),
              (ledger, RELEASE_TOPIC_CONFIG), *((name, RELEASE_TOPIC_CONFIG) for name in extra)]  # fmt: skip
     specs = [
         TopicSpec(name, args.partitions, args.replication, config) for name, config in roles if name
@@ -1069,9 +1071,14 @@ def topics_create(args: argparse.Namespace) -> int:
 def _topics_to_create(
     args: argparse.Namespace,
 ) -> tuple[Any, tuple[str | None, ...], list[str]]:
-    """The settings, the (input, output, dead-letter, ledger) topics and the extra outputs'
-    topics of ``topics create``: the flow file's (``--config``) or the flags'."""
-    named = (args.input_topic, args.output_topic, args.dead_letter_topic, args.ledger_topic)
+    """The settings, the (input, output, dead-letter, ledger, request) topics and the extra
+    outputs' topics of ``topics create``: the flow file's (``--config``) or the flags'
+    (``ldp-reports``: the report topic is the input)."""
+    if args.input_topic and args.report_topic:
+        raise ValueError("--report-topic is an ldp-reports server's input: give it or "
+                         "--input-topic, not both")  # fmt: skip
+    named = (args.input_topic or args.report_topic, args.output_topic, args.dead_letter_topic,
+             args.ledger_topic, args.request_topic)  # fmt: skip
     if args.config is None:
         if not (args.bootstrap or os.environ.get("PRIVSTREAM_BOOTSTRAP")):
             raise ValueError("topics create needs --bootstrap (or $PRIVSTREAM_BOOTSTRAP) or "
@@ -1084,7 +1091,8 @@ def _topics_to_create(
     from privstream.flows.streams import kafka_io
 
     kafka = kafka_io(load(args.config))
-    topics = (kafka.input_topic, kafka.output_topic, kafka.dead_letter_topic, kafka.ledger_topic)
+    topics = (kafka.input_topic, kafka.output_topic, kafka.dead_letter_topic, kafka.ledger_topic,
+              kafka.request_topic)  # fmt: skip
     return kafka.settings, topics, list(kafka.extra_topics.values())
 
 

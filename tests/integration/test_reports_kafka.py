@@ -24,7 +24,7 @@ from privstream.connectors.kafka import (
     create_topics,
 )
 from privstream.mechanisms.oracles import GRR
-from tests.integration.conftest import PRIVSTREAM, cli_env, read_all
+from tests.integration.conftest import PRIVSTREAM, cli_env, read_all, run_cli
 
 USERS, SLOTS, W, EPS, LIARS = 400, 5, 5, 2.0, 8
 
@@ -143,10 +143,13 @@ def test_a_flow_file_serves_two_streams_and_the_clock_follows_its_request_topic(
     file: every stream and mechanism releases every slot; each device's own ledger (ε per w
     over all streams) refuses none of the server's requests for budget (their shares sum to
     ε), only population-division asks of devices that already reported in the window."""
-    t = _topics(kafka)
+    tag = uuid.uuid4().hex[:8]
+    t = {k: f"{k}-{tag}" for k in ("reports", "requests", "releases", "dlq", "ledger")}
     flow = tmp_path / "flow.toml"
     flow.write_text(FLOW.format(bootstrap=kafka.bootstrap, users=USERS, epsilon=EPS, window=W,
                                 **t))  # fmt: skip
+    created = run_cli("topics", "create", "--config", str(flow), "--partitions", "2")
+    assert all(f"{name}: created" in created.stdout for name in t.values()), created.stdout
     slots = 3
     server = subprocess.Popen([*PRIVSTREAM, "run", "--config", str(flow), "--slots", str(slots),
                                "--secret-file", str(secret_file)], env=cli_env(),
