@@ -548,3 +548,21 @@ def test_ctrl_c_stops_a_bounded_run_with_one_line_and_the_resume_is_exact(
     assert main([*argv_whole, "--out", str(whole)]) == 0
     assert out.read_bytes() == whole.read_bytes()
     assert [r["slot"] for r in read(out)] == list(range(1, 301))
+
+
+def test_an_ldp_reports_server_reads_no_events_and_runs_local_dp_only(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--trust ldp-reports``: an event topic is refused (a server reading raw events is not
+    local DP), the report, request and output topics are required, and a central-DP family
+    is refused (its curator sees raw values)."""
+    base = ["run", "ldp-ids", "--trust", "ldp-reports", "--bootstrap", "127.0.0.1:1"]
+    assert main([*base, "--input-topic", "events", "--report-topic", "r", "--request-topic",
+                 "q", "--output-topic", "o"]) == 2  # fmt: skip
+    assert "the server reads no events" in capsys.readouterr().err
+    assert main([*base, "--report-topic", "r"]) == 2
+    assert "needs --request-topic, --output-topic" in capsys.readouterr().err
+    assert main([*base, "--report-topic", "r", "--request-topic", "r", "--output-topic", "o"]) == 2
+    assert "must be two topics" in capsys.readouterr().err
+    assert main(["run", "personalized", "--trust", "ldp-reports"]) == 2
+    assert "the personalized family runs as cdp" in capsys.readouterr().err

@@ -213,8 +213,7 @@ def _run_flags(p: argparse.ArgumentParser, family: Family) -> None:
     )
     _family_flags(p, family)
     _output_flags(p)
-    if family.local:
-        reports_cli.add_run_flags(p)
+    reports_cli.add_run_flags(p)
     _extra_output_flags(p, family)
     _service_flags(p)
 
