@@ -156,7 +156,6 @@ class NoiseKey:
         h.update(b"slot clock")
         return h.digest()
 
-
     def selection_key(self) -> bytes:
         """The key of ``ldp-reports``' population selections (``protocol.derive_salt``): a
         PRF output under its own label, so who a later round asks cannot be told in advance
