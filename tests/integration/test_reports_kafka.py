@@ -176,3 +176,43 @@ def test_a_flow_file_serves_two_streams_and_the_clock_follows_its_request_topic(
     # mechanism in the window: their own ledgers refuse ("window"); nothing else is refused
     refused = re.search(r"refused by the device ledger: \d+ \((.*)\)", fleet_err)
     assert refused is not None and set(re.findall(r"(\w+): \d+", refused[1])) <= {"window"}
+
+
+def test_cgm_runs_on_devices_from_the_command_line(kafka: KafkaSettings, secret_file: Path) -> None:
+    """``privstream run cgm --trust ldp-reports`` with a fleet of CGM devices (each its own
+    noise chain and μ² ledger): every slot is released with the mean of the reports and its
+    standard error, within a few standard errors of the devices' true mean."""
+    t = _topics(kafka)
+    users, slots = 300, 4
+    server = subprocess.Popen([
+        *PRIVSTREAM, "run", "cgm", "--trust", "ldp-reports", "--mechanism", "CGM",
+        "--dataset", "sine", "--users", str(users), "--window", str(slots), "--epsilon", "4",
+        "--slots", str(slots), "--bootstrap", kafka.bootstrap, "--report-topic", t["reports"],
+        "--request-topic", t["requests"], "--output-topic", t["releases"],
+        "--dead-letter-topic", t["dlq"], "--secret-file", str(secret_file),
+    ], env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    fleet = subprocess.Popen([
+        *PRIVSTREAM, "devices", "--bootstrap", kafka.bootstrap, "--request-topic",
+        t["requests"], "--report-topic", t["reports"], "--dataset", "sine", "--users",
+        str(users), "--slots", str(slots), "--epsilon", "4", "--window", str(slots),
+        "--idle-seconds", "40",
+    ], env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    clock = subprocess.run([
+        *PRIVSTREAM, "clock", "--requests", t["requests"], "--topic", t["reports"],
+        "--stream", "sine", "--now", "--through", str(slots), "--round-seconds", "3",
+        "--idle-seconds", "6", "--bootstrap", kafka.bootstrap, "--secret-file", str(secret_file),
+    ], env=cli_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert clock.returncode == 0, clock.stderr[-2000:]
+    _, err = server.communicate(timeout=120)
+    assert server.returncode == 0, err[-3000:]
+    _, fleet_err = fleet.communicate(timeout=120)
+    assert "refused by the device ledger: 0 " in fleet_err, fleet_err
+    releases = [json.loads(m.value()) for m in read_all(kafka, t["releases"])]
+    assert [r["slot"] for r in releases] == list(range(1, slots + 1))
+    source = synthetic_dataset("sine", users, slots, 0)
+    for release in releases:
+        truth = float(np.mean(source.values(release["slot"])))
+        se = release["details"]["stderr"][0]
+        assert release["details"]["reports"] == users and se > 0
+        # the clipped mean moves from the raw one by at most the bound C per slot: 6 SE + C
+        assert abs(release["estimate"][0] - truth) < 6 * se + 0.05 * release["slot"], release
