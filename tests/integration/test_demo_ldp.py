@@ -47,7 +47,7 @@ def test_demo_ldp_runs_real_local_dp_end_to_end(tmp_path: Path) -> None:
     done = run_cli(
         "demo-ldp", "--out", str(out), "--users", str(USERS), "--slots", str(SLOTS),
         "--window", str(W), "--epsilon", str(EPS), "--liars", str(LIARS), "--seed", str(SEED),
-        "--round-seconds", "1.5", timeout=240,
+        "--round-seconds", "2", timeout=240,
     )  # fmt: skip
     assert "[1/6] embedded broker (Tansu)" in done.stderr
     assert f"[5/6] slot {SLOTS}/{SLOTS} released by all 7 mechanisms" in done.stderr
