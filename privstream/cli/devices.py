@@ -1,23 +1,36 @@
 """``privstream devices``: a simulated fleet of devices answering ``ldp-reports`` requests
-(``privstream.runtime.fleet``)."""
+(``privstream.runtime.fleet``), over Kafka (``--request-topic``/``--report-topic``) or over
+HTTP through the gateway (``--gateway URL``, ``privstream.runtime.fleet_http``)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from privstream.runtime.fleet import Fleet
 
 
 def add_parser(commands: Any, kafka_flags: Any) -> None:
     """Register ``devices`` with the Kafka flags ``kafka_flags(parser)`` adds."""
     p = commands.add_parser(
         "devices",
-        help="simulate devices: answer requests from a topic through the device library",
+        help="simulate devices: answer requests from a topic, or from the HTTP gateway, "
+        "through the device library",
     )
-    kafka_flags(p, required=True)
-    p.add_argument("--request-topic", required=True, help="the server's requests")
-    p.add_argument("--report-topic", required=True, help="where the devices' reports go")
+    kafka_flags(p)
+    p.add_argument("--request-topic", help="Kafka: the server's requests")
+    p.add_argument("--report-topic", help="Kafka: where the devices' reports go")
+    p.add_argument(
+        "--gateway", metavar="URL",
+        help="HTTP instead of Kafka: poll URL/v1/requests and post to URL/v1/reports "
+        "(privstream gateway); no topic or Kafka flag then",
+    )  # fmt: skip
+    p.add_argument(
+        "--poll-seconds", type=float, default=0.2, help="--gateway: seconds between polls"
+    )  # fmt: skip
     p.add_argument("--dataset", default="lns", help="synthetic dataset of the devices' values")
     p.add_argument("--users", type=int, default=100, help="devices 0..N-1 (default 100)")
     p.add_argument("--slots", type=int, default=100, help="the dataset's slots (default 100)")
@@ -44,24 +57,64 @@ def add_parser(commands: Any, kafka_flags: Any) -> None:
     p.add_argument("--max-requests", type=int, help="stop after this many requests")
 
 
+def check_transport(args: argparse.Namespace) -> None:
+    """Exactly one transport: ``--gateway``, or both topics over Kafka (``ValueError``)."""
+    topics = [f for f, v in (("--request-topic", args.request_topic),
+                             ("--report-topic", args.report_topic)) if v]  # fmt: skip
+    if args.gateway is not None:
+        kafka = topics + (["--bootstrap"] if args.bootstrap else [])
+        kafka += ["--kafka-config"] if args.kafka_config else []
+        if kafka:
+            raise ValueError(f"--gateway is the transport: leave out {', '.join(kafka)}")
+        if args.poll_seconds <= 0:
+            raise ValueError(f"--poll-seconds must be > 0, got {args.poll_seconds}")
+    elif len(topics) < 2:
+        raise ValueError("give --gateway URL, or --request-topic and --report-topic (Kafka)")
+
+
 def run(args: argparse.Namespace) -> int:
     """Answer requests until idle; print the stats on stderr (counts only)."""
     from privstream.connectors.datasets import synthetic_dataset
-    from privstream.connectors.kafka import KafkaSettings, require_topics
-    from privstream.runtime.fleet import Fleet, FleetConfig, run_fleet
+    from privstream.runtime.fleet import Fleet, FleetConfig
 
-    settings = KafkaSettings.from_options(args.bootstrap, args.kafka_config)
-    require_topics(settings, [args.request_topic, args.report_topic])
+    check_transport(args)
     config = FleetConfig(
         args.users, args.epsilon, args.window, args.dropout, args.late, args.liars,
         args.flood, args.store_dir, args.seed, args.delta, args.mu,
     )  # fmt: skip
     fleet = Fleet(config, synthetic_dataset(args.dataset, args.users, args.slots, args.seed))
+    lines = _over_http(args, fleet) if args.gateway else _over_kafka(args, fleet)
+    for line in lines:
+        print(line, file=sys.stderr)
+    return 0
+
+
+def _over_kafka(args: argparse.Namespace, fleet: Fleet) -> list[str]:
+    from privstream.connectors.kafka import KafkaSettings, require_topics
+    from privstream.runtime.fleet import run_fleet
+
+    settings = KafkaSettings.from_options(args.bootstrap, args.kafka_config)
+    require_topics(settings, [args.request_topic, args.report_topic])
     try:
         stats = run_fleet(fleet, settings, args.request_topic, args.report_topic,
                           idle_seconds=args.idle_seconds, max_requests=args.max_requests)  # fmt: skip
     except KeyboardInterrupt:
         stats = fleet.stats
-    for line in stats.lines():
-        print(line, file=sys.stderr)
-    return 0
+    return stats.lines()
+
+
+def _over_http(args: argparse.Namespace, fleet: Fleet) -> list[str]:
+    import asyncio
+    import contextlib
+
+    from privstream.extras import require
+
+    require("gateway", ("aiohttp",), "privstream devices --gateway")
+    from privstream.runtime.fleet_http import HttpStats, base_url, run_http_fleet
+
+    http = HttpStats()
+    main = run_http_fleet(fleet, base_url(args.gateway), http, idle_seconds=args.idle_seconds,
+                          max_requests=args.max_requests, poll_seconds=args.poll_seconds)  # fmt: skip
+    with contextlib.suppress(KeyboardInterrupt):  # stopped: the counts so far
+        asyncio.run(main)
+    return fleet.stats.lines() + http.lines()
