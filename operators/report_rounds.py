@@ -25,8 +25,9 @@ requests (their ids are digests, so devices and the server recognise them).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,17 +98,18 @@ class ReportRoundsLogic(SlottedLogic):
     def on_batch(self, values: list[ReportItem]) -> tuple[Iterable[Output], bool]:  # type: ignore[override]
         out: list[Output] = []
         notes = Notes()
-        for partition, item in values:
-            state = self._state_for(item.stream)
+        for partition, items in _runs(values):
+            state = self._state_for(items[0].stream)
             book = self._book(state)
             if state.all_halted():
-                out.append(_dead(STREAM_HALTED, item, "; ".join(state.halted.values())))
+                why = "; ".join(state.halted.values())
+                out.extend(_dead(STREAM_HALTED, item, why) for item in items)
                 continue
             try:
-                if isinstance(item, Close):
-                    self._marker(state, book, partition, item, out, notes)
+                if isinstance(items[0], Close):
+                    self._marker(state, book, partition, items[0], out, notes)
                 else:
-                    self._report(book, partition, item, out)
+                    self._reports(book, partition, items, out)
             except Exception as exc:  # a broken stream halts; the process serves the others
                 self._halt_all(state, book, f"report rounds failed: {failure(exc)}", out)
         self.publish(notes)
@@ -121,6 +123,20 @@ class ReportRoundsLogic(SlottedLogic):
             state.protocol = RoundBook.fresh(self.setup.window, len(self.mechanisms))
         book: RoundBook = state.protocol
         return book
+
+    def _reports(
+        self, book: RoundBook, partition: int, reports: list[Report], out: list[Output]
+    ) -> None:
+        """Check consecutive reports of one partition; accept each into its request's
+        collection or dead-letter it. Each is judged on itself (``check_reports``), so one call
+        for the whole run gives what one call per report gives, in a fraction of the time."""
+        if partition in book.closed_parts:  # late reports of the open round: one by one
+            for report in reports:
+                self._report(book, partition, report, out)
+            return
+        accepted, dead = check_reports(reports, book.open_requests(), book.seen)
+        book.accept(accepted)
+        out.extend(("dead_letter", d) for d in dead)
 
     def _report(self, book: RoundBook, partition: int, report: Report, out: list[Output]) -> None:
         """Check one report; accept it into its request's collection or dead-letter it."""
@@ -229,6 +245,18 @@ class ReportRoundsLogic(SlottedLogic):
         for name in self.mechanisms:
             if name not in state.halted:
                 self.runner.halt(state, name, book.slot, reason, False, out)
+
+
+def _runs(values: list[ReportItem]) -> Iterator[tuple[int, list[Report] | list[Close]]]:
+    """``values`` cut into runs: consecutive reports of one partition, and each marker alone."""
+    for (partition, marker), group in itertools.groupby(
+        values, key=lambda v: (v[0], isinstance(v[1], Close))
+    ):
+        items = [item for _, item in group]
+        if marker:
+            yield from ((partition, [m]) for m in items)  # type: ignore[misc]
+        else:
+            yield partition, items  # type: ignore[misc]
 
 
 def _dead(reason: str, item: Report | Close, detail: str) -> Output:
