@@ -34,8 +34,9 @@ def test_bench_reports_runs_every_section_and_the_counts_add_up(
         r = row[oracle]
         assert r["reports_per_second"] == 300 / r["seconds"]
         assert r["ratio_to_events"] == r["reports_per_second"] / events
+        assert r["cpu_ratio_to_events"] == row["events"]["cpu_s"] / r["cpu_s"]
         assert r["seconds"] == pytest.approx(r["open_s"] + r["reports_s"] + r["close_s"])
-        assert set(r["us_per_report"]) == {"open", "reports", "close", "seconds"}
+        assert set(r["us_per_report"]) == {"open", "reports", "close", "seconds", "cpu"}
 
     kafka = result["kafka"]
     assert (kafka["n"], kafka["oracle"], len(kafka["runs"])) == (500, "GRR", 1)

@@ -150,36 +150,36 @@ def feed(logic: ReportRoundsLogic, partition: int, lines: list[bytes]) -> list[t
     return emitted
 
 
-def _open(logic: ReportRoundsLogic, clock_key: bytes, t: int) -> tuple[Request, float]:
-    """Open slot ``t``: its one request and the seconds the server stage took."""
-    started = time.perf_counter()
+def _open(logic: ReportRoundsLogic, clock_key: bytes, t: int) -> tuple[Request, float, float]:
+    """Open slot ``t``: its one request, and the seconds and thread CPU seconds it took."""
+    started, cpu = time.perf_counter(), time.thread_time()
     out, _ = logic.on_batch([(0, Close(STREAM, t, 0).signed(clock_key))])
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, time.thread_time() - cpu
     requests = [item for kind, item in out if kind == "request"]
     if len(requests) != 1:
         raise RuntimeError(f"slot {t} asked {len(requests)} requests, expected 1")
-    return requests[0], seconds
+    return requests[0], seconds, cpu
 
 
 def reports_slot(logic: ReportRoundsLogic, key: NoiseKey, t: int, n: int) -> dict[str, Any]:
     """One round of ``n`` reports through the server stage (module docstring, 1.); seconds
-    of its parts (report generation excluded)."""
+    of its parts and thread CPU seconds in all (report generation excluded)."""
     clock_key = key.clock_key()
-    request, open_s = _open(logic, clock_key, t)
+    request, open_s, open_cpu = _open(logic, clock_key, t)
     lines = report_lines(request, n, np.random.default_rng(t))
     close = Close(STREAM, t, request.round).signed(clock_key).to_json().encode()
-    started, dead = time.perf_counter(), 0
+    started, cpu, dead = time.perf_counter(), time.thread_time(), 0
     for k in range(0, n, POLL):
         dead += sum(kind == "dead_letter" for kind, _ in feed(logic, 0, lines[k : k + POLL]))
     mid = time.perf_counter()
     out = feed(logic, 0, [close])
-    done = time.perf_counter()
+    done, cpu = time.perf_counter(), open_cpu + time.thread_time() - cpu
     released = sum(kind == "release" for kind, _ in out)
     if dead or released != 1:
         raise RuntimeError(f"slot {t}: {dead} dead letters and {released} releases")
     total = open_s + done - started
     return {"seconds": total, "open_s": open_s, "reports_s": mid - started, "close_s": done - mid,
-            "reports_per_second": n / total}  # fmt: skip
+            "cpu_s": cpu, "reports_per_second": n / total}  # fmt: skip
 
 
 def events_logic(n: int, key: NoiseKey) -> SlottedLogic:
@@ -196,7 +196,7 @@ def events_slot(logic: SlottedLogic, source: Any, t: int, offset: int) -> dict[s
     in polls of ``POLL`` (message generation excluded)."""
     messages = slot_messages(source, STREAM, t)
     parse = 0.0
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.thread_time()
     for k in range(0, len(messages), POLL):
         poll = messages[k : k + POLL]
         t0 = time.perf_counter()
@@ -205,9 +205,9 @@ def events_slot(logic: SlottedLogic, source: Any, t: int, offset: int) -> dict[s
         if not all(isinstance(item, EventBatch) for item in parsed):
             raise RuntimeError("the benchmark's own events produced dead letters")
         logic.on_batch(parsed)  # type: ignore[arg-type]
-    total = time.perf_counter() - started
+    total, cpu = time.perf_counter() - started, time.thread_time() - cpu
     n = len(messages) - 1
-    return {"seconds": total, "parse_s": parse, "slotting_s": total - parse,
+    return {"seconds": total, "parse_s": parse, "slotting_s": total - parse, "cpu_s": cpu,
             "events_per_second": n / total}  # fmt: skip
 
 
@@ -217,7 +217,8 @@ def _medians(runs: list[dict[str, Any]]) -> dict[str, float]:
 
 def server_stage(n: int, slots: int) -> dict[str, Any]:
     """Section 1 at ``n`` devices: the raw events' rate, then each oracle's reports' rate and
-    its ratio to the events' (medians of ``slots`` timed slots after one warm-up slot)."""
+    its ratio to the events' (medians of ``slots`` timed slots after one warm-up slot), by
+    wall time and by thread CPU time (steadier on a shared machine)."""
     key = _key()
     source = synthetic_dataset("sin", n, slots + 1, 1)
     events = events_logic(n, key)
@@ -228,8 +229,9 @@ def server_stage(n: int, slots: int) -> dict[str, Any]:
         runs = [reports_slot(logic, key, t, n) for t in range(1, slots + 2)]
         row: dict[str, Any] = {"runs": runs[1:], **_medians(runs[1:])}
         row["ratio_to_events"] = row["reports_per_second"] / out["events"]["events_per_second"]
+        row["cpu_ratio_to_events"] = out["events"]["cpu_s"] / row["cpu_s"]  # same n
         row["us_per_report"] = {k.removesuffix("_s"): 1e6 * row[k] / n
-                                for k in ("open_s", "reports_s", "close_s", "seconds")}  # fmt: skip
+                                for k in ("open_s", "reports_s", "close_s", "seconds", "cpu_s")}  # fmt: skip
         out[oracle] = row
     BOARD.clear()
     return out
@@ -305,7 +307,7 @@ def kafka_round(settings: KafkaSettings, n: int) -> dict[str, Any]:
     and by the server stage's source into the stage (module docstring, 2.)."""
     key = _key()
     logic = reports_logic(n, "GRR", key)
-    request, _ = _open(logic, key.clock_key(), 1)
+    request, _, _ = _open(logic, key.clock_key(), 1)
     lines = report_lines(request, n, np.random.default_rng(1))
     lines.append(Close(STREAM, 1, request.round).signed(key.clock_key()).to_json().encode())
     topic = _topic(settings, "bench-reports")
@@ -572,19 +574,21 @@ def _broker(settings: KafkaSettings | None) -> Iterator[tuple[KafkaSettings, str
 def format_reports(result: dict[str, Any]) -> str:
     """The summary tables of every section that ran."""
     lines = [f"ldp-reports throughput ({result['cpus']} CPUs; LBU, ε = {EPSILON}, w = {WINDOW}, "
-             f"d = {D}; polls of {POLL:,})", "", "1. server stage (median of the timed slots)",
-             f"{'n':>8} {'path':6} {'per s':>11} {'µs each':>8} {'ratio':>6}   breakdown µs "
-             "(open / reports / close; events: parse / slotting)"]  # fmt: skip
+             f"d = {D}; polls of {POLL:,})", "", "1. server stage (median of the timed slots; "
+             "ratios to the raw events' rate by wall time, then by thread CPU time)",
+             f"{'n':>8} {'path':6} {'per s':>11} {'µs each':>8} {'ratio':>6} {'CPU µs':>7} "
+             f"{'ratio':>6}   breakdown µs (open / reports / close; events: parse / slotting)"]  # fmt: skip
     for row in result["server_stage"]:
         n, ev = row["n"], row["events"]
         lines.append(f"{n:8,} {'events':6} {ev['events_per_second']:11,.0f} "
-                     f"{1e6 * ev['seconds'] / n:8.2f} {1:6.2f}   {1e6 * ev['parse_s'] / n:.2f} "
-                     f"/ {1e6 * ev['slotting_s'] / n:.2f}")  # fmt: skip
+                     f"{1e6 * ev['seconds'] / n:8.2f} {1:6.2f} {1e6 * ev['cpu_s'] / n:7.2f} "
+                     f"{1:6.2f}   {1e6 * ev['parse_s'] / n:.2f} / {1e6 * ev['slotting_s'] / n:.2f}")  # fmt: skip
         for oracle in ORACLES:
             r, us = row[oracle], row[oracle]["us_per_report"]
             lines.append(f"{n:8,} {oracle:6} {r['reports_per_second']:11,.0f} {us['seconds']:8.2f} "
-                         f"{r['ratio_to_events']:6.2f}   {us['open']:.2f} / {us['reports']:.2f} "
-                         f"/ {us['close']:.2f}")  # fmt: skip
+                         f"{r['ratio_to_events']:6.2f} {us['cpu']:7.2f} "
+                         f"{r['cpu_ratio_to_events']:6.2f}   {us['open']:.2f} / "
+                         f"{us['reports']:.2f} / {us['close']:.2f}")  # fmt: skip
     return "\n".join(
         lines + _format_kafka(result) + _format_gateway(result) + _format_fleet(result)
     )
