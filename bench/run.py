@@ -36,8 +36,15 @@
    spec's table, H8 a timed long run at k = 10,000, H9 the privacy-loss table (when present),
    H10 scaled down, and one k = 10,000 slot of 10⁶ records (``--no-dpi`` skips it).
 
+9. ldp-reports throughput (issue 23, ``privstream bench reports``): reports per second through
+   the server stage against raw events through the slotted operator (n = 10⁴ and 10⁵; GRR, OUE,
+   OLH), through a report topic into the server stage, through ``privstream gateway``, and the
+   simulated fleet's devices per second (``--no-reports`` skips it, ``--reports-only`` runs just
+   this).
+
 Writes everything to bench/results/latest.json (override with --out; --cgm-only writes
-bench/results/cgm.json, --state-only bench/results/state.json) and prints a summary.
+bench/results/cgm.json, --state-only bench/results/state.json, --reports-only
+bench/results/reports.json) and prints a summary.
 """
 
 from __future__ import annotations
@@ -77,6 +84,7 @@ from privstream.experiments.paper_results import (
     PAPER_TABLE2_BITS,
     SPEC_CROSSCHECK_MRE,
 )
+from privstream.experiments.reports_bench import bench_reports, format_reports
 from privstream.experiments.scores import Run, reductions
 from privstream.families.registry import CGM, LDP_IDS, PERSONALIZED
 from privstream.mechanisms.cgm import CgmClients, CgmConfig, CgmMechanism, grid_steps
@@ -810,8 +818,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--state-only", action="store_true", help="run only the state section (7), to state.json"
     )
+    parser.add_argument(
+        "--no-reports", action="store_true", help="skip the ldp-reports section (9)"
+    )
+    parser.add_argument(
+        "--reports-only", action="store_true",
+        help="run only the ldp-reports section (9), to reports.json",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     progress = not args.no_progress
+    if args.reports_only:
+        started = time.perf_counter()
+        record = {"quick": args.quick, "reports": run_reports(args.quick)}
+        return write_record(args.out or RESULTS / "reports.json", record, started)
     if args.cgm_only:
         started = time.perf_counter()
         record = {"quick": args.quick, "cgm": run_cgm(args.quick, progress)}
@@ -910,6 +929,8 @@ def main(argv: list[str] | None = None) -> int:
         dpi = dpi_bench.run(dpi_bench.QUICK if args.quick else dpi_bench.FULL, log)
         print("\n" + dpi_bench.format_result(dpi))
 
+    reports = None if args.no_reports else run_reports(args.quick, kafka=not args.no_kafka)
+
     record = {
         "quick": args.quick,
         "default": default,
@@ -922,8 +943,26 @@ def main(argv: list[str] | None = None) -> int:
         "cgm": cgm,
         "state": state,
         "dpi": dpi,
+        "reports": reports,
     }
     return write_record(args.out or RESULTS / "latest.json", record, started)
+
+
+def run_reports(quick: bool, kafka: bool = True) -> dict[str, Any]:
+    """Section 9 (``privstream bench reports``): at the defaults, or ``quick`` at small sizes;
+    without ``kafka``, neither the Kafka nor the gateway part (both need the broker)."""
+    log("9. ldp-reports throughput: server stage, Kafka, gateway, fleet")
+    if quick:
+        result = bench_reports(
+            None, sizes=(2_000, 10_000), slots=1, kafka_reports=10_000 if kafka else None,
+            repeats=1, gateway_modes=[(500, 1), (5_000, 100)] if kafka else [],
+            fleet_devices=(1_000, 100),
+        )  # fmt: skip
+    else:
+        result = bench_reports(None, kafka_reports=100_000 if kafka else None,
+                               gateway_modes=None if kafka else [])  # fmt: skip
+    print("\n" + format_reports(result))
+    return result
 
 
 def write_record(out: Path, record: dict[str, Any], started: float) -> int:

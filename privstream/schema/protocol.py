@@ -119,9 +119,18 @@ def _int(value: Any, name: str, low: int, high: int | None = None) -> int:
 
 
 def _float(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
         raise ProtocolError(INVALID_TYPE, f"{name} must be a finite number, got {value!r}")
     return float(value)
+
+
+def _finite(value: int | float) -> bool:
+    """A finite float, or an integer within the float range (beyond it ``math.isfinite``
+    raises ``OverflowError``, which would escape every check as an internal failure)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _text(value: Any, name: str, pattern: re.Pattern[str] | None = None) -> str:
@@ -277,9 +286,8 @@ class OracleSpec:
             ok = isinstance(value, str) and len(value) == self.d and set(value) <= {"0", "1"}
             return None if ok else f"not a string of {self.d} bits"
         if self.name == "OLH":
-            bounds = ((1, OLH_PRIME - 1), (0, OLH_PRIME - 1), (0, olh_g(eps) - 1))
-            ok = isinstance(value, list) and len(value) == 3
-            ok = ok and all(_is_int(v, lo, hi) for v, (lo, hi) in zip(value, bounds, strict=True))
+            ok = isinstance(value, list) and len(value) == 3 and _is_int(value[0], 1, OLH_PRIME - 1)
+            ok = ok and _is_int(value[1], 0, OLH_PRIME - 1) and _is_int(value[2], 0, olh_g(eps) - 1)
             return None if ok else f"not [a, b, y] with a in [1, P), b in [0, P), y < {olh_g(eps)}"
         if self.name == "HM":
             ok = _is_number(value) and abs(value) <= hm_bound(eps) * (1 + 1e-9)
@@ -292,7 +300,7 @@ def _is_int(value: Any, low: int, high: int) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and _finite(value)
 
 
 def _cgm_shape_error(value: Any, d: int) -> str | None:
@@ -470,13 +478,23 @@ def _load(line: str | bytes) -> Any:
     if len(line) > MAX_EVENT_BYTES:
         raise ProtocolError(OVERSIZED, f"over {MAX_EVENT_BYTES} bytes")
     try:
-        return json.loads(line_text(line), parse_constant=_no_constant)
+        return json.loads(line_text(line), parse_constant=_no_constant, parse_float=_in_range)
     except (ValueError, RecursionError) as exc:
         raise ProtocolError(MALFORMED, f"not JSON: {exc}") from None
 
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number")
+
+
+def _in_range(text: str) -> float:
+    """A JSON number beyond the float range (``1e400``) is refused, never read as infinity:
+    a report holding one could not be written back (canonical JSON has no infinity), so its
+    dead letter would fail and halt the stream."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:40]} is out of the float range")
+    return value
 
 
 # -- reports -----------------------------------------------------------------------------------

@@ -259,6 +259,30 @@ def test_lines_that_are_not_reports_are_dead_letters_and_a_leaked_field_is_not_c
     assert leaked.original is None
 
 
+def test_numbers_beyond_the_float_range_are_refused_never_raised() -> None:
+    """A report holding ``1e400`` was read as infinity: its dead letter could not be written
+    (canonical JSON has no infinity) and the failure halted the whole stream; an integer
+    beyond the float range as ``epsilon`` or as an HM or CGM value raised ``OverflowError``
+    out of every check. Now each is an ordinary refusal with its reason."""
+    grr, hm, cgm = _budget(), REQUESTS[3], REQUESTS[4]
+    good = Report.answering(grr, "alice", 2).to_json()
+    for field, literal in (("value", "2"), ("epsilon", "0.25")):
+        for huge in ("1e400", "-1e400"):
+            line = good.replace(f'"{field}":{literal}', f'"{field}":{huge}')
+            with pytest.raises(ProtocolError) as refused:
+                decode_report(line)
+            assert refused.value.reason == MALFORMED and "float range" in refused.value.detail
+    big = 10**400
+    with pytest.raises(ProtocolError) as refused:
+        Report(grr.id, "country", 3, 1, "m1", "alice", "GRR", big, 2)
+    assert refused.value.reason == "invalid_type"
+    huge_hm = Report.answering(hm, "bob", big)
+    huge_cgm = Report.answering(cgm, "carol", {"x": [big, 0.0], "v": 0.5})
+    accepted, dead = _check([huge_hm, huge_cgm], hm, cgm)
+    assert accepted == [] and [d.reason for d in dead] == [SHAPE_MISMATCH, SHAPE_MISMATCH]
+    assert all(d.payload for d in dead)  # the dead letters are written
+
+
 def test_a_closed_round_and_a_replayed_old_report_are_refused() -> None:
     seen = SeenReports(window=10, per_window=20)
     r1, r2, later = _budget(slot=3, round=1), _budget(slot=3, round=2), _budget(slot=5)
