@@ -30,6 +30,7 @@ from bytewax.dataflow import Dataflow, Stream
 from bytewax.operators import KeyedStream
 
 from privstream.connectors import control
+from privstream.connectors.json_reports import decode_messages
 from privstream.connectors.kafka import KafkaEventSource, RawBatch
 from privstream.connectors.kafka_sink import kafka_output
 from privstream.families.registry import family
@@ -48,7 +49,6 @@ from privstream.schema.protocol import (
     UNKNOWN_REQUEST,
     ProtocolError,
     Request,
-    decode_message,
     refused,
 )
 
@@ -180,19 +180,17 @@ def _is_item(parsed: Any) -> bool:
 
 
 def parse_report_poll(batch: RawBatch, streams: frozenset[str]) -> list[Any]:
-    """One poll: every message as ``(stream, (partition, item))`` or a ``DeadLetter``."""
+    """One poll: every message as ``(stream, (partition, item))`` or a ``DeadLetter``,
+    decoded in one batch (``connectors.json_reports``)."""
     out: list[Any] = []
-    for value in batch.values:
-        try:
-            item = decode_message(value)
-        except ProtocolError as exc:
-            out.append(refused(exc, value))
-            continue
-        if item.stream not in streams:
+    for value, item in zip(batch.values, decode_messages(batch.values), strict=True):
+        if isinstance(item, ProtocolError):
+            out.append(refused(item, value))
+        elif item.stream not in streams:
             unknown = ProtocolError(
                 UNKNOWN_REQUEST, f"this server serves no stream {item.stream!r}"
             )
-            out.append(refused(unknown, item))
-            continue
-        out.append((item.stream, (batch.partition, item)))
+            out.append(refused(unknown, value))
+        else:
+            out.append((item.stream, (batch.partition, item)))
     return out

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from privstream.connectors.datasets import SlotStream
+from privstream.connectors.json_reports import decode_messages
 from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.contract import Halt, LedgerEntry, Mechanism, Release
 from privstream.mechanisms.seeding import NoiseKey
@@ -26,7 +27,7 @@ from privstream.operators.report_rounds import ReportRoundsLogic, ReportsPlan
 from privstream.operators.slotting import make_plan
 from privstream.runtime.fleet import Fleet, FleetConfig
 from privstream.schema.events import DeadLetter
-from privstream.schema.protocol import Close, Request, decode_message, decode_request
+from privstream.schema.protocol import Close, ProtocolError, Request, decode_request
 
 
 class SeededRandomness:
@@ -103,11 +104,21 @@ def run_reports(
             run.fleet_seconds += time.perf_counter() - started
             run.reports += len(lines)
             closes = [Close(stream, t, r.round).signed(clock_key) for r in pending[:1]]
-            pending = _server(logic, run, [decode_message(m) for m in lines] + closes)
+            pending = _server(logic, run, _decoded(lines) + closes)
     if late:  # the last round's, written when the fleet stops
         run.reports += len(late)
-        _server(logic, run, [decode_message(m) for m in late])
+        _server(logic, run, _decoded(late))
     return run
+
+
+def _decoded(lines: list[str]) -> list[Any]:
+    """The report-topic messages ``lines`` as the server stage decodes them (in one batch)."""
+    out = []
+    for item in decode_messages(lines):
+        if isinstance(item, ProtocolError):
+            raise item  # the fleet writes well-formed messages only
+        out.append(item)
+    return out
 
 
 def _server(logic: ReportRoundsLogic, run: ReportsRun, messages: list[Any]) -> list[Request]:

@@ -15,7 +15,6 @@ from privstream.families.registry import LDP_IDS
 from privstream.mechanisms.seeding import NoiseKey
 from privstream.mechanisms.tasks import FrequencyTask
 from privstream.operators.metrics import BOARD
-from privstream.operators.reasons import Notes
 from privstream.operators.report_rounds import ReportItem, ReportRoundsLogic, ReportsPlan
 from privstream.operators.slotting import make_plan
 from privstream.schema.protocol import Close, Report, Request
@@ -56,20 +55,10 @@ def _round(request: Request, rng: random.Random, old: list[Report]) -> list[Repo
 
 
 def _one_message(logic: ReportRoundsLogic, partition: int, item: Report | Close) -> list[Any]:
-    """The reference: what ``on_batch`` did before runs, one message at a time (one
-    ``check_reports`` call per report)."""
-    out: list[Any] = []
-    notes = Notes()
-    state = logic._state_for(item.stream)
-    book = logic._book(state)
-    if state.all_halted():
-        return [("dead_letter", "halted")]
-    if isinstance(item, Close):
-        logic._marker(state, book, partition, item, out, notes)
-    else:
-        logic._report(book, partition, item, out)
-    logic.publish(notes)
-    return out
+    """The reference: ``on_batch`` fed one message at a time (one ``check_reports`` call per
+    report, each held back or judged on its own)."""
+    out, _ = logic.on_batch([(partition, item)])
+    return list(out)
 
 
 def _script(name: str) -> tuple[list[ReportItem], list[Any]]:
