@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from privstream.cli import accountant as accountant_cli
 from privstream.cli import devices as devices_cli
 from privstream.cli import gateway as gateway_cli
 from privstream.cli import items as items_cli
@@ -742,6 +743,7 @@ def _config_tools(commands: Any) -> None:
     items_cli.add_parser(commands)
     gateway_cli.add_parser(commands, _kafka_flags)
     devices_cli.add_parser(commands, _kafka_flags)
+    accountant_cli.add_parser(commands)
     config = commands.add_parser("config", help="work with a flow configuration file (TOML)")
     config_cmd = config.add_subparsers(dest="config_command", required=True)
     check = config_cmd.add_parser(
@@ -1420,6 +1422,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "items": items_cli.run,
         "gateway": gateway_cli.run,
         "devices": devices_cli.run,
+        "accountant": accountant_cli.run,
     }
     refusals = (
         ValueError,
