@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from privstream.cli import accountant as accountant_cli
 from privstream.cli import bench_reports as bench_reports_cli
 from privstream.cli import demo_reports as demo_reports_cli
 from privstream.cli import devices as devices_cli
@@ -746,6 +747,7 @@ def _config_tools(commands: Any) -> None:
     items_cli.add_parser(commands)
     gateway_cli.add_parser(commands, _kafka_flags)
     devices_cli.add_parser(commands, _kafka_flags)
+    accountant_cli.add_parser(commands)
     config = commands.add_parser("config", help="work with a flow configuration file (TOML)")
     config_cmd = config.add_subparsers(dest="config_command", required=True)
     check = config_cmd.add_parser(
@@ -1425,6 +1427,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "items": items_cli.run,
         "gateway": gateway_cli.run,
         "devices": devices_cli.run,
+        "accountant": accountant_cli.run,
     }
     refusals = (
         ValueError,
