@@ -3,7 +3,8 @@
 
 At every slot ``τ = 1..T`` of a horizon each enrolled user (level ``h``, drawn by the server
 independently of the data) takes its current value ``x_τ`` (``BinaryTask``: a category index or
-a bitmask; a user without a value carries ``x_{τ−1}`` forward, spec §10.2), runs CLIP-STREAM
+a bitmask; a user without a current value, one the port does not ask, reads ``x_τ = 0``: in no
+cell, no set bit), runs CLIP-STREAM
 (§3.1), and when ``τ ≡ 0 (mod r^h)`` forms the residue ``R_{τ/r^h, h} = x̃_τ − pred`` (Algorithm 1)
 and runs Algorithm 4's step for that block (§4.4), emitting the block's symbols
 ``(coordinate i ∈ [0, d), sign)``. A block's symbols depend only on data up to its time.
@@ -78,12 +79,20 @@ def clip_step(
     clipped: NDArray[Any], budget: NDArray[Any], current: NDArray[Any]
 ) -> tuple[IntArray, IntArray]:
     """One slot of CLIP-STREAM (spec §3.1) for many users: the coordinates where ``x_τ`` and
-    ``x̃_{τ−1}`` differ, in ascending order, are accepted while the budget lasts."""
-    s = clipped.shape[1]
-    diff = sets_xor(clipped, current, s + current.shape[1])
-    accept = (diff >= 0) & (np.arange(diff.shape[1])[None, :] < budget[:, None])
-    new = sets_xor(clipped, np.where(accept, diff, -1), s)
-    return new, np.asarray(budget - accept.sum(axis=1), dtype=np.int64)
+    ``x̃_{τ−1}`` differ, in ascending order, are accepted while the budget lasts. Both sets come
+    ascending then −1, so a row whose value did not change (or whose budget is spent) is
+    skipped without work."""
+    s, w = clipped.shape[1], current.shape[1]
+    new = np.asarray(clipped, dtype=np.int64).copy()
+    left = np.asarray(budget, dtype=np.int64).copy()
+    same = (new[:, : min(s, w)] == current[:, : min(s, w)]).all(axis=1)
+    same &= (new[:, w:] < 0).all(axis=1) & (current[:, s:] < 0).all(axis=1)
+    rows = np.flatnonzero(~same & (left > 0))
+    diff = sets_xor(new[rows], current[rows], s + w)
+    accept = (diff >= 0) & (np.arange(diff.shape[1])[None, :] < left[rows, None])
+    new[rows] = sets_xor(new[rows], np.where(accept, diff, -1), s)
+    left[rows] -= accept.sum(axis=1)
+    return new, left
 
 
 def block_residue(clipped: NDArray[Any], pred: NDArray[Any]) -> tuple[IntArray, IntArray]:
@@ -233,19 +242,21 @@ class Sao2Protocol:
     def emit(
         self, values: NDArray[Any], asked: NDArray[np.bool_], state: Any, rng: np.random.Generator
     ) -> tuple[Sao2Clients, list[Emitted]]:
-        """The slot for every enrolled device: clip the ``asked`` users' new values (the others
-        carry their value forward), then each level whose block ends now emits its symbols."""
+        """The slot for every enrolled device: clip its value (the ``asked`` users' current
+        values; ``x_τ = 0`` for an enrolled user without one), then each level whose block ends
+        now emits its symbols."""
         n = asked.shape[0]
         new = (Sao2Clients.empty(n, self.s) if state is None else state).copy()
         if self.enrol is not None:
             self._enrol(new, rng)
         if np.any(asked & (new.level < 0)):
             raise ValueError("a user not enrolled in this horizon was asked to report")
-        users = np.flatnonzero(asked)
-        if users.size:
-            current = self.task.support(np.asarray(values)[users])
-            clipped, budget = clip_step(new.clipped[users], new.budget[users], current)
-            new.clipped[users], new.budget[users] = clipped, budget
+        rows = np.flatnonzero(new.level >= 0)
+        current = np.full((rows.size, self.task.width), -1, dtype=np.int64)
+        has = asked[rows]
+        current[has] = self.task.support(np.asarray(values)[rows[has]])
+        clipped, budget = clip_step(new.clipped[rows], new.budget[rows], current)
+        new.clipped[rows], new.budget[rows] = clipped, budget
         out = []
         for h in range(len(self.m)):
             if self.tau % self.r**h == 0:
