@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 
+from privstream.experiments.reports_loop import SeededRandomness
 
-class SeededRandomness:
-    """A reproducible :class:`privstream.client.randomizers.Randomness` (tests only; devices use
-    the OS CSPRNG)."""
-
-    def __init__(self, seed: int) -> None:
-        self._rng = random.Random(seed)
-
-    def randbelow(self, n: int) -> int:
-        return self._rng.randrange(n)
-
-    def bits(self, k: int) -> int:
-        return self._rng.getrandbits(k)
+__all__ = ["FakeRequest", "SeededRandomness"]
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,26 @@ def _topics(kafka: KafkaSettings) -> dict[str, str]:
     return names
 
 
+def _fleet(
+    kafka: KafkaSettings, t: dict[str, str], dataset: str, users: int, slots: int, *flags: str
+) -> subprocess.Popen[str]:
+    """``privstream devices`` over the test's topics (``flags``: its budget and knobs)."""
+    return subprocess.Popen([
+        *PRIVSTREAM, "devices", "--bootstrap", kafka.bootstrap, "--request-topic",
+        t["requests"], "--report-topic", t["reports"], "--dataset", dataset, "--users",
+        str(users), "--slots", str(slots), "--idle-seconds", "40", *flags,
+    ], env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def _clock(secret: Path, slots: int, *target: str) -> None:
+    """The round clock over ``target`` (``--config FLOW`` or the topics), all slots at once."""
+    clock = subprocess.run([
+        *PRIVSTREAM, "clock", *target, "--now", "--through", str(slots), "--round-seconds", "3",
+        "--idle-seconds", "8", "--secret-file", str(secret),
+    ], env=cli_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert clock.returncode == 0, clock.stderr[-2000:]
+
+
 def _server(kafka: KafkaSettings, t: dict[str, str], secret: Path, releases: str) -> list[str]:
     return [
         *PRIVSTREAM, "run", "ldp-ids", "--trust", "ldp-reports", "--mechanism", "LBU",
@@ -56,18 +76,10 @@ def test_server_clock_and_fleet_release_every_slot_and_refuse_every_lie(
     t = _topics(kafka)
     server = subprocess.Popen(_server(kafka, t, secret_file, t["releases"]), env=cli_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    fleet = subprocess.Popen([
-        *PRIVSTREAM, "devices", "--bootstrap", kafka.bootstrap, "--request-topic",
-        t["requests"], "--report-topic", t["reports"], "--dataset", "sin", "--users",
-        str(USERS), "--slots", str(SLOTS), "--epsilon", str(EPS), "--window", str(W),
-        "--liars", str(LIARS), "--flood", "4", "--idle-seconds", "40",
-    ], env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    clock = subprocess.run([
-        *PRIVSTREAM, "clock", "--requests", t["requests"], "--topic", t["reports"],
-        "--stream", "sin", "--now", "--through", str(SLOTS), "--round-seconds", "4",
-        "--idle-seconds", "8", "--bootstrap", kafka.bootstrap, "--secret-file", str(secret_file),
-    ], env=cli_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert clock.returncode == 0, clock.stderr[-2000:]
+    fleet = _fleet(kafka, t, "sin", USERS, SLOTS, "--epsilon", str(EPS), "--window", str(W),
+                   "--liars", str(LIARS), "--flood", "4")  # fmt: skip
+    topics = ("--requests", t["requests"], "--topic", t["reports"], "--stream", "sin")
+    _clock(secret_file, SLOTS, *topics, "--bootstrap", kafka.bootstrap)
     _, err = server.communicate(timeout=120)
     assert server.returncode == 0, err[-3000:]
     fleet.communicate(timeout=120)
@@ -154,17 +166,8 @@ def test_a_flow_file_serves_two_streams_and_the_clock_follows_its_request_topic(
     server = subprocess.Popen([*PRIVSTREAM, "run", "--config", str(flow), "--slots", str(slots),
                                "--secret-file", str(secret_file)], env=cli_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    fleet = subprocess.Popen([
-        *PRIVSTREAM, "devices", "--bootstrap", kafka.bootstrap, "--request-topic",
-        t["requests"], "--report-topic", t["reports"], "--dataset", "sin", "--users",
-        str(USERS), "--slots", str(slots), "--epsilon", str(EPS), "--window", str(W),
-        "--idle-seconds", "40",
-    ], env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    clock = subprocess.run([
-        *PRIVSTREAM, "clock", "--config", str(flow), "--now", "--through", str(slots),
-        "--round-seconds", "3", "--idle-seconds", "8", "--secret-file", str(secret_file),
-    ], env=cli_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert clock.returncode == 0, clock.stderr[-2000:]
+    fleet = _fleet(kafka, t, "sin", USERS, slots, "--epsilon", str(EPS), "--window", str(W))
+    _clock(secret_file, slots, "--config", str(flow))
     _, err = server.communicate(timeout=120)
     assert server.returncode == 0, err[-3000:]
     _, fleet_err = fleet.communicate(timeout=120)
@@ -191,18 +194,9 @@ def test_cgm_runs_on_devices_from_the_command_line(kafka: KafkaSettings, secret_
         "--request-topic", t["requests"], "--output-topic", t["releases"],
         "--dead-letter-topic", t["dlq"], "--secret-file", str(secret_file),
     ], env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    fleet = subprocess.Popen([
-        *PRIVSTREAM, "devices", "--bootstrap", kafka.bootstrap, "--request-topic",
-        t["requests"], "--report-topic", t["reports"], "--dataset", "sine", "--users",
-        str(users), "--slots", str(slots), "--epsilon", "4", "--window", str(slots),
-        "--idle-seconds", "40",
-    ], env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    clock = subprocess.run([
-        *PRIVSTREAM, "clock", "--requests", t["requests"], "--topic", t["reports"],
-        "--stream", "sine", "--now", "--through", str(slots), "--round-seconds", "3",
-        "--idle-seconds", "6", "--bootstrap", kafka.bootstrap, "--secret-file", str(secret_file),
-    ], env=cli_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert clock.returncode == 0, clock.stderr[-2000:]
+    fleet = _fleet(kafka, t, "sine", users, slots, "--epsilon", "4", "--window", str(slots))
+    topics = ("--requests", t["requests"], "--topic", t["reports"], "--stream", "sine")
+    _clock(secret_file, slots, *topics, "--bootstrap", kafka.bootstrap)
     _, err = server.communicate(timeout=120)
     assert server.returncode == 0, err[-3000:]
     _, fleet_err = fleet.communicate(timeout=120)
