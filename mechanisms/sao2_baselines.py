@@ -29,6 +29,7 @@ from typing import Final
 import numpy as np
 from numpy.typing import NDArray
 
+from privstream.mechanisms.noise import discrete_laplace, public_scale
 from privstream.mechanisms.sao2_ternary import Ternary
 
 _CHUNK: Final = 1 << 16  # array elements per chunk of users (bounds every temporary)
@@ -239,9 +240,9 @@ class Succinct:
     """SUCCINCT [53] (spec sao2 §6.1; authors' code [C]): the user weighs each coordinate with
     a public pseudo-random sign ``σ_i = ±1`` (``H_seed``), sums ``v = Σ_i σ_i R_i``, clips it to
     ``[−Δ, Δ]`` with ``Δ = √(s ln n)/2.5`` and adds Laplace noise of scale ``2Δ/ε``.
-    **ε-LDP**: the clipped sum has sensitivity ``2Δ`` and the seed is data-independent (the
-    Laplace draw is numpy's floating-point one: a benchmark baseline, not hardened against
-    floating-point attacks). Not online: ``v`` needs every non-zero first.
+    **ε-LDP**: the clipped sum has sensitivity ``2Δ`` and the seed is data-independent; the
+    noise is the exact discrete Laplace on a grid of ``1/GRID`` (``Δ`` rounded down to it), so
+    no floating-point draw is involved. Not online: ``v`` needs every non-zero first.
 
     Estimator ``R̂_i = (1/n) Σ_users σ_i ṽ``. **Biased by design** (spec §4.8): when clipping
     acts (``Δ < s``, the default for ``n < e^{6.25 s}``) the estimate shrinks towards 0; it is
@@ -282,8 +283,13 @@ class Succinct:
         seeds = random_seeds(rng, batch.n)
         sigma = self.weights(seeds[:, None], np.maximum(batch.index, 0))
         v = (sigma.astype(np.int64) * batch.sign).sum(axis=1)
-        noisy = np.clip(v, -delta, delta) + rng.laplace(0.0, 2 * delta / self.eps, size=batch.n)
-        return SeededReports(seeds, noisy)
+        # Laplace(2Δ/ε) on the public grid of GRID steps (exact integer sampler, never a float
+        # draw): Δ rounded down to the grid keeps the clipped value on it, so ε-DP is exact.
+        steps = math.floor(delta * GRID)
+        scale = public_scale(2 * steps / self.eps)
+        noise = discrete_laplace(rng, scale, batch.n)
+        clipped = np.clip(v * GRID, -steps, steps)
+        return SeededReports(seeds, (clipped + noise).astype(np.float64) / GRID)
 
     def estimate(self, reports: SeededReports, n: int) -> NDArray[np.float64]:
         check_n(n)
@@ -293,6 +299,10 @@ class Succinct:
             sigma = self.weights(reports.seed[rows, None], coords)
             total += np.asarray(reports.value[rows], dtype=np.float64) @ sigma
         return total / n
+
+
+GRID = 256
+"""SUCCINCT's noise grid: steps per unit (the discrete Laplace of scale ``2Δ/ε`` in steps)."""
 
 
 # ---- FutureRand --------------------------------------------------------------------------
