@@ -52,7 +52,7 @@ import numpy as np
 from privstream.client import FileStore
 from privstream.connectors.broker import EmbeddedBroker, free_port
 from privstream.connectors.datasets import synthetic_dataset
-from privstream.connectors.json_reports import decode_messages
+from privstream.connectors.json_reports import decode_poll
 from privstream.connectors.kafka import (
     KafkaEventSource,
     KafkaSettings,
@@ -141,7 +141,7 @@ def report_lines(request: Request, n: int, rng: np.random.Generator) -> list[byt
 def feed(logic: ReportRoundsLogic, partition: int, lines: list[bytes]) -> list[tuple[str, Any]]:
     """One poll of report-topic messages into the server stage (a message the protocol
     refuses would be a dead letter of the flow's parser: none is expected here)."""
-    decoded = decode_messages(lines)
+    decoded = [item for _, item in decode_poll(lines)]
     bad = [m for m in decoded if isinstance(m, ProtocolError)]
     if bad:
         raise RuntimeError(f"the benchmark's own reports were refused: {bad[0].reason}")
