@@ -39,6 +39,9 @@ from privstream.schema.protocol import (
 # What reports of one request share: its coordinates and the oracle and budget they name.
 _KEY = operator.attrgetter("type", "version", "request", "stream", "slot", "round", "purpose",
                            "oracle", "epsilon")  # fmt: skip
+_FIELDS = [operator.attrgetter(name) for name in ("request", "slot", "round", "purpose",
+                                                  "stream", "oracle", "epsilon", "type",
+                                                  "version")]  # fmt: skip
 _DEVICE = operator.attrgetter("device")
 _VALUE = operator.attrgetter("value")
 
@@ -139,11 +142,11 @@ def decode_poll(
     ``decode_messages`` decodes it (``_one``). Each report reads as ``decode_message`` reads it:
     a run holds only reports whose shared fields and device id pass ``Report``'s checks."""
     rows = _rows(lines)
+    if None not in rows:  # the usual poll: one run of one request's reports
+        whole = _whole(rows, streams)  # type: ignore[arg-type]
+        if whole is not None:
+            return [(0, whole)]
     keys = {key: _plain(key, streams) for key in set(map(_KEY, filter(None, rows)))}
-    if len(keys) == 1 and all(keys.values()) and None not in rows:
-        devices = list(map(_DEVICE, rows))
-        if min(map(len, devices)) > 0 and max(map(len, devices)) <= MAX_ID_CHARS:
-            return [(0, _columns(rows))]  # type: ignore[arg-type]
     out: list[tuple[int, Polled]] = []
     run: list[_ReportRow] = []
     for i, (line, row) in enumerate(zip(lines, rows, strict=True)):
@@ -175,6 +178,19 @@ def _rows(lines: Sequence[bytes | str]) -> list[_ReportRow | None]:
         except (msgspec.MsgspecError, ValueError, RecursionError):
             out.append(None)
     return out
+
+
+def _whole(rows: list[_ReportRow], streams: Collection[str] | None) -> ReportColumns | None:
+    """``rows`` as one run, if they share their fields and every one is plain."""
+    if not rows or any(len(set(map(field, rows))) != 1 for field in _FIELDS):
+        return None  # (a set per field allocates nothing per report: no collector's work)
+    key = _KEY(rows[0])
+    if not _plain(key, streams):
+        return None
+    devices = list(map(_DEVICE, rows))
+    if min(map(len, devices)) == 0 or max(map(len, devices)) > MAX_ID_CHARS:
+        return None
+    return ReportColumns(rows[0].stream, rows, [key[2:]], None)
 
 
 def _plain(key: tuple[Any, ...], streams: Collection[str] | None) -> bool:

@@ -251,8 +251,9 @@ def _take_group(
     the first of their device to it."""
     if req.select.rule != "all":
         devices = run.devices()
-        idx = idx[np.fromiter((req.asks(devices[i]) for i in idx), bool, len(idx))]
-    ok, wire = wire_of(req.oracle, req.epsilon, [values[i] for i in idx])
+        idx = idx[np.fromiter((req.asks(devices[i]) for i in idx.tolist()), bool, len(idx))]
+    mine_values = values if len(idx) == len(values) else [values[i] for i in idx.tolist()]
+    ok, wire = wire_of(req.oracle, req.epsilon, mine_values)
     idx = idx[ok]
     mine = rows[idx]
     first = np.zeros(len(idx), bool)
