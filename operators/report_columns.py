@@ -70,6 +70,17 @@ class DeviceSeen(SeenReports):
         dtype = np.uint16 if self.per_window < np.iinfo(np.uint16).max else np.int64
         self.counts = np.zeros((0, self.window), dtype)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The snapshot: the arrays cut to the devices known (they grow by doubling)."""
+        state = dict(self.__dict__)
+        known = len(self.names)
+        state["counts"] = self.counts[:known].copy()
+        state["got"] = {rid: bits[:known].copy() for rid, bits in self.got.items()}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
     def rows(self, devices: list[str]) -> Rows:
         """The directory rows of ``devices`` (new ones added)."""
         found = list(map(self.ids.get, devices))
