@@ -4,8 +4,8 @@ ratios in one run on one machine.
 1. **Server stage.** One round of ``n`` reports through the server stage's own logic
    (``operators.report_rounds.ReportRoundsLogic``, one LBU stream over ``n`` devices, the oracle
    forced to GRR, OUE or OLH): the opening marker (the step asks), the reports decoded from
-   their bytes (``connectors.json_reports.decode_messages``) in polls of 5,000 and checked
-   (``check_reports``), then the closing marker (the round's aggregate, the step and the
+   their bytes (``connectors.json_reports.decode_poll``: runs as columns) in polls of 5,000 and
+   checked (``operators.report_columns.take_columns``), then the closing marker (the round's aggregate, the step and the
    release). Against it, the same ``n`` raw events of the ``ldp-simulated`` path through the
    slotted operator (``parse_raw_batch`` per poll, ``SlottedLogic.on_batch``, the slot's LBU
    step at its end-of-slot marker): the cheapest comparable ingest. One warm-up slot each
