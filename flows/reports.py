@@ -30,7 +30,7 @@ from bytewax.dataflow import Dataflow, Stream
 from bytewax.operators import KeyedStream
 
 from privstream.connectors import control
-from privstream.connectors.json_reports import decode_messages
+from privstream.connectors.json_reports import ReportColumns, decode_poll
 from privstream.connectors.kafka import KafkaEventSource, RawBatch
 from privstream.connectors.kafka_sink import kafka_output
 from privstream.families.registry import family
@@ -181,10 +181,14 @@ def _is_item(parsed: Any) -> bool:
 
 def parse_report_poll(batch: RawBatch, streams: frozenset[str]) -> list[Any]:
     """One poll: every message as ``(stream, (partition, item))`` or a ``DeadLetter``,
-    decoded in one batch (``connectors.json_reports``)."""
+    decoded in one batch (``connectors.json_reports.decode_poll``: runs of well-formed
+    reports of a served stream as one item of columns)."""
     out: list[Any] = []
-    for value, item in zip(batch.values, decode_messages(batch.values), strict=True):
-        if isinstance(item, ProtocolError):
+    for index, item in decode_poll(batch.values, streams):
+        value = batch.values[index]
+        if isinstance(item, ReportColumns):
+            out.append((item.stream, (batch.partition, item)))
+        elif isinstance(item, ProtocolError):
             out.append(refused(item, value))
         elif item.stream not in streams:
             unknown = ProtocolError(

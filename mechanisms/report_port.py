@@ -115,24 +115,38 @@ def aggregate(
 ) -> Aggregate:
     """The round's ``Aggregate`` of ``reports`` (each already checked against its request):
     the oracle's support over their wire values and its unbiased estimate for ``m`` reports."""
+    values = [r.value for r in sorted(reports, key=lambda r: r.device)]  # order-free sums
+    return aggregate_wire(spec, eps, task, wire_array(spec, values), len(reports))
+
+
+def aggregate_wire(
+    spec: OracleSpec, eps: float, task: EstimationTask, wire: Any, m: int
+) -> Aggregate:
+    """``aggregate`` of ``m`` reports given as the oracle's wire array (``wire_array``)."""
+    return aggregate_support(spec, eps, task, task.select(eps).support(wire, eps), m)
+
+
+def aggregate_support(
+    spec: OracleSpec, eps: float, task: EstimationTask, support: NDArray[np.float64], m: int
+) -> Aggregate:
+    """``aggregate`` of ``m`` reports given as the oracle's support (its sufficient
+    statistic: GRR's and OUE's counts per category)."""
     oracle = task.select(eps)
     if oracle.name != spec.name:
         raise ValueError(f"the task selects {oracle.name} at ε={eps}, the request named {spec}")
-    m = len(reports)
-    values = [r.value for r in sorted(reports, key=lambda r: r.device)]  # order-free sums
-    support = oracle.support(_wire_array(spec, values), eps)
     estimate = task.decode(oracle.estimate(support, eps, m))
     return Aggregate(estimate, m, m * oracle.report_bits(eps), oracle.name)
 
 
 def report_rows(reports: Sequence[Report], d: int) -> NDArray[np.float64]:
     """A protocol's report rows (CGM: ``x*`` then ``v``), in device-id order."""
-    rows = [[*r.value["x"], r.value["v"]] for r in sorted(reports, key=lambda r: r.device)]
-    return np.asarray(rows, dtype=np.float64).reshape(len(rows), d + 1)
+    values = [r.value for r in sorted(reports, key=lambda r: r.device)]
+    return _cgm_rows(values, d)
 
 
-def _wire_array(spec: OracleSpec, values: list[Any]) -> Any:
-    """The server oracle's report array of wire values (``schema.protocol`` shapes)."""
+def wire_array(spec: OracleSpec, values: list[Any]) -> Any:
+    """The server oracle's report array of wire values (``schema.protocol`` shapes): CGM's
+    rows ``x*`` then ``v``."""
     if spec.name == "GRR":
         return np.asarray(values, dtype=np.int64)
     if spec.name == "OUE":
@@ -140,4 +154,11 @@ def _wire_array(spec: OracleSpec, values: list[Any]) -> Any:
         return bits.reshape(len(values), spec.d).astype(bool)
     if spec.name == "OLH":
         return np.asarray(values, dtype=np.int64).reshape(len(values), 3)
+    if spec.name == "CGM":
+        return _cgm_rows(values, spec.d)
     return np.asarray(values, dtype=np.float64)
+
+
+def _cgm_rows(values: list[Any], d: int) -> NDArray[np.float64]:
+    rows = [[*v["x"], v["v"]] for v in values]
+    return np.asarray(rows, dtype=np.float64).reshape(len(rows), d + 1)

@@ -20,13 +20,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from privstream.mechanisms.report_port import Answer, Ask, aggregate, report_rows
+from privstream.connectors.json_reports import ReportColumns
+from privstream.mechanisms.report_port import Answer, Ask, wire_array
 from privstream.mechanisms.tasks import EstimationTask
+from privstream.operators.report_columns import DeviceSeen, Tally, take_columns
+from privstream.schema.events import DeadLetter
 from privstream.schema.protocol import (
     Report,
     Request,
-    SeenReports,
     Selection,
+    check_reports,
     derive_salt,
     sample_rule,
 )
@@ -50,13 +53,14 @@ class RoundBook:
     ``round`` its open round (0: none open, the slot is finished or not started), ``opened``
     the newest slot an opening marker allowed to start."""
 
-    seen: SeenReports
+    seen: DeviceSeen
     slot: int = 0
     round: int = 0
     opened: int = 0
     answers: dict[str, dict[str, Answer]] = field(default_factory=dict)
     open: dict[str, Published] = field(default_factory=dict)
-    collected: dict[str, list[Report]] = field(default_factory=dict)
+    collected: dict[str, Tally] = field(default_factory=dict)
+    """Each open request's accepted reports, as its oracle's sufficient statistic."""
     closed_parts: set[int] = field(default_factory=set)
     held: list[tuple[int, Any]] = field(default_factory=list)
     """Messages of partitions that already closed the open round, in arrival order."""
@@ -66,8 +70,9 @@ class RoundBook:
     devices), summed over the stream's life: a count, never who."""
 
     @classmethod
-    def fresh(cls, window: int, lanes: int) -> RoundBook:
-        return cls(SeenReports(window, ROUNDS_PER_SLOT * max(lanes, 1) * window))
+    def fresh(cls, window: int, lanes: int, stream: str = "") -> RoundBook:
+        per_window = ROUNDS_PER_SLOT * max(lanes, 1) * window
+        return cls(DeviceSeen(window, per_window, stream=stream))
 
     @property
     def idle(self) -> bool:
@@ -100,7 +105,7 @@ class RoundBook:
             request = Request(stream, self.slot, self.round, purpose, ask.oracle, ask.epsilon,
                               window, division, select, ask.delta)  # fmt: skip
             self.open[request.id] = Published(lane, ask.purpose, request)
-            self.collected[request.id] = []
+            self.collected[request.id] = Tally(ask.oracle)
             out.append(request)
         return out
 
@@ -112,17 +117,28 @@ class RoundBook:
         low = self.slot - window + 1
         return sum(n for s, n in self.used.get(lane, {}).items() if low <= s <= self.slot)
 
-    def accept(self, reports: list[Report]) -> None:
-        for report in reports:
-            self.collected[report.request].append(report)
+    def check(self, reports: list[Report]) -> list[DeadLetter]:
+        """Judge ``reports`` one by one (``check_reports``); collect the accepted ones."""
+        accepted, dead = check_reports(reports, self.open_requests(), self.seen)
+        for rid in dict.fromkeys(r.request for r in accepted):
+            mine = [r for r in accepted if r.request == rid]
+            rows = self.seen.rows([r.device for r in mine])
+            tally = self.collected[rid]
+            tally.add(rows, wire_array(tally.spec, [r.value for r in mine]))
+        return dead
+
+    def take(self, run: ReportColumns) -> list[DeadLetter]:
+        """Judge a run of reports as ``check`` would, in columns (``take_columns``)."""
+        if not self.open or run.stream != self.seen.stream:  # every one refused: name why
+            return self.check(run.reports())
+        return take_columns(run, self.open_requests(), self.seen, self.collected)
 
     def close(self, task: EstimationTask, population: int) -> None:
         """Close the open round: each request's answer from its accepted reports."""
         for rid, published in self.open.items():
-            request, reports = published.request, self.collected.get(rid, [])
-            self.answers.setdefault(published.lane, {})[published.purpose] = _answer(
-                request, reports, task
-            )
+            request, reports = published.request, self.collected[rid]
+            answer = reports.answer(request, task, self.seen.names)
+            self.answers.setdefault(published.lane, {})[published.purpose] = answer
             self.seen.close(request)
             if request.division == "budget":
                 self.missing += max(0, population - len(reports))
@@ -137,9 +153,3 @@ class RoundBook:
         for lane_used in self.used.values():
             for old in [s for s in lane_used if s <= self.slot - window]:
                 del lane_used[old]
-
-
-def _answer(request: Request, reports: list[Report], task: EstimationTask) -> Any:
-    if request.oracle.name == "CGM":
-        return report_rows(reports, request.oracle.d)
-    return aggregate(reports, request.oracle, request.epsilon, task)

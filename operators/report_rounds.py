@@ -36,6 +36,7 @@ from bytewax import operators as op
 from bytewax.dataflow import Stream, operator
 from bytewax.operators import KeyedStream, StatefulBatchLogic
 
+from privstream.connectors.json_reports import ReportColumns
 from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.contract import (
     ExtraRecord,
@@ -61,12 +62,13 @@ from privstream.operators.slotting import (
 )
 from privstream.operators.stream_state import StreamState
 from privstream.schema.events import STREAM_HALTED, UNAUTHENTICATED_MARKER, DeadLetter
-from privstream.schema.protocol import Close, Report, Request, check_reports
+from privstream.schema.protocol import Close, Report, Request
 
 log = logging.getLogger(__name__)
 
-ReportItem = tuple[int, Report | Close]
-"""One report-topic message of a stream: its input partition and what it holds."""
+ReportItem = tuple[int, Report | Close | ReportColumns]
+"""One report-topic message of a stream (or a run of its reports decoded as columns,
+``connectors.json_reports.decode_poll``): its input partition and what it holds."""
 MAX_OPEN_AHEAD = 64
 """The most slots an opening marker may run ahead of the slot in progress."""
 
@@ -111,7 +113,7 @@ class ReportRoundsLogic(SlottedLogic):
             book = self._book(state)
             if state.all_halted():
                 why = "; ".join(state.halted.values())
-                out.extend(_dead(STREAM_HALTED, item, why) for item in items)
+                out.extend(_dead(STREAM_HALTED, item, why) for item in _messages(items))
                 continue
             try:
                 self._feed(state, book, [(partition, item) for item in items], out, notes)
@@ -137,6 +139,9 @@ class ReportRoundsLogic(SlottedLogic):
             partition, item = queue.popleft()
             if book.open and partition in book.closed_parts:
                 book.held.append((partition, item))
+                continue
+            if isinstance(item, ReportColumns):
+                self._reports(book, item, out)
                 continue
             if isinstance(item, Report):
                 run = [item]  # one check for the partition's consecutive reports
@@ -164,16 +169,18 @@ class ReportRoundsLogic(SlottedLogic):
 
     def _book(self, state: StreamState) -> RoundBook:
         if state.protocol is None:
-            state.protocol = RoundBook.fresh(self.setup.window, len(self.mechanisms))
+            state.protocol = RoundBook.fresh(self.setup.window, len(self.mechanisms), state.stream)
         book: RoundBook = state.protocol
         return book
 
-    def _reports(self, book: RoundBook, reports: list[Report], out: list[Output]) -> None:
+    def _reports(
+        self, book: RoundBook, reports: list[Report] | ReportColumns, out: list[Output]
+    ) -> None:
         """Check consecutive reports of one partition; accept each into its request's
         collection or dead-letter it. Each is judged on itself (``check_reports``), so one call
-        for the whole run gives what one call per report gives, in a fraction of the time."""
-        accepted, dead = check_reports(reports, book.open_requests(), book.seen)
-        book.accept(accepted)
+        for the whole run gives what one call per report gives, in a fraction of the time; a
+        run decoded as columns is judged in columns (``RoundBook.take``), with the same result."""
+        dead = book.take(reports) if isinstance(reports, ReportColumns) else book.check(reports)
         out.extend(("dead_letter", d) for d in dead)
 
     def _marker(
@@ -277,16 +284,26 @@ class ReportRoundsLogic(SlottedLogic):
                 self.runner.halt(state, name, book.slot, reason, False, out)
 
 
-def _runs(values: list[ReportItem]) -> Iterator[tuple[int, list[Report] | list[Close]]]:
-    """``values`` cut into runs: consecutive reports of one partition, and each marker alone."""
-    for (partition, marker), group in itertools.groupby(
-        values, key=lambda v: (v[0], isinstance(v[1], Close))
+def _runs(values: list[ReportItem]) -> Iterator[tuple[int, list[Any]]]:
+    """``values`` cut into runs: consecutive reports of one partition, and each marker and
+    each run of columns alone."""
+    for (partition, alone), group in itertools.groupby(
+        values, key=lambda v: (v[0], not isinstance(v[1], Report))
     ):
         items = [item for _, item in group]
-        if marker:
-            yield from ((partition, [m]) for m in items)  # type: ignore[misc]
+        if alone:
+            yield from ((partition, [m]) for m in items)
         else:
-            yield partition, items  # type: ignore[misc]
+            yield partition, items
+
+
+def _messages(items: list[Any]) -> Iterator[Report | Close]:
+    """``items`` one message at a time (runs of columns as their reports)."""
+    for item in items:
+        if isinstance(item, ReportColumns):
+            yield from item.reports()
+        else:
+            yield item
 
 
 def _dead(reason: str, item: Report | Close, detail: str) -> Output:

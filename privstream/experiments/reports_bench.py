@@ -4,8 +4,8 @@ ratios in one run on one machine.
 1. **Server stage.** One round of ``n`` reports through the server stage's own logic
    (``operators.report_rounds.ReportRoundsLogic``, one LBU stream over ``n`` devices, the oracle
    forced to GRR, OUE or OLH): the opening marker (the step asks), the reports decoded from
-   their bytes (``connectors.json_reports.decode_messages``) in polls of 5,000 and checked
-   (``check_reports``), then the closing marker (the round's aggregate, the step and the
+   their bytes (``connectors.json_reports.decode_poll``: runs as columns) in polls of 5,000 and
+   checked (``operators.report_columns.take_columns``), then the closing marker (the round's aggregate, the step and the
    release). Against it, the same ``n`` raw events of the ``ldp-simulated`` path through the
    slotted operator (``parse_raw_batch`` per poll, ``SlottedLogic.on_batch``, the slot's LBU
    step at its end-of-slot marker): the cheapest comparable ingest. One warm-up slot each
@@ -52,7 +52,7 @@ import numpy as np
 from privstream.client import FileStore
 from privstream.connectors.broker import EmbeddedBroker, free_port
 from privstream.connectors.datasets import synthetic_dataset
-from privstream.connectors.json_reports import decode_messages
+from privstream.connectors.json_reports import decode_poll
 from privstream.connectors.kafka import (
     KafkaEventSource,
     KafkaSettings,
@@ -141,7 +141,7 @@ def report_lines(request: Request, n: int, rng: np.random.Generator) -> list[byt
 def feed(logic: ReportRoundsLogic, partition: int, lines: list[bytes]) -> list[tuple[str, Any]]:
     """One poll of report-topic messages into the server stage (a message the protocol
     refuses would be a dead letter of the flow's parser: none is expected here)."""
-    decoded = decode_messages(lines)
+    decoded = [item for _, item in decode_poll(lines)]
     bad = [m for m in decoded if isinstance(m, ProtocolError)]
     if bad:
         raise RuntimeError(f"the benchmark's own reports were refused: {bad[0].reason}")

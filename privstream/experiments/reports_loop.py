@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from privstream.connectors.datasets import SlotStream
-from privstream.connectors.json_reports import decode_messages
+from privstream.connectors.json_reports import ReportColumns, decode_poll
 from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.contract import Halt, LedgerEntry, Mechanism, Release
 from privstream.mechanisms.seeding import NoiseKey
@@ -112,9 +112,10 @@ def run_reports(
 
 
 def _decoded(lines: list[str]) -> list[Any]:
-    """The report-topic messages ``lines`` as the server stage decodes them (in one batch)."""
+    """The report-topic messages ``lines`` as the server stage decodes them (in one batch:
+    runs of reports as columns)."""
     out = []
-    for item in decode_messages(lines):
+    for _, item in decode_poll(lines):
         if isinstance(item, ProtocolError):
             raise item  # the fleet writes well-formed messages only
         out.append(item)
@@ -123,7 +124,10 @@ def _decoded(lines: list[str]) -> list[Any]:
 
 def _server(logic: ReportRoundsLogic, run: ReportsRun, messages: list[Any]) -> list[Request]:
     """One call of the server stage; its requests (decoded as a device reads them)."""
-    run.inputs += [m.to_json() for m in messages]
+    for m in messages:
+        run.inputs += (
+            [r.to_json() for r in m.reports()] if isinstance(m, ReportColumns) else [m.to_json()]
+        )
     started = time.perf_counter()
     out, _ = logic.on_batch([(0, m) for m in messages])
     run.server_seconds += time.perf_counter() - started

@@ -583,6 +583,14 @@ class SeenReports:
         self.closed[request.stream] = max(self.closed.get(request.stream, key), key)
         self.accepted = {p for p in self.accepted if p[0] != request.id}
 
+    def has(self, request: str, device: str) -> bool:
+        """Whether a report of ``device`` to the open ``request`` was accepted."""
+        return (request, device) in self.accepted
+
+    def add(self, request: str, device: str) -> None:
+        """Remember that a report of ``device`` to the open ``request`` was accepted."""
+        self.accepted.add((request, device))
+
     def admit(self, device: str, stream: str, slot: int, now: int) -> bool:
         """Count one attempt of ``device`` on ``stream`` (at its slot, clamped into the window
         ending at ``now``); False once the window already holds ``per_window`` attempts."""
@@ -606,7 +614,7 @@ def check_reports(
     and only while the device stays under its rate limit. Each report is judged on itself, the
     open requests and its own device's history, so no report can change another's fate, and
     none changes a charge (the ledger mirror charges when a request is planned)."""
-    now = _stream_now(open_requests, seen)
+    now = stream_now(open_requests, seen)
     accepted: list[Report] = []
     dead: list[DeadLetter] = []
     for item in batch:
@@ -617,14 +625,14 @@ def check_reports(
             continue
         reason = _judge(report, open_requests, seen, now)
         if reason is None:
-            seen.accepted.add((report.request, report.device))
+            seen.add(report.request, report.device)
             accepted.append(report)
         else:
             dead.append(_dead(reason, report.stream, report))
     return accepted, dead
 
 
-def _stream_now(open_requests: Mapping[str, Request], seen: SeenReports) -> dict[str, int]:
+def stream_now(open_requests: Mapping[str, Request], seen: SeenReports) -> dict[str, int]:
     """Each known stream's current slot: its latest open or closed request's."""
     now = {stream: slot for stream, (slot, _) in seen.closed.items()}
     for req in open_requests.values():
@@ -638,7 +646,20 @@ def _judge(
     """The first reason to refuse ``report``, or None to accept it."""
     stream = report.stream if report.stream in now else "?"  # unknown streams share one bucket
     if not seen.admit(report.device, stream, report.slot, now.get(report.stream, 0)):
-        return ProtocolError(RATE_LIMITED, f"over {seen.per_window} reports in {seen.window} slots")
+        return rate_limited(seen)
+    return verdict(report, open_requests, seen)
+
+
+def rate_limited(seen: SeenReports) -> ProtocolError:
+    """Why a report over its device's rate limit is refused."""
+    return ProtocolError(RATE_LIMITED, f"over {seen.per_window} reports in {seen.window} slots")
+
+
+def verdict(
+    report: Report, open_requests: Mapping[str, Request], seen: SeenReports
+) -> ProtocolError | None:
+    """The first reason after the rate limit to refuse ``report`` (its request, the rule, the
+    oracle, budget and shape, a duplicate), or None to accept it; changes nothing."""
     req = open_requests.get(report.request)
     coords = (report.stream, report.slot, report.round, report.purpose)
     if req is None or (req.stream, req.slot, req.round, req.purpose) != coords:
@@ -652,7 +673,7 @@ def _judge(
     shape = req.oracle.shape_error(report.value, req.epsilon)
     if shape is not None:
         return ProtocolError(SHAPE_MISMATCH, f"{req.oracle.name} value {shape}")
-    if (req.id, report.device) in seen.accepted:
+    if seen.has(req.id, report.device):
         return ProtocolError(DUPLICATE, f"a second report to request {req.id}")
     return None
 

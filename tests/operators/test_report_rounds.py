@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from privstream.connectors.json_reports import ReportColumns
 from privstream.experiments.reports_loop import seeded_devices
 from privstream.mechanisms.contract import LedgerEntry
 from privstream.mechanisms.seeding import NoiseKey
@@ -76,7 +77,13 @@ def assert_within_budget(c: Captured) -> None:
 
 
 def items(c: Captured) -> list[ReportItem]:
-    return [item for batch in c.batches for item in batch]
+    """The server's inputs one message at a time (its runs of columns as their reports)."""
+    return [
+        (partition, message)
+        for batch in c.batches
+        for partition, item in batch
+        for message in (item.reports() if isinstance(item, ReportColumns) else [item])
+    ]
 
 
 def device_of(payload: str) -> str:

@@ -6,11 +6,13 @@ kind of lie, late reports after one partition's marker, replays and forged marke
 
 from __future__ import annotations
 
+import itertools
 import random
 from typing import Any
 
 import pytest
 
+from privstream.connectors.json_reports import decode_poll
 from privstream.families.registry import LDP_IDS
 from privstream.mechanisms.seeding import NoiseKey
 from privstream.mechanisms.tasks import FrequencyTask
@@ -54,7 +56,7 @@ def _round(request: Request, rng: random.Random, old: list[Report]) -> list[Repo
     return items
 
 
-def _one_message(logic: ReportRoundsLogic, partition: int, item: Report | Close) -> list[Any]:
+def _one_message(logic: ReportRoundsLogic, partition: int, item: Any) -> list[Any]:
     """The reference: ``on_batch`` fed one message at a time (one ``check_reports`` call per
     report, each held back or judged on its own)."""
     out, _ = logic.on_batch([(partition, item)])
@@ -95,11 +97,29 @@ def test_any_cut_into_batches_emits_what_one_message_at_a_time_emits(name: str) 
                        "budget_mismatch", "replayed_report", "unauthenticated_marker"}  # fmt: skip
     rng = random.Random(7)
     cuts = [[len(items)], [1] * len(items), [1, 2, 3, 5, 8, 13, 21]]
-    for cut in [*cuts, [rng.randrange(1, 60) for _ in range(40)]]:
+    for cut, columns in itertools.product(
+        [*cuts, [rng.randrange(1, 60) for _ in range(40)]], [False, True]
+    ):
         logic, out, k = _logic(name), [], 0
         for size in [*cut, len(items)]:
             batch, k = items[k : k + size], k + size
             if batch:
-                out += list(logic.on_batch(batch)[0])
-        assert out == expected
+                out += list(logic.on_batch(_as_columns(batch) if columns else batch)[0])
+        assert out == expected, (cut, columns)
     BOARD.clear()
+
+
+def _as_columns(batch: list[ReportItem]) -> list[ReportItem]:
+    """``batch`` as the flow's parser gives it: each partition's consecutive reports encoded
+    and decoded in one poll (``decode_poll``: runs as columns), markers as they are."""
+    out: list[ReportItem] = []
+    for (partition, is_report), group in itertools.groupby(
+        batch, key=lambda v: (v[0], isinstance(v[1], Report))
+    ):
+        items = [item for _, item in group]
+        if not is_report:
+            out += [(partition, item) for item in items]
+            continue
+        lines = [item.to_json().encode() for item in items if isinstance(item, Report)]
+        out += [(partition, item) for _, item in decode_poll(lines)]  # type: ignore[misc]
+    return out
