@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from privstream.cli import bench_sao2 as bench_sao2_cli
 from privstream.cli import demo_reports as demo_reports_cli
 from privstream.cli import devices as devices_cli
 from privstream.cli import gateway as gateway_cli
@@ -587,7 +588,7 @@ def _clock_key_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _bench_tools(bench_family: Any) -> None:
-    """``privstream bench noise`` and ``bench kafka``."""
+    """``privstream bench noise``, ``bench kafka`` and ``bench sao2``."""
     bnoise = bench_family.add_parser(
         "noise", help="cost of the keyed AES-CTR stream and the exact discrete Laplace"
     )
@@ -622,6 +623,7 @@ def _bench_tools(bench_family: Any) -> None:
     )  # fmt: skip
     bkafka.add_argument("--json", help="write the results as JSON to this file")
     _kafka_flags(bkafka)
+    bench_sao2_cli.add_parser(bench_family)
 
 
 def _process_counts(text: str) -> tuple[int, ...]:
@@ -1413,7 +1415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "consume": consume,
         "clock": clock,
         "clock-key": clock_key,
-        "bench": {"kafka": bench_kafka, "noise": bench_noise}.get(
+        "bench": {"kafka": bench_kafka, "noise": bench_noise, "sao2": bench_sao2_cli.run}.get(
             getattr(args, "family", ""), bench_family
         ),
         "demo": demo,
