@@ -42,9 +42,16 @@
    simulated fleet's devices per second (``--no-reports`` skips it, ``--reports-only`` runs just
    this).
 
+10. SaO2 (spec sao2 §8, ``privstream.experiments.sao2_bench``): Tables 2 and 4, the d′ and s
+   sweeps (Figs. 3, 5), the online comparisons on the Stock and Trajectory stand-ins
+   (Figs. 6–8), Table 3's fan-outs, calibrated against uniform level weights (Figs. 9–10),
+   each beside the paper's and the spec's numbers with the §8.4 claims as ratios; then the
+   server's time per slot and a device's encode time at n = 10⁶, d = 12, T = 32
+   (``--no-sao2`` skips it, ``--sao2-only`` runs just this).
+
 Writes everything to bench/results/latest.json (override with --out; --cgm-only writes
 bench/results/cgm.json, --state-only bench/results/state.json, --reports-only
-bench/results/reports.json) and prints a summary.
+bench/results/reports.json, --sao2-only bench/results/sao2.json) and prints a summary.
 """
 
 from __future__ import annotations
@@ -75,7 +82,7 @@ from tqdm import tqdm
 from privstream.connectors.datasets import SlotSource
 from privstream.connectors.numeric_synthetic import NumericStream, numeric_dataset
 from privstream.experiments import adapted as fig11
-from privstream.experiments import dpi_bench, harness
+from privstream.experiments import dpi_bench, harness, sao2_bench
 from privstream.experiments.kafka import bench_kafka, format_result
 from privstream.experiments.noise import bench_noise, format_noise
 from privstream.experiments.paper_results import (
@@ -85,6 +92,7 @@ from privstream.experiments.paper_results import (
     SPEC_CROSSCHECK_MRE,
 )
 from privstream.experiments.reports_bench import bench_reports, format_reports
+from privstream.experiments.sao2_report import format_result as format_sao2
 from privstream.experiments.scores import Run, reductions
 from privstream.families.registry import CGM, LDP_IDS, PERSONALIZED
 from privstream.mechanisms.cgm import CgmClients, CgmConfig, CgmMechanism, grid_steps
@@ -788,6 +796,13 @@ def run_cgm(quick: bool, progress: bool) -> dict[str, Any]:
     return out
 
 
+def run_sao2(quick: bool) -> dict[str, Any]:
+    """Section 9: the SaO2 reproduction and performance (bench/README.md "SaO2")."""
+    result = sao2_bench.run(sao2_bench.QUICK if quick else sao2_bench.FULL, log)
+    print("\n" + format_sao2(result))
+    return result
+
+
 # --- main -----------------------------------------------------------------------------------
 
 
@@ -825,6 +840,10 @@ def main(argv: list[str] | None = None) -> int:
         "--reports-only", action="store_true",
         help="run only the ldp-reports section (9), to reports.json",
     )  # fmt: skip
+    parser.add_argument("--no-sao2", action="store_true", help="skip the SaO2 section (10)")
+    parser.add_argument(
+        "--sao2-only", action="store_true", help="run only the SaO2 section (10), to sao2.json"
+    )
     args = parser.parse_args(argv)
     progress = not args.no_progress
     if args.reports_only:
@@ -835,6 +854,10 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         record = {"quick": args.quick, "cgm": run_cgm(args.quick, progress)}
         return write_record(args.out or RESULTS / "cgm.json", record, started)
+    if args.sao2_only:
+        started = time.perf_counter()
+        record = {"quick": args.quick, "sao2": run_sao2(args.quick)}
+        return write_record(args.out or RESULTS / "sao2.json", record, started)
     state_users = 100_000 if args.quick else 1_000_000
     if args.state_only:
         started = time.perf_counter()
@@ -930,6 +953,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n" + dpi_bench.format_result(dpi))
 
     reports = None if args.no_reports else run_reports(args.quick, kafka=not args.no_kafka)
+    sao2 = None if args.no_sao2 else run_sao2(args.quick)
 
     record = {
         "quick": args.quick,
@@ -944,6 +968,7 @@ def main(argv: list[str] | None = None) -> int:
         "state": state,
         "dpi": dpi,
         "reports": reports,
+        "sao2": sao2,
     }
     return write_record(args.out or RESULTS / "latest.json", record, started)
 

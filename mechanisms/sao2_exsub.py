@@ -376,12 +376,13 @@ def _permutation_prefix(
     n, width = active.shape
     out = np.full((n, width), -1, dtype=np.int64)
     step = max(1, _CHUNK_ELEMENTS // population)
+    pad = ((0, 0), (0, max(0, width - population)))  # columns past the population: never active
     for lo in range(0, n, step):
         keys = rng.random((min(step, n - lo), population))
         first = (
             np.argpartition(keys, width - 1, axis=1)[:, :width]
             if width < population
-            else np.argsort(keys, axis=1)
+            else np.pad(np.argsort(keys, axis=1), pad, constant_values=population)
         )
         first = np.sort(np.where(active[lo : lo + step], first, population), axis=1)
         out[lo : lo + step] = np.where(first < population, first, -1)

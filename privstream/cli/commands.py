@@ -21,6 +21,7 @@ from typing import Any
 
 from privstream.cli import accountant as accountant_cli
 from privstream.cli import bench_reports as bench_reports_cli
+from privstream.cli import bench_sao2 as bench_sao2_cli
 from privstream.cli import demo_reports as demo_reports_cli
 from privstream.cli import devices as devices_cli
 from privstream.cli import gateway as gateway_cli
@@ -589,7 +590,7 @@ def _clock_key_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _bench_tools(bench_family: Any) -> None:
-    """``privstream bench noise``, ``bench kafka`` and ``bench reports``."""
+    """``privstream bench noise``, ``bench kafka``, ``bench reports`` and ``bench sao2``."""
     bnoise = bench_family.add_parser(
         "noise", help="cost of the keyed AES-CTR stream and the exact discrete Laplace"
     )
@@ -625,6 +626,7 @@ def _bench_tools(bench_family: Any) -> None:
     bkafka.add_argument("--json", help="write the results as JSON to this file")
     _kafka_flags(bkafka)
     bench_reports_cli.add_parser(bench_family, _kafka_flags)
+    bench_sao2_cli.add_parser(bench_family)
 
 
 def _process_counts(text: str) -> tuple[int, ...]:
@@ -1417,7 +1419,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "consume": consume,
         "clock": clock,
         "clock-key": clock_key,
-        "bench": {"kafka": bench_kafka, "noise": bench_noise, "reports": bench_reports_cli.run}.get(
+        "bench": {
+            "kafka": bench_kafka,
+            "noise": bench_noise,
+            "reports": bench_reports_cli.run,
+            "sao2": bench_sao2_cli.run,
+        }.get(  # fmt: skip
             getattr(args, "family", ""), bench_family
         ),
         "demo": demo,

@@ -386,6 +386,19 @@ def test_reports_are_sets_in_coordinate_order_with_m_distinct_coordinates() -> N
         assert mech.estimate(rep, 500).shape == (30,)
 
 
+def test_m_equal_to_d_prime_reports_every_coordinate() -> None:
+    """Fig. 5's s = 1 at d' = 256 has m* = d' (spec §4.7's table): the zero coordinates to
+    draw (c ≤ d' − s) are then fewer than the report's width m, and every coordinate is
+    reported, each exactly once (once a crash in the dense subset path)."""
+    assert optimal_m(256, 1, 1.0) == 256
+    rng = np.random.default_rng(4)
+    index = rng.integers(0, 256, (300, 1))
+    batch = Ternary(256, index, np.where(rng.random((300, 1)) < 0.5, 1, -1).astype(np.int8))
+    for sampler in SAMPLERS:
+        rep = ExSub(256, 1, 1.0, sampler=sampler).randomize(batch, rng)  # type: ignore[arg-type]
+        assert np.array_equal(rep.index, np.tile(np.arange(256), (300, 1)))
+
+
 def test_add_stubs_pads_to_exactly_s_symbols() -> None:
     batch = Ternary(
         5, np.array([[3, -1, 1], [-1, -1, -1]]), np.array([[1, 0, -1], [0, 0, 0]], np.int8)
