@@ -1424,7 +1424,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "noise": bench_noise,
             "reports": bench_reports_cli.run,
             "sao2": bench_sao2_cli.run,
-        }.get(  # fmt: skip
+        }.get(
             getattr(args, "family", ""), bench_family
         ),
         "demo": demo,
