@@ -1424,9 +1424,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "noise": bench_noise,
             "reports": bench_reports_cli.run,
             "sao2": bench_sao2_cli.run,
-        }.get(
-            getattr(args, "family", ""), bench_family
-        ),
+        }.get(getattr(args, "family", ""), bench_family),
         "demo": demo,
         "demo-ldp": demo_reports_cli.run,
         "audit": audit,
