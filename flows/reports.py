@@ -30,7 +30,6 @@ from bytewax.dataflow import Dataflow, Stream
 from bytewax.operators import KeyedStream
 
 from privstream.connectors import control
-from privstream.connectors.json_reports import ReportColumns, decode_poll
 from privstream.connectors.kafka import KafkaEventSource, RawBatch
 from privstream.connectors.kafka_sink import kafka_output
 from privstream.families.registry import family
@@ -51,6 +50,7 @@ from privstream.schema.protocol import (
     Request,
     refused,
 )
+from privstream.schema.report_wire import ReportColumns, decode_poll
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,7 @@ def _is_item(parsed: Any) -> bool:
 
 def parse_report_poll(batch: RawBatch, streams: frozenset[str]) -> list[Any]:
     """One poll: every message as ``(stream, (partition, item))`` or a ``DeadLetter``,
-    decoded in one batch (``connectors.json_reports.decode_poll``: runs of well-formed
+    decoded in one batch (``schema.report_wire.decode_poll``: runs of well-formed
     reports of a served stream as one item of columns)."""
     out: list[Any] = []
     for index, item in decode_poll(batch.values, streams):

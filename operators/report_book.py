@@ -20,7 +20,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from privstream.connectors.json_reports import ReportColumns
 from privstream.mechanisms.report_port import Answer, Ask, wire_array
 from privstream.mechanisms.tasks import EstimationTask
 from privstream.operators.report_columns import DeviceSeen, Tally, take_columns
@@ -33,6 +32,7 @@ from privstream.schema.protocol import (
     derive_salt,
     sample_rule,
 )
+from privstream.schema.report_wire import ReportColumns
 
 ROUNDS_PER_SLOT = 4
 """The most rounds one mechanism asks in a slot (LDP-IDS: two); sizes the rate limit."""

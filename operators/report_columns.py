@@ -4,7 +4,7 @@ as the oracle's sufficient statistic instead of ``Report`` objects.
 
 ``DeviceSeen`` is a ``schema.protocol.SeenReports`` for one stream whose per-device history
 lives in arrays: ``check_reports`` (the per-report path) and ``take_columns`` (a run of
-reports as ``connectors.json_reports.ReportColumns``) read and write the same state, so a
+reports as ``schema.report_wire.ReportColumns``) read and write the same state, so a
 report gets the same verdict whichever path it takes. ``Tally`` is what a request keeps of its
 accepted reports: GRR's and OUE's counts, OLH's ``(a, b, y)`` rows, HM's values and CGM's rows
 (with the devices' rows, to put them in device-id order at close).
@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from privstream.connectors.json_reports import Key, ReportColumns
 from privstream.mechanisms.report_port import (
     Answer,
     aggregate_support,
@@ -46,6 +45,7 @@ from privstream.schema.protocol import (
     stream_now,
     verdict,
 )
+from privstream.schema.report_wire import Key, ReportColumns
 
 Rows = NDArray[np.int64]
 

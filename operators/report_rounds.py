@@ -36,7 +36,6 @@ from bytewax import operators as op
 from bytewax.dataflow import Stream, operator
 from bytewax.operators import KeyedStream, StatefulBatchLogic
 
-from privstream.connectors.json_reports import ReportColumns
 from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.contract import (
     ExtraRecord,
@@ -63,12 +62,13 @@ from privstream.operators.slotting import (
 from privstream.operators.stream_state import StreamState
 from privstream.schema.events import STREAM_HALTED, UNAUTHENTICATED_MARKER, DeadLetter
 from privstream.schema.protocol import Close, Report, Request
+from privstream.schema.report_wire import ReportColumns
 
 log = logging.getLogger(__name__)
 
 ReportItem = tuple[int, Report | Close | ReportColumns]
 """One report-topic message of a stream (or a run of its reports decoded as columns,
-``connectors.json_reports.decode_poll``): its input partition and what it holds."""
+``schema.report_wire.decode_poll``): its input partition and what it holds."""
 MAX_OPEN_AHEAD = 64
 """The most slots an opening marker may run ahead of the slot in progress."""
 

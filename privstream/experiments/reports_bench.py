@@ -4,7 +4,7 @@ ratios in one run on one machine.
 1. **Server stage.** One round of ``n`` reports through the server stage's own logic
    (``operators.report_rounds.ReportRoundsLogic``, one LBU stream over ``n`` devices, the oracle
    forced to GRR, OUE or OLH): the opening marker (the step asks), the reports decoded from
-   their bytes (``connectors.json_reports.decode_poll``: runs as columns) in polls of 5,000 and
+   their bytes (``schema.report_wire.decode_poll``: runs as columns) in polls of 5,000 and
    checked (``operators.report_columns.take_columns``), then the closing marker (the round's aggregate, the step and the
    release). Against it, the same ``n`` raw events of the ``ldp-simulated`` path through the
    slotted operator (``parse_raw_batch`` per poll, ``SlottedLogic.on_batch``, the slot's LBU
@@ -52,7 +52,6 @@ import numpy as np
 from privstream.client import FileStore
 from privstream.connectors.broker import EmbeddedBroker, free_port
 from privstream.connectors.datasets import synthetic_dataset
-from privstream.connectors.json_reports import decode_poll
 from privstream.connectors.kafka import (
     KafkaEventSource,
     KafkaSettings,
@@ -82,6 +81,7 @@ from privstream.schema.protocol import (
     Request,
     olh_g,
 )
+from privstream.schema.report_wire import decode_poll
 
 ORACLES: Final = ("GRR", "OUE", "OLH")
 TASK_ORACLE: Final[dict[str, Literal["grr", "oue", "olh"]]] = {

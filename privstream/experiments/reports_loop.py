@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from privstream.connectors.datasets import SlotStream
-from privstream.connectors.json_reports import ReportColumns, decode_poll
 from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.contract import Halt, LedgerEntry, Mechanism, Release
 from privstream.mechanisms.seeding import NoiseKey
@@ -28,6 +27,7 @@ from privstream.operators.slotting import make_plan
 from privstream.runtime.fleet import Fleet, FleetConfig
 from privstream.schema.events import DeadLetter
 from privstream.schema.protocol import Close, ProtocolError, Request, decode_request
+from privstream.schema.report_wire import ReportColumns, decode_poll
 
 
 class SeededRandomness:

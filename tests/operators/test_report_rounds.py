@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from privstream.connectors.json_reports import ReportColumns
 from privstream.experiments.reports_loop import seeded_devices
 from privstream.mechanisms.contract import LedgerEntry
 from privstream.mechanisms.seeding import NoiseKey
@@ -33,6 +32,7 @@ from privstream.operators.slotting import make_plan
 from privstream.runtime.fleet import EXPECTED_REASONS, LIES, Fleet, FleetConfig
 from privstream.schema.events import UNAUTHENTICATED_MARKER
 from privstream.schema.protocol import CLOSED_ROUND, Close, Report, decode_message
+from privstream.schema.report_wire import ReportColumns
 from tests.mechanisms.reports_stats import (
     EPSILON,
     TASK,

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from privstream.connectors.json_reports import decode_poll
 from privstream.families.registry import LDP_IDS
 from privstream.mechanisms.seeding import NoiseKey
 from privstream.mechanisms.tasks import FrequencyTask
@@ -20,6 +19,7 @@ from privstream.operators.metrics import BOARD
 from privstream.operators.report_rounds import ReportItem, ReportRoundsLogic, ReportsPlan
 from privstream.operators.slotting import make_plan
 from privstream.schema.protocol import Close, Report, Request
+from privstream.schema.report_wire import decode_poll
 
 N, SLOTS, STREAM = 40, 4, "s"
 KEY = NoiseKey.coerce(11)

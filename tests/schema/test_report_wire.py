@@ -1,4 +1,4 @@
-"""``connectors.json_reports.decode_messages``: every report-topic message decodes to exactly
+"""``schema.report_wire.decode_messages``: every report-topic message decodes to exactly
 what ``schema.protocol.decode_message`` gives it (the report or marker, or the same refusal),
 whichever path it took: well-formed reports of every oracle, markers, hostile lines and 20,000
 seeded random mutations of good ones."""
@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from privstream.connectors import json_reports
-from privstream.connectors.json_reports import decode_messages
+from privstream.schema import report_wire
 from privstream.schema.events import MAX_EVENT_BYTES
 from privstream.schema.protocol import (
     CgmStep,
@@ -23,6 +22,7 @@ from privstream.schema.protocol import (
     Request,
     decode_message,
 )
+from privstream.schema.report_wire import decode_messages
 
 GRR = Request("country", 3, 1, "LBU.m1", OracleSpec("GRR", 4), 0.25, 10)
 OUE = Request("country", 3, 1, "LBU.m1", OracleSpec("OUE", 5), 0.25, 10)
@@ -71,7 +71,7 @@ def test_good_reports_and_markers_decode_as_the_protocol_decodes_them(
         fallbacks.append(line)
         return decode_message(line)
 
-    monkeypatch.setattr(json_reports, "decode_message", counted)
+    monkeypatch.setattr(report_wire, "decode_message", counted)
     decoded = decode_messages(lines)
     assert fallbacks == [lines[-1]]  # every report took the fast path; the marker did not
     monkeypatch.undo()

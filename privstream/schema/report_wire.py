@@ -10,7 +10,7 @@ would build a valid ``Report`` (``ReportColumns.reports`` builds them). Anything
 marker, a message the fast decoder refuses or that the protocol refuses) goes through
 ``decode_message`` itself, which names the reason. So every message decodes to exactly what
 ``decode_message`` gives it, whichever path it took (``decode_messages``, the poll one message
-at a time: ``tests/connectors/test_json_reports.py`` checks it on hostile and random
+at a time: ``tests/connectors/test_report_wire.py`` checks it on hostile and random
 messages).
 """
 
