@@ -96,6 +96,8 @@ def resolve_source(
         synthetic = factory(users, slots, seed, task)
     else:
         synthetic = synthetic_dataset(name, users, slots, seed, independent=independent)
+    own = getattr(synthetic, "task", None)  # a family's dataset may state its task
+    task = task or (own if isinstance(own, EstimationTask) else None)
     return Source(stream or name, task or _synthetic_task(synthetic, domain, mean_range),
                   synthetic=synthetic)  # fmt: skip
 

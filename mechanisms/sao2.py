@@ -25,6 +25,7 @@ per-level ``n_h`` are public (data-independent).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import ClassVar, Final
@@ -65,6 +66,9 @@ from privstream.mechanisms.validation import check_population, check_requirement
 STATE_VERSION: Final = 1
 LIFETIME: Final = 0
 """The ``ClassSpend.scope`` of the lifetime account: no window, every horizon counts."""
+DIVISION: Final = "sao2-lifetime"
+"""The lifetime division (one account per user; ε per enrolled horizon; declared with its audit
+by ``families.sao2``)."""
 ACCOUNTANT: Final = "classical-7.1"
 """The shuffle bound a release states (spec §7.1; §7.2 is unverified, A23)."""
 
@@ -128,6 +132,12 @@ class Sao2Config:
                 f"m must give 1 <= m_h <= d'_h for each of the {H} levels, got {self.m!r}"
             )
 
+    def shared(self, share: float) -> Sao2Config:
+        """This config for a mechanism given the share ``s`` of the budget: s·ε per horizon and
+        s·ε_life over the lifetime."""
+        life = None if self.lifetime_epsilon is None else self.lifetime_epsilon * share
+        return dataclasses.replace(self, epsilon=self.epsilon * share, lifetime_epsilon=life)
+
     @property
     def lifetime(self) -> float:
         """``ε_life``."""
@@ -184,10 +194,16 @@ class Sao2Release(Details):
 class Sao2Ledger(Details):
     """The lifetime ledger after a slot (spec §10.6): ε per horizon, ``ε_life``, the most-spent
     user's lifetime spend, the users enrolled in the horizon and those refused at its start
-    (lifetime spent), per level ``d'_h``, ``m_h``, ``n_h``, ``W_h`` and the stated ε_c."""
+    (lifetime spent), the public ``s``, ``r``, ``T``, per level ``d'_h``, ``m_h``, ``n_h``,
+    ``W_h`` and the stated ε_c, and the last release's standard error (data-independent: it
+    depends on ``n_h`` and the slot's place in the horizon only)."""
 
     family: ClassVar[str] = "sao2"
     horizon: int
+    tau: int
+    s: int
+    r: int
+    window: int
     epsilon: float
     lifetime_epsilon: float
     lifetime_spent: float
@@ -200,15 +216,17 @@ class Sao2Ledger(Details):
     epsilon_central: tuple[float, ...]
     accountant: str
     delta: float
+    stderr: float | None
 
 
 class Sao2Mechanism(Mechanism[Sao2Config, Sao2State]):
-    """SaO2 with online ExSub (module docstring): ε-LDP per horizon, ``ε_life`` over a lifetime."""
+    """SaO2 with online ExSub (spec sao2 §2, §4.4, §5.2; module docstring): ε-LDP per horizon,
+    ``ε_life`` over a lifetime."""
 
     name: ClassVar[str] = "SaO2"
     state_version: ClassVar[int] = STATE_VERSION
     trust_modes: ClassVar[tuple[TrustMode, ...]] = ("ldp-simulated",)
-    division: ClassVar[Division] = "user"
+    division: ClassVar[Division] = DIVISION
     conformance: ClassVar[Conformance] = Conformance(
         invalid=(("epsilon", 0.0), ("window", 0), ("population", 0), ("s", 0), ("r", 1),
                  ("weights", "best"), ("lifetime_epsilon", 0.5), ("delta", 1.0), ("task", None)),
@@ -258,17 +276,16 @@ class Sao2Mechanism(Mechanism[Sao2Config, Sao2State]):
         enrolled = sum(state.n_h) > 0
         charged = cfg.epsilon if enrol is not None and enrolled else 0.0
         strategy: Strategy = "publish"
+        # every device with a new value keeps it (carried forward, spec §10.2); enrolled ones emit
+        protocol = self.protocol(tau, None if enrol is None else enrol.astype(np.int64))
+        counts = slot.client.respond(protocol, slot.client.eligible(), "symbols")
         if enrolled:
-            asked = slot.client.eligible() & (state.level >= 0)
-            protocol = self.protocol(tau, None if enrol is None else enrol.astype(np.int64))
-            counts = slot.client.respond(protocol, asked, "symbols")
             estimate = self._estimate(state, tau, counts)
         else:  # nobody enrolled this horizon: the last release repeats, nothing is spent
             estimate, strategy = np.asarray(state.estimate), "approximate"
-        return [
-            self._release(state, slot, tau, estimate, strategy),
-            self._entry(state, slot, charged),
-        ]
+        release = self._release(state, slot, tau, estimate, strategy)
+        assert isinstance(release.details, Sao2Release)
+        return [release, self._entry(state, slot, tau, charged, release.details.stderr)]
 
     def _enrol(self, state: Sao2State, slot: Slot) -> NDArray[np.int8]:
         """A horizon starts: every user whose lifetime holds one more ε is enrolled at a level
@@ -335,14 +352,16 @@ class Sao2Mechanism(Mechanism[Sao2Config, Sao2State]):
                               state.epsilon_central, ACCOUNTANT, cfg.delta)  # fmt: skip
         return self.release(slot, strategy, state.estimate, state.source_slot, details)
 
-    def _entry(self, state: Sao2State, slot: Slot, charged: float) -> LedgerEntry:
+    def _entry(
+        self, state: Sao2State, slot: Slot, tau: int, charged: float, stderr: float | None
+    ) -> LedgerEntry:
         """One class, the lifetime account: an enrolled user pays ε at its horizon's start; the
         most-spent user has spent ``horizons·ε`` of ``ε_life``."""
         cfg = self.config
         spent = float(state.horizons.max(initial=0)) * cfg.epsilon
         spend = ClassSpend(LIFETIME, cfg.lifetime, cfg.population, charged, spent)
-        details = Sao2Ledger(state.horizon, cfg.epsilon, cfg.lifetime, spent, sum(state.n_h),
-                             state.refused, cfg.d_primes, self.m_h, state.n_h,
-                             tuple(float(w) for w in self.weights), state.epsilon_central,
-                             ACCOUNTANT, cfg.delta)  # fmt: skip
+        details = Sao2Ledger(state.horizon, tau, cfg.s, cfg.r, cfg.window, cfg.epsilon,
+                             cfg.lifetime, spent, sum(state.n_h), state.refused, cfg.d_primes,
+                             self.m_h, state.n_h, tuple(float(w) for w in self.weights),
+                             state.epsilon_central, ACCOUNTANT, cfg.delta, stderr)  # fmt: skip
         return self.ledger_entry(slot, (spend,), details)

@@ -3,8 +3,8 @@
 
 At every slot ``τ = 1..T`` of a horizon each enrolled user (level ``h``, drawn by the server
 independently of the data) takes its current value ``x_τ`` (``BinaryTask``: a category index or
-a bitmask; a user without a current value, one the port does not ask, reads ``x_τ = 0``: in no
-cell, no set bit), runs CLIP-STREAM
+a bitmask; a user without a new value at ``τ`` carries its last one forward, spec §10.2, and a
+user that never had one reads ``x_τ = 0``: in no cell, no set bit), runs CLIP-STREAM
 (§3.1), and when ``τ ≡ 0 (mod r^h)`` forms the residue ``R_{τ/r^h, h} = x̃_τ − pred`` (Algorithm 1)
 and runs Algorithm 4's step for that block (§4.4), emitting the block's symbols
 ``(coordinate i ∈ [0, d), sign)``. A block's symbols depend only on data up to its time.
@@ -185,13 +185,14 @@ class Sao2Clients:
     c: NDArray[np.int32]
     rem_nz: NDArray[np.int32]
     rem_z: NDArray[np.int64]
+    last: NDArray[np.int64]
 
     @classmethod
     def empty(cls, n: int, s: int) -> Sao2Clients:
         zeros = np.zeros(n, dtype=np.int32)
         return cls(np.full(n, -1, np.int8), zeros, np.full((n, s), -1, np.int32),
                    np.full((n, s), -1, np.int32), zeros.copy(), zeros.copy(), zeros.copy(),
-                   zeros.copy(), np.zeros(n, np.int64))  # fmt: skip
+                   zeros.copy(), np.zeros(n, np.int64), np.full(n, -1, np.int64))  # fmt: skip
 
     def copy(self) -> Sao2Clients:
         return Sao2Clients(*(a.copy() for a in dataclasses.astuple(self)))
@@ -242,19 +243,19 @@ class Sao2Protocol:
     def emit(
         self, values: NDArray[Any], asked: NDArray[np.bool_], state: Any, rng: np.random.Generator
     ) -> tuple[Sao2Clients, list[Emitted]]:
-        """The slot for every enrolled device: clip its value (the ``asked`` users' current
-        values; ``x_τ = 0`` for an enrolled user without one), then each level whose block ends
-        now emits its symbols."""
+        """The slot for every device: the ``asked`` users (those with a new value) keep it as
+        their last value, whether enrolled or not; every enrolled device clips its last value
+        (``x_τ = 0`` for one that never had one), then each level whose block ends now emits
+        its symbols."""
         n = asked.shape[0]
         new = (Sao2Clients.empty(n, self.s) if state is None else state).copy()
         if self.enrol is not None:
             self._enrol(new, rng)
-        if np.any(asked & (new.level < 0)):
-            raise ValueError("a user not enrolled in this horizon was asked to report")
+        new.last[asked] = self.task.encode(np.asarray(values)[asked])
         rows = np.flatnonzero(new.level >= 0)
         current = np.full((rows.size, self.task.width), -1, dtype=np.int64)
-        has = asked[rows]
-        current[has] = self.task.support(np.asarray(values)[rows[has]])
+        has = new.last[rows] >= 0
+        current[has] = self.task.support(new.last[rows[has]])
         clipped, budget = clip_step(new.clipped[rows], new.budget[rows], current)
         new.clipped[rows], new.budget[rows] = clipped, budget
         out = []
@@ -268,7 +269,8 @@ class Sao2Protocol:
         assert self.enrol is not None
         fresh = Sao2Clients.empty(self.enrol.shape[0], self.s)
         for name, value in dataclasses.asdict(fresh).items():
-            getattr(state, name)[...] = value
+            if name != "last":
+                getattr(state, name)[...] = value
         state.level[:] = self.enrol
         for h, T_h in enumerate(level_lengths(self.T, self.r)):
             rows = np.flatnonzero(self.enrol == h)

@@ -63,7 +63,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 from wsgiref.simple_server import WSGIServer
@@ -391,21 +391,26 @@ def _declared_families(accounts: dict[tuple[str, str], _Account]) -> Iterator[Me
             continue
         gauge = GaugeMetricFamily(PREFIX + spec.name, spec.help, labels=spec.labels)
         for (stream, mechanism), account in sorted(accounts.items()):
-            value = _read(spec, account)
-            if value is not None and math.isfinite(value):
-                gauge.add_metric([stream, mechanism], float(value))
+            for extra, value in _read(spec, account):
+                gauge.add_metric([stream, mechanism, *extra], value)
         yield gauge
 
 
-def _read(spec: MetricSpec, account: _Account) -> float | None:
-    """``spec``'s value for ``account``, or None where its reader cannot read it: every
-    declared gauge is read for every (stream, mechanism) of the process, so a family's reader
-    meets other families' entries, and one that fails on them must not fail the scrape (a
-    scrape that raises serves no metric at all)."""
+def _read(spec: MetricSpec, account: _Account) -> list[tuple[tuple[str, ...], float]]:
+    """``spec``'s finite samples for ``account`` as (values of the labels beyond ``{stream,
+    mechanism}``, value): one unlabelled sample for a reader answering a number, one per key
+    for a reader answering a mapping (``MetricSpec.labels``); none where the reader cannot
+    read it: every declared gauge is read for every (stream, mechanism) of the process, so a
+    family's reader meets other families' entries, and one that fails on them must not fail
+    the scrape (a scrape that raises serves no metric at all)."""
+    extra = len(spec.labels) - len(LABELS)
     try:
-        return spec.value(account.tally, account.tally.last_ledger)
+        value = spec.value(account.tally, account.tally.last_ledger)
+        pairs = [((), value)] if not isinstance(value, Mapping) else list(value.items())
+        out = [(tuple(str(k) for k in key), float(v)) for key, v in pairs if v is not None]
     except (AttributeError, KeyError, TypeError, ValueError):
-        return None
+        return []
+    return [(key, v) for key, v in out if len(key) == extra and math.isfinite(v)]
 
 
 def public_metrics() -> frozenset[str]:

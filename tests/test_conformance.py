@@ -42,6 +42,7 @@ def test_every_family_member_is_registered() -> None:
         "personalized": {"BD", "BA", "Uniform", "Sample", "PLBU", "PU", "PBD", "PBA"},
         "cgm": {"CGM", "Alg1"},
         "dpi": {"DPI", "DPI-paper", "DPI-prior", "DPI-uniform", "Laplace-horizon"},
+        "sao2": {"SaO2"},
     }
     assert {r.trust for r in REGISTRY if r.family.name == "personalized"} == {"cdp"}
     assert {r.trust for r in REGISTRY if r.family.name in ("ldp-ids", "cgm")} == {"ldp-simulated"}

@@ -79,14 +79,14 @@ def toyfam(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rediscover: None) ->
 def test_the_builtin_families_are_the_entry_points_pyproject_declares() -> None:
     table = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
     assert table[registry.GROUP] == registry.BUILTIN
-    assert list(registry.families()) == ["ldp-ids", "personalized", "cgm", "dpi"]
-    assert len(registry.REGISTRY) == 11 + 8 + 2 + 5
+    assert list(registry.families()) == ["ldp-ids", "personalized", "cgm", "dpi", "sao2"]
+    assert len(registry.REGISTRY) == 11 + 8 + 2 + 5 + 1
     assert registry.LDP_IDS is registry.family("ldp-ids")  # the old names still resolve
 
 
 def test_an_external_family_is_discovered_and_runs_in_process(toyfam: Path, tmp_path: Path) -> None:
     assert isinstance(registry.family("toyfam"), Family)
-    assert list(registry.FAMILIES) == ["ldp-ids", "personalized", "cgm", "dpi", "toyfam"]
+    assert list(registry.FAMILIES) == ["ldp-ids", "personalized", "cgm", "dpi", "sao2", "toyfam"]
     out = tmp_path / "toy.jsonl"
     argv = ["run", "toyfam", "--users", "300", "--slots", "12", "--insecure-seed", "7"]
     assert main([*argv, "--no-progress", "--out", str(out)]) == 0

@@ -240,7 +240,7 @@ def _only(stream: dict[str, Any], **fields: Any) -> Callable[[dict[str, Any]], o
         (_stream(name="x" * 65), ["streams[1].name: must be a stream name"]),
         (_add_stream(share=0.1), ['streams[2].name: "country" is also the name of streams[1]; stream names are unique']),
         # family, mechanisms, budget split
-        (_stream(family="ldp"), ['streams["country"].family: must be one of ldp-ids, personalized, cgm, dpi; got "ldp"']),
+        (_stream(family="ldp"), ['streams["country"].family: must be one of ldp-ids, personalized, cgm, dpi, sao2; got "ldp"']),
         (_stream(mechanisms=["XYZ"]), ['streams["country"].mechanisms: unknown ldp-ids mechanism(s) [\'XYZ\']; choose from LBU']),
         (_stream(mechanisms=[1]), ['streams["country"].mechanisms: must be a list of names of LBU']),
         (_stream(mechanisms=["LBU", "LPA"]), ['streams["country"].budget_split: missing; required with several mechanisms (LBU, LPA share']),

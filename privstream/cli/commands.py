@@ -21,7 +21,6 @@ from typing import Any
 
 from privstream.cli import accountant as accountant_cli
 from privstream.cli import bench_reports as bench_reports_cli
-from privstream.cli import bench_sao2 as bench_sao2_cli
 from privstream.cli import demo_reports as demo_reports_cli
 from privstream.cli import devices as devices_cli
 from privstream.cli import gateway as gateway_cli
@@ -391,7 +390,10 @@ def _parser() -> argparse.ArgumentParser:
     bench_family = bench.add_subparsers(dest="family", required=True)
     for family in FAMILIES.values():
         _run_flags(run_family.add_parser(family.name, help=family.summary), family)
-        _bench_flags(bench_family.add_parser(family.name, help=family.summary), family)
+        if family.bench.command is not None:
+            family.bench.command.load().add_parser(bench_family)
+        else:
+            _bench_flags(bench_family.add_parser(family.name, help=family.summary), family)
     _kafka_tools(commands)
     _bench_tools(bench_family)
     _demo_audit(commands)
@@ -590,7 +592,7 @@ def _clock_key_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _bench_tools(bench_family: Any) -> None:
-    """``privstream bench noise``, ``bench kafka``, ``bench reports`` and ``bench sao2``."""
+    """``privstream bench noise``, ``bench kafka`` and ``bench reports``."""
     bnoise = bench_family.add_parser(
         "noise", help="cost of the keyed AES-CTR stream and the exact discrete Laplace"
     )
@@ -626,7 +628,6 @@ def _bench_tools(bench_family: Any) -> None:
     bkafka.add_argument("--json", help="write the results as JSON to this file")
     _kafka_flags(bkafka)
     bench_reports_cli.add_parser(bench_family, _kafka_flags)
-    bench_sao2_cli.add_parser(bench_family)
 
 
 def _process_counts(text: str) -> tuple[int, ...]:
@@ -1316,6 +1317,14 @@ def bench_noise(args: argparse.Namespace) -> int:
     return _report(result, args.json)
 
 
+def _bench_command(args: argparse.Namespace) -> Any:
+    """``privstream bench <family>``'s runner: the family's own command where it declares one
+    (``BenchSpec.command``), else the generic harness run (``bench_family``)."""
+    family = FAMILIES.get(getattr(args, "family", "") or "")
+    command = family.bench.command if family is not None else None
+    return bench_family if command is None else command.load().run
+
+
 def bench_family(args: argparse.Namespace) -> int:
     """``privstream bench <family>``: the family's benchmark on the engine-free core."""
     from privstream.experiments import harness
@@ -1423,8 +1432,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "kafka": bench_kafka,
             "noise": bench_noise,
             "reports": bench_reports_cli.run,
-            "sao2": bench_sao2_cli.run,
-        }.get(getattr(args, "family", ""), bench_family),
+        }.get(getattr(args, "family", ""), _bench_command(args)),
         "demo": demo,
         "demo-ldp": demo_reports_cli.run,
         "audit": audit,

@@ -60,6 +60,7 @@ BUILTIN: Final[dict[str, str]] = {
     "personalized": "privstream.families.personalized:FAMILY",
     "cgm": "privstream.families.cgm:FAMILY",
     "dpi": "privstream.families.dpi:FAMILY",
+    "sao2": "privstream.families.sao2:FAMILY",
 }
 """privstream's own entry points (``pyproject.toml``), read even when the install predates them."""
 

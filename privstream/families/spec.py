@@ -173,6 +173,21 @@ DatasetFactory = Callable[[int, int, int, "EstimationTask | None"], Any]
 
 
 @dataclass(frozen=True)
+class BenchCommand:
+    """A family's own ``privstream bench <family>`` command, in place of the generic harness
+    run (a reproduction with its own flags): ``module`` names a module with
+    ``add_parser(bench_subparsers)``, registering the ``<family>`` sub-command, and
+    ``run(args) -> int``. Imported only when the command line is built."""
+
+    module: str
+
+    def load(self) -> Any:
+        import importlib
+
+        return importlib.import_module(self.module)
+
+
+@dataclass(frozen=True)
 class BenchSpec:
     """What ``privstream bench <family>`` runs and reports.
 
@@ -193,6 +208,9 @@ class BenchSpec:
     users: int
     slots: int
     independent: bool = False
+    command: BenchCommand | None = None
+    """The family's own bench command (None: the generic harness run with ``datasets`` etc.;
+    the harness runs the family either way)."""
 
 
 @dataclass(frozen=True)
@@ -203,11 +221,13 @@ class MetricSpec:
     public endpoint's allow-list (``PUBLIC_METRICS``) — only a value safe to show anyone (a
     privatised estimate, a public count, the ledger's spend) may be public; ``value`` reads one
     (stream, mechanism) sample from that stream's ``Tally`` and its last ``LedgerEntry`` (None:
-    no sample). Only gauges labelled ``{stream, mechanism}`` for now."""
+    no sample). Gauges only. A metric with labels beyond ``{stream, mechanism}`` (``labels``
+    ``("stream", "mechanism", "level")``) has a reader answering a mapping from the tuple of
+    the extra labels' values to the value, one sample each."""
 
     name: str
     help: str
-    value: Callable[[Any, Any], float | None]
+    value: Callable[[Any, Any], float | Mapping[tuple[str, ...], float] | None]
     public: bool = True
     labels: tuple[str, ...] = ("stream", "mechanism")
 

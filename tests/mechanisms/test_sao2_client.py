@@ -144,17 +144,24 @@ def test_device_state_is_o_s_integers_per_user() -> None:
     assert sum(a.nbytes for a in vars(state).values()) < 20e6
 
 
-def test_an_unasked_enrolled_user_reads_zero_and_an_unenrolled_one_is_refused() -> None:
+def test_a_device_carries_its_last_value_forward_and_an_unenrolled_one_only_remembers() -> None:
+    """Spec §10.2: a device without a new value at a slot keeps its last one (sparse streams send
+    only changes); one that never had a value reads 0; a device not enrolled in the horizon
+    remembers its value (for the next horizon) and emits nothing."""
     task = BinaryTask(4)
     proto = Sao2Protocol(1, 4, 2, 3, 1.0, task, (3, 3, 2), np.array([0, 0, -1]))
-    asked = np.array([True, False, False])
-    state, _ = proto.emit(np.array([2, 3, -1]), asked, None, np.random.default_rng(0))
+    asked = np.array([True, False, True])
+    state, _ = proto.emit(np.array([2, 3, 1]), asked, None, np.random.default_rng(0))
     assert state.clipped[0].tolist() == [2, -1, -1] and state.clipped[1].tolist() == [-1] * 3
+    assert state.last.tolist() == [2, -1, 1] and state.clipped[2].tolist() == [-1] * 3
     later = Sao2Protocol(2, 4, 2, 3, 1.0, task, (3, 3, 2))
-    with pytest.raises(ValueError, match="not enrolled"):
-        later.emit(
-            np.array([2, 3, 1]), np.array([True, True, True]), state, np.random.default_rng(0)
-        )
+    state, out = later.emit(
+        np.array([-1, 0, -1]), np.array([False, True, False]), state, np.random.default_rng(0)
+    )
+    assert state.clipped[0].tolist() == [2, -1, -1]  # carried forward, no change spent
+    assert state.budget[0] == 3 - 1 and state.clipped[1].tolist() == [0, -1, -1]
+    assert state.last.tolist() == [2, 0, 1]
+    assert all(2 not in e.user.tolist() for e in out)  # not enrolled: never emits
 
 
 @pytest.mark.parametrize(("pop", "k"), [(9, 2), (5, 4)])
