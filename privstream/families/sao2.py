@@ -126,8 +126,8 @@ def _m(text: str) -> tuple[int, ...]:
 
 
 OPTIONS: Final = (
-    Option("s", at_least(1), 8, "s: the most changes of a user's stream per horizon (clipped to it)"),
-    Option("r", at_least(2), 2, "r: the hierarchy's fan-out (the horizon --window should be a power of r)"),
+    Option("s", at_least(1), 8, "s: the most changes of a user's stream per horizon (clipped to it)", key="max_changes"),
+    Option("r", at_least(2), 2, "r: the hierarchy's fan-out (the horizon --window should be a power of r)", key="fanout"),
     Option("weights", choice(*WEIGHT_STRATEGIES), "uniform", "the level weights W: how users are split among the levels"),
     Option("query_family", choice(*QUERY_FAMILIES), "prefix", "the queries --weights optimal weighs for"),
     Option("m", _m, None, "m_h per level, comma-separated (default: the optimal m* of each level)"),

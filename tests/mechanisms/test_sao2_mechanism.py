@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
+import privstream.families.sao2  # noqa: F401  (registers the sao2-lifetime division)
 from privstream.mechanisms.client import SimulatedClientPort
 from privstream.mechanisms.contract import LedgerEntry, Release, Slot
 from privstream.mechanisms.errors import PrivacyBudgetExceeded
