@@ -781,7 +781,12 @@ def _options(
     defaults = {name: share * population.delta} if name and population.delta is not None else {}
     for option in family.options:
         value = t.data.get(option.word, defaults.get(option.name, option.default))
-        kinds = (int, float) if isinstance(option.default, float) else (type(option.default),)
+        if value is None and option.default is None:  # absent, and the family's default is none
+            options[option.name] = None
+            continue
+        kinds: tuple[type, ...] = (type(option.default),)
+        if isinstance(option.default, float) or option.default is None:
+            kinds = (int, float) if option.default is not None else (int, float, str)
         if isinstance(value, bool) or not isinstance(value, kinds):
             kind = {float: "a number", int: "an integer", str: "a string"}.get(
                 type(option.default), "a value"

@@ -30,7 +30,6 @@ from privstream.families.spec import (
     at_least,
     choice,
     open_fraction,
-    positive,
 )
 from privstream.mechanisms.sao2 import Sao2Config, Sao2Ledger, Sao2Mechanism
 from privstream.mechanisms.sao2_encoding import QUERY_FAMILIES, WEIGHT_STRATEGIES
@@ -131,9 +130,19 @@ OPTIONS: Final = (
     Option("weights", choice(*WEIGHT_STRATEGIES), "uniform", "the level weights W: how users are split among the levels"),
     Option("query_family", choice(*QUERY_FAMILIES), "prefix", "the queries --weights optimal weighs for"),
     Option("m", _m, None, "m_h per level, comma-separated (default: the optimal m* of each level)"),
-    Option("lifetime_epsilon", positive, None, "ε_life: a user's budget over all horizons (default: ε, one horizon)"),
+    Option("horizons", at_least(1), 1, "k: the horizons a user may be enrolled in; each spends ε/k of the lifetime ε"),
     Option("delta", open_fraction, 1e-5, "δ of the central ε_c stated for the shuffled levels"),
 )  # fmt: skip
+
+
+def sao2_config(
+    *, epsilon: float, window: int, population: int, task: Any, horizons: int = 1, **options: Any
+) -> Sao2Config:
+    """The config from the template's budget: the stream's ε (``share × population.epsilon``,
+    ``--epsilon``) is the lifetime budget ``ε_life`` a user's guarantee states, and each of the
+    ``horizons`` horizons a user may be enrolled in spends ``ε/horizons`` of it (spec §10.6)."""
+    return Sao2Config(epsilon=epsilon / horizons, lifetime_epsilon=epsilon, window=window,
+                      population=population, task=task, **options)  # fmt: skip
 
 
 def sao2_scores(run: Any) -> dict[str, float]:
@@ -162,7 +171,7 @@ FAMILY: Final = Family(
     name="sao2",
     summary="SaO2: private means of sparse binary streams (ε-LDP per horizon, shuffle-amplified)",
     mechanisms={Sao2Mechanism.name: Sao2Mechanism},
-    config=Sao2Config,
+    config=sao2_config,
     epsilon=1.0,
     window=32,
     users=20_000,

@@ -4,7 +4,7 @@
   §10.2) gets byte-identical releases to one that sends every value at every slot.
 * A run stopped mid-horizon and resumed from its recovery store continues the horizon and the
   lifetime ledger (each user charged ε at the starts of horizons 1 and 2, refused at horizon 3's
-  with ε_life = 2ε, whose releases repeat the last one) and equals an uninterrupted run byte for
+  with ``--epsilon 2 --horizons 2``: ε = 1 per horizon, whose releases repeat the last one) and equals an uninterrupted run byte for
   byte; ``privstream audit`` passes the topics, its SaO2 checks included.
 * A resume with another ``s`` (``--max-changes``) is refused.
 """
@@ -47,8 +47,8 @@ def events(slots: range, *, changes_only: bool) -> list[bytes]:
 
 def flags(topics: Topics, kafka: KafkaSettings, secret: Path, slots: int, s: int = 4) -> list[str]:
     return [
-        "run", "sao2", "--stream", STREAM, "--users", str(USERS), "--epsilon", "1",
-        "--window", str(T), "--binary", str(D), "--max-changes", str(s), "--lifetime-epsilon", "2",
+        "run", "sao2", "--stream", STREAM, "--users", str(USERS), "--epsilon", "2",
+        "--window", str(T), "--binary", str(D), "--max-changes", str(s), "--horizons", "2",
         "--slots", str(slots), "--secret-file", str(secret), "--no-progress",
         *topics.run_flags(kafka),
     ]  # fmt: skip
