@@ -76,7 +76,8 @@ class Sao2Synthetic:
         """Every user's value at ``slot`` (1-based): a cell index or a bitmask."""
         if not 1 <= slot <= self.slots:
             raise ValueError(f"slot must lie in 1..{self.slots}, got {slot}")
-        return self.table[slot - 1]
+        row: NDArray[np.int64] = self.table[slot - 1]
+        return row
 
     def truth(self, slot: int) -> NDArray[np.float64]:
         """``x̄_t``: the mean binary vector of the slot."""

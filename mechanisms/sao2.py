@@ -26,6 +26,7 @@ per-level ``n_h`` are public (data-independent).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import ClassVar, Final
@@ -57,7 +58,13 @@ from privstream.mechanisms.sao2_encoding import (
     level_lengths,
     level_weights,
 )
-from privstream.mechanisms.sao2_exsub import ExSubParams, exsub_params, optimal_m, value_estimate
+from privstream.mechanisms.sao2_exsub import (
+    ExSubParams,
+    exsub_params,
+    optimal_m,
+    subgroup_law,
+    value_estimate,
+)
 from privstream.mechanisms.sao2_task import BinaryTask
 from privstream.mechanisms.shuffle_accountant import classical_bound
 from privstream.mechanisms.trust import TrustMode
@@ -196,7 +203,12 @@ class Sao2Ledger(Details):
     user's lifetime spend, the users enrolled in the horizon and those refused at its start
     (lifetime spent), the public ``s``, ``r``, ``T``, per level ``d'_h``, ``m_h``, ``n_h``,
     ``W_h`` and the stated ε_c, and the last release's standard error (data-independent: it
-    depends on ``n_h`` and the slot's place in the horizon only)."""
+    depends on ``n_h`` and the slot's place in the horizon only); the shuffler's minimum batch
+    ``n_min = ⌈16 e^ε log(4/δ)⌉`` and the levels with ``n_h < n_min`` (§10.4: amplification is
+    weak there), a hash of each level's subgroup CDF (the devices' public table, §4.3) and the
+    shuffle mode (``simulated``: the counts are formed in-process; a deployed shuffler is its
+    own trust domain). Dropouts and clipped users are device-side facts, never in this public
+    ledger."""
 
     family: ClassVar[str] = "sao2"
     horizon: int
@@ -217,6 +229,22 @@ class Sao2Ledger(Details):
     accountant: str
     delta: float
     stderr: float | None
+    n_min: int
+    small_levels: int
+    subgroup_cdf: tuple[str, ...]
+    shuffle: str = "simulated"
+
+
+def min_batch(epsilon: float, delta: float) -> int:
+    """``n_min = ⌈16 e^ε log(4/δ)⌉`` (spec §10.4): below it a level's shuffle amplification is
+    weak (562 at ε = 1, δ = 1e−5)."""
+    return math.ceil(16 * math.exp(epsilon) * math.log(4 / delta))
+
+
+def subgroup_digest(cdf: NDArray[np.float64]) -> str:
+    """A short SHA-256 of a level's subgroup CDF (spec §10.6), so a reader can tell that every
+    device drew its subgroup from the same public table."""
+    return hashlib.sha256(np.asarray(cdf, dtype="<f8").tobytes()).hexdigest()[:16]
 
 
 class Sao2Mechanism(Mechanism[Sao2Config, Sao2State]):
@@ -244,6 +272,11 @@ class Sao2Mechanism(Mechanism[Sao2Config, Sao2State]):
         """``max(V_nz, V_z)`` per level: one user's per-coordinate variance bound (§4.6)."""
         G = level_G(cfg.window, cfg.r, self.variance, cfg.query_family, cfg.task.d)
         self.weights = level_weights(cfg.weights, cfg.window, cfg.r, G)
+        self.n_min = min_batch(float(cfg.epsilon), cfg.delta)
+        self.subgroup_cdf = tuple(
+            subgroup_digest(subgroup_law(p.d_prime, cfg.s, float(cfg.epsilon), p.m).cdf)
+            for p in self.params
+        )
 
     @property
     def m_h(self) -> tuple[int, ...]:
@@ -363,5 +396,7 @@ class Sao2Mechanism(Mechanism[Sao2Config, Sao2State]):
         details = Sao2Ledger(state.horizon, tau, cfg.s, cfg.r, cfg.window, cfg.epsilon,
                              cfg.lifetime, spent, sum(state.n_h), state.refused, cfg.d_primes,
                              self.m_h, state.n_h, tuple(float(w) for w in self.weights),
-                             state.epsilon_central, ACCOUNTANT, cfg.delta, stderr)  # fmt: skip
+                             state.epsilon_central, ACCOUNTANT, cfg.delta, stderr, self.n_min,
+                             sum(1 for n in state.n_h if 0 < n < self.n_min),
+                             self.subgroup_cdf)  # fmt: skip
         return self.ledger_entry(slot, (spend,), details)

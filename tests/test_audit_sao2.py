@@ -52,6 +52,8 @@ def test_an_honest_sao2_run_passes(tmp_path: Path, sao2: Run) -> None:
     assert {e["division"] for e in entries} == {"sao2-lifetime"}
     assert [e["classes"][0]["charged"] for e in entries] == [1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]
     assert entries[-1]["details"]["refused"] == USERS
+    first = entries[0]["details"]  # ε = 1 per horizon: n_min = 562 > n_h = 200 at each level
+    assert (first["n_min"], first["small_levels"], first["n_h"]) == (562, 3, [200, 200, 200])
 
 
 @pytest.mark.parametrize(
@@ -67,6 +69,10 @@ def test_an_honest_sao2_run_passes(tmp_path: Path, sao2: Run) -> None:
          "level 0: ε_c 0.1 is not Lemma 3.4's"),
         (1, lambda e: e["details"].update(enrolled=USERS - 1), "enrolled 599 but the levels hold 600"),
         (7, lambda e: e["details"].update(s=5), "parameters"),
+        (8, lambda e: e["details"].update(n_min=10), "n_min 10 is not"),
+        (8, lambda e: e["details"].update(small_levels=2), "small_levels 2 but"),
+        (2, lambda e: e["details"]["subgroup_cdf"].__setitem__(1, "0" * 16),
+         "level 1: subgroup CDF digest"),
     ],
 )  # fmt: skip
 def test_each_edit_of_the_lifetime_ledger_is_named(

@@ -15,7 +15,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -1317,12 +1317,15 @@ def bench_noise(args: argparse.Namespace) -> int:
     return _report(result, args.json)
 
 
-def _bench_command(args: argparse.Namespace) -> Any:
+def _bench_command(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
     """``privstream bench <family>``'s runner: the family's own command where it declares one
     (``BenchSpec.command``), else the generic harness run (``bench_family``)."""
     family = FAMILIES.get(getattr(args, "family", "") or "")
     command = family.bench.command if family is not None else None
-    return bench_family if command is None else command.load().run
+    if command is None:
+        return bench_family
+    run: Callable[[argparse.Namespace], int] = command.load().run
+    return run
 
 
 def bench_family(args: argparse.Namespace) -> int:

@@ -18,8 +18,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from privstream.mechanisms.accounting import DivisionSpec, UserAccount
-from privstream.mechanisms.sao2 import ACCOUNTANT, DIVISION
+from privstream.mechanisms.sao2 import ACCOUNTANT, DIVISION, min_batch, subgroup_digest
 from privstream.mechanisms.sao2_encoding import level_lengths
+from privstream.mechanisms.sao2_exsub import subgroup_law
 from privstream.mechanisms.shuffle_accountant import classical_bound
 
 RELATIVE: Final = 1e-9
@@ -67,7 +68,8 @@ def verify(entries: Sequence[Mapping[str, Any]]) -> list[tuple[int, str]]:
     other than 0 elsewhere; enrolled users that are not ``Σ n_h``, or enrolled plus refused
     that are not the population; a level's ``d'_h`` that is not ``d·T_h + s``, an ``m_h``
     outside ``[1, d'_h]``, weights that do not sum to 1; a stated ``ε_c`` that is not Lemma
-    3.4's at ``(ε, n_h, δ)`` or a method other than ``classical-7.1``; parameters (ε,
+    3.4's at ``(ε, n_h, δ)`` or a method other than ``classical-7.1``; an ``n_min``, a count of
+    levels below it or a subgroup-CDF digest other than their recomputation; parameters (ε,
     ``ε_life``, ``s``, ``r``, ``T``, δ) other than the first entry's."""
     out: list[tuple[int, str]] = []
     first = _public(entries[0]) if entries else None
@@ -118,6 +120,31 @@ def _levels(d: Mapping[str, Any], population: int) -> list[str]:
         want = classical_bound(eps, int(n), delta).epsilon if n else eps
         if not _close(stated, want):
             wrong.append(f"level {h}: ε_c {stated!r} is not Lemma 3.4's {want!r} at n_h = {n}")
+    return wrong + _shuffle_facts(d, n_h, m_h, d_prime, eps, delta)
+
+
+def _shuffle_facts(
+    d: Mapping[str, Any],
+    n_h: list[int],
+    m_h: list[int],
+    d_prime: list[int],
+    eps: float,
+    delta: float,
+) -> list[str]:
+    """``n_min``, the count of levels below it, and each level's subgroup-CDF digest, against
+    their recomputation from the entry's public parameters (spec §10.4, §10.6)."""
+    wrong = []
+    n_min = min_batch(eps, delta)
+    if int(d["n_min"]) != n_min:
+        wrong.append(f"n_min {d['n_min']} is not ⌈16 e^ε log(4/δ)⌉ = {n_min}")
+    small = sum(1 for n in n_h if 0 < int(n) < n_min)
+    if int(d["small_levels"]) != small:
+        wrong.append(f"small_levels {d['small_levels']} but {small} levels hold 0 < n_h < {n_min}")
+    s = int(d["s"])
+    for h, (dp, m, digest) in enumerate(zip(d_prime, m_h, d["subgroup_cdf"], strict=True)):
+        want = subgroup_digest(subgroup_law(int(dp), s, eps, int(m)).cdf)
+        if digest != want:
+            wrong.append(f"level {h}: subgroup CDF digest {digest!r} is not the public table's")
     return wrong
 
 

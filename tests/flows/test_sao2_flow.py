@@ -79,13 +79,13 @@ def test_config_check_states_the_binary_task_and_the_lifetime(
         ({"weights": "best"}, 'streams["cells"].weights: must be one of'),
     ],
 )  # fmt: skip
-def test_a_bad_sao2_key_names_itself(
-    tmp_path: Path, change: dict[str, Any], message: str
-) -> None:
+def test_a_bad_sao2_key_names_itself(tmp_path: Path, change: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         load(flow(tmp_path, {**CELLS, **change}))
 
 
 def test_a_sao2_stream_beside_a_w_event_stream_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="do not compose: cells is private over a user's lifetime"):
+    with pytest.raises(
+        ConfigError, match="do not compose: cells is private over a user's lifetime"
+    ):
         load(flow(tmp_path, CELLS, COUNTRY))

@@ -103,7 +103,9 @@ def test_sao2_resumes_mid_horizon_its_lifetime_ledger_and_passes_the_audit(
     assert [e["classes"][0]["spent"] for e in entries] == [1.0] * T + [2.0] * (SLOTS - T)
     third = entries[2 * T]["details"]
     assert (third["enrolled"], third["refused"], third["n_h"]) == (0, USERS, [0, 0, 0])
-    releases = {json.loads(v)["slot"]: json.loads(v) for v in keyed(kafka, resumed.releases).values()}
+    releases = {
+        json.loads(v)["slot"]: json.loads(v) for v in keyed(kafka, resumed.releases).values()
+    }
     assert [releases[t]["strategy"] for t in range(1, SLOTS + 1)] == (
         ["publish"] * 2 * T + ["approximate"] * T
     )
