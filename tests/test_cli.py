@@ -566,3 +566,20 @@ def test_an_ldp_reports_server_reads_no_events_and_runs_local_dp_only(
     assert "must be two topics" in capsys.readouterr().err
     assert main(["run", "personalized", "--trust", "ldp-reports"]) == 2
     assert "the personalized family runs as cdp" in capsys.readouterr().err
+
+
+def test_no_family_option_flag_is_an_ambiguous_prefix_of_a_run_flag() -> None:
+    """argparse reads ``privstream run`` flags before the family's sub-command: a family option
+    whose flag is a prefix of two or more of them (SaO2's ``s`` as ``--s``: ``--slots``,
+    ``--secret-file``, …) would be refused as ambiguous, so every option flag parses."""
+    from privstream.cli.commands import _parser
+    from privstream.families.registry import FAMILIES
+
+    parser = _parser()
+    for family in FAMILIES.values():
+        for option in family.options:
+            flag = "--" + option.word.replace("_", "-")
+            default = option.default if option.default is not None else "1"
+            value = ",".join(map(str, default)) if isinstance(default, tuple) else str(default)
+            args = parser.parse_args(["run", family.name, flag, value])
+            assert getattr(args, option.name) == option.parse(value), (family.name, flag)

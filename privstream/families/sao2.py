@@ -129,7 +129,7 @@ OPTIONS: Final = (
     Option("r", at_least(2), 2, "r: the hierarchy's fan-out (the horizon --window should be a power of r)", key="fanout"),
     Option("weights", choice(*WEIGHT_STRATEGIES), "uniform", "the level weights W: how users are split among the levels"),
     Option("query_family", choice(*QUERY_FAMILIES), "prefix", "the queries --weights optimal weighs for"),
-    Option("m", _m, None, "m_h per level, comma-separated (default: the optimal m* of each level)"),
+    Option("m", _m, None, "m_h per level, comma-separated (default: the optimal m* of each level)", key="symbols"),
     Option("horizons", at_least(1), 1, "k: the horizons a user may be enrolled in; each spends ε/k of the lifetime ε"),
     Option("delta", open_fraction, 1e-5, "δ of the central ε_c stated for the shuffled levels"),
 )  # fmt: skip

@@ -75,7 +75,7 @@ def test_config_check_states_the_binary_task_and_the_lifetime(
         ({"binary": {"d": 4, "size": 2}}, 'streams["cells"].binary'),
         ({"max_changes": 0}, 'streams["cells"].max_changes: must be an integer >= 1'),
         ({"fanout": 1}, 'streams["cells"].fanout: must be an integer >= 2'),
-        ({"m": "3,2"}, "m must give 1 <= m_h <= d'_h for each of the"),
+        ({"symbols": "3,2"}, "m must give 1 <= m_h <= d'_h for each of the"),
         ({"weights": "best"}, 'streams["cells"].weights: must be one of'),
     ],
 )  # fmt: skip
