@@ -54,6 +54,7 @@ def test_an_honest_sao2_run_passes(tmp_path: Path, sao2: Run) -> None:
     assert entries[-1]["details"]["refused"] == USERS
     first = entries[0]["details"]  # ε = 1 per horizon: n_min = 562 > n_h = 200 at each level
     assert (first["n_min"], first["small_levels"], first["n_h"]) == (562, 3, [200, 200, 200])
+    assert first["shuffle"] == "simulated" and first["accountant"] == "classical-7.1"
 
 
 @pytest.mark.parametrize(
