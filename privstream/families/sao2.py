@@ -179,7 +179,6 @@ FAMILY: Final = Family(
     tasks=(BINARY,),
     task=BinaryTask(8),
     oracle_reports=False,
-    delta_option="delta",
     options=OPTIONS,
     datasets=DATASETS,
     metrics=METRICS,
