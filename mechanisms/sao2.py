@@ -253,7 +253,7 @@ class Sao2Mechanism(Mechanism[Sao2Config, Sao2State]):
 
     name: ClassVar[str] = "SaO2"
     state_version: ClassVar[int] = STATE_VERSION
-    trust_modes: ClassVar[tuple[TrustMode, ...]] = ("ldp-simulated",)
+    trust_modes: ClassVar[tuple[TrustMode, ...]] = ("ldp-simulated", "ldp-shuffled")
     division: ClassVar[Division] = DIVISION
     conformance: ClassVar[Conformance] = Conformance(
         invalid=(("epsilon", 0.0), ("window", 0), ("population", 0), ("s", 0), ("r", 1),

@@ -8,6 +8,8 @@
   perturbed reports or their aggregate (``Aggregate``), never a value.
 - ``ldp-reports`` — devices run the client side themselves and events are already-perturbed
   reports; the server never sees a raw value.
+- ``ldp-shuffled`` — devices randomise, a shuffler (its own trust domain) strips who sent what
+  and forwards each batch's counts; the server reads only those batches (SaO2, issue 25).
 
 Every mechanism declares the modes it supports (``Mechanism.trust_modes``); the operator builds
 the port of the mode a run uses from that declaration, and a slot refuses the other mode's port.
@@ -25,13 +27,15 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
-TrustMode = Literal["cdp", "ldp-simulated", "ldp-reports"]
-TRUST_MODES: Final[tuple[TrustMode, ...]] = ("cdp", "ldp-simulated", "ldp-reports")
-LOCAL_MODES: Final[frozenset[TrustMode]] = frozenset({"ldp-simulated", "ldp-reports"})
+TrustMode = Literal["cdp", "ldp-simulated", "ldp-reports", "ldp-shuffled"]
+TRUST_MODES: Final[tuple[TrustMode, ...]] = ("cdp", "ldp-simulated", "ldp-reports", "ldp-shuffled")
+LOCAL_MODES: Final[frozenset[TrustMode]] = frozenset(
+    {"ldp-simulated", "ldp-reports", "ldp-shuffled"}
+)
 
 
 def is_local(mode: TrustMode) -> bool:
-    """True when the server never sees a raw value (``ldp-simulated``, ``ldp-reports``)."""
+    """True when the server never sees a raw value (every mode but ``cdp``)."""
     return mode in LOCAL_MODES
 
 

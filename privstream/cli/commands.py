@@ -26,6 +26,8 @@ from privstream.cli import devices as devices_cli
 from privstream.cli import gateway as gateway_cli
 from privstream.cli import items as items_cli
 from privstream.cli import reports as reports_cli
+from privstream.cli import shuffled_run as shuffled_cli
+from privstream.cli import shuffler as shuffler_cli
 from privstream.cli.argtypes import positive_float as _positive_float
 from privstream.cli.argtypes import positive_int as _positive_int
 from privstream.cli.run_config import add_config_flags, add_topic_change_flags, run_config
@@ -750,6 +752,7 @@ def _config_tools(commands: Any) -> None:
     items_cli.add_parser(commands)
     gateway_cli.add_parser(commands, _kafka_flags)
     devices_cli.add_parser(commands, _kafka_flags)
+    shuffler_cli.add_parser(commands, _kafka_flags, _clock_key_flags)
     accountant_cli.add_parser(commands)
     config = commands.add_parser("config", help="work with a flow configuration file (TOML)")
     config_cmd = config.add_subparsers(dest="config_command", required=True)
@@ -873,7 +876,7 @@ def _run_family(args: argparse.Namespace) -> int:
 
     family = FAMILIES[args.family]
     names = family.names(args.mechanism)
-    if getattr(args, "trust", "default") == reports_cli.REPORTS:
+    if getattr(args, "trust", "default") in (reports_cli.REPORTS, reports_cli.SHUFFLED):
         return _run_reports(args, family)
     kafka = _kafka_io(args)
     slots = args.slots or 800
@@ -922,13 +925,14 @@ def _run_family(args: argparse.Namespace) -> int:
 
 
 def _run_reports(args: argparse.Namespace, family: Family) -> int:
-    """``privstream run FAMILY --trust ldp-reports``: the server stage until stopped (or
-    ``--slots`` released); its recovery store bound like every run's."""
+    """``privstream run FAMILY --trust ldp-reports`` (or ``ldp-shuffled``): the server stage
+    until stopped (or ``--slots`` released); its recovery store bound like every run's."""
     from privstream.connectors import control
     from privstream.flows.io import resolve_source
     from privstream.flows.secret import resolve_noise_key
 
-    reports_cli.check_run(args, family)
+    shuffled = args.trust == reports_cli.SHUFFLED
+    (shuffled_cli if shuffled else reports_cli).check_run(args, family)
     options = _task_options(args, family)
     source = resolve_source(args.dataset, args.users, args.slots or 1, args.seed,
                             options.pop("domain"), options.pop("mean_range"), args.stream,
@@ -936,11 +940,12 @@ def _run_reports(args: argparse.Namespace, family: Family) -> int:
                             datasets=family.sources)  # fmt: skip
     secret = resolve_noise_key(secret_file=args.secret_file, insecure_seed=args.insecure_seed)
     incarnation = _family_incarnation(args, secret, None, args.window or family.window)
-    flow = reports_cli.run(args, family, _kafka_settings(args), source.task, incarnation.key)
+    prepare = shuffled_cli.prepare if shuffled else reports_cli.run
+    flow = prepare(args, family, _kafka_settings(args), source.task, incarnation.key)
     control.install_signal_handlers()
     started = time.perf_counter()
     _serve_run(flow, args)
-    print(f"served {args.report_topic} → {args.output_topic} in "
+    print(f"served {args.shuffled_topic if shuffled else args.report_topic} → {args.output_topic} in "
           f"{time.perf_counter() - started:.1f} s ({control.current().reason})",
           file=sys.stderr)  # fmt: skip
     return 0
@@ -1443,6 +1448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "items": items_cli.run,
         "gateway": gateway_cli.run,
         "devices": devices_cli.run,
+        "shuffler": shuffler_cli.run,
         "accountant": accountant_cli.run,
     }
     refusals = (

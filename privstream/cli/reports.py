@@ -9,18 +9,22 @@ import sys
 from typing import Any
 
 REPORTS = "ldp-reports"
+SHUFFLED = "ldp-shuffled"
 
 
 def add_run_flags(p: argparse.ArgumentParser) -> None:
     """``--trust``, ``--report-topic`` and ``--request-topic`` of ``privstream run``."""
     p.add_argument(
         "--trust",
-        choices=("default", REPORTS),
+        choices=("default", REPORTS, SHUFFLED),
         default="default",
         help="'ldp-reports': real devices randomise and keep their own ledgers; the server "
         "reads their reports from --report-topic and writes requests to --request-topic "
-        "(local-DP families; default: the family's own mode)",
+        "(local-DP families; default: the family's own mode). 'ldp-shuffled': the server "
+        "reads only a shuffler's batches from --shuffled-topic and writes its tasks to "
+        "--request-topic (SaO2)",
     )
+    p.add_argument("--shuffled-topic", help="ldp-shuffled: the shuffler's batches and manifests")
     p.add_argument("--report-topic", help="ldp-reports: the devices' reports and round markers")
     p.add_argument("--request-topic", help="ldp-reports: where the server writes its requests")
 

@@ -127,11 +127,11 @@ class Sao2Task:
             total += w
             if u < total:
                 return level
-        return max(h for h, w in enumerate(self.weights) if w > 0)
+        return max(level for level, w in enumerate(self.weights) if w > 0)
 
     def block_end(self, level: int, block: int) -> int:
         """The slot at which block ``block`` (1-based) of ``level`` ends."""
-        return self.first_slot - 1 + block * self.r**level
+        return int(self.first_slot - 1 + block * self.r**level)
 
     def ending(self, slot: int) -> list[tuple[int, int]]:
         """The ``(level, block)`` pairs whose block ends at ``slot`` (none outside the horizon)."""

@@ -1,0 +1,229 @@
+"""``privstream shuffler``: the shuffle model's middle party (issue 25), its own process.
+
+It reads the devices' report topic (and the server's task topic, to learn the public tasks),
+keeps the reports of every open block in its ``ShuffleBook``, and when an authenticated
+end-of-slot marker has closed a block on every partition, forwards the block's ``Batch`` —
+counts and manifest, no identifier — to the shuffled topic. Only it sees who sent what.
+
+**Crash safety.** After each poll it forwards the batches the poll closed (in one Kafka
+transaction where the cluster honours them), waits for their delivery, and only then saves its
+own store (the book and the consumed offsets, written atomically). A crash before the save
+re-reads the same messages and re-forms the same batches: byte-identical records under the same
+key (``stream/horizon/level/block``), so a reader keeping one record per key — the server does —
+never counts a report twice, and none is lost (``tests/integration/test_shuffler_kafka.py``
+kills it at random moments).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+
+from privstream.connectors.kafka import KafkaSettings, consumer_config, require_topics
+from privstream.runtime.shuffle_book import ShuffleBook
+from privstream.runtime.shuffler_metrics import ShufflerMetrics
+from privstream.schema.events import marker_authentic
+from privstream.schema.protocol import ProtocolError
+from privstream.schema.shuffle import Batch, Sao2Report, Sao2Task
+
+log = logging.getLogger("privstream.shuffler")
+Offsets = dict[tuple[str, int], int]
+
+
+@dataclass(frozen=True)
+class ShufflerConfig:
+    """The shuffler's own configuration (its trust domain: nothing here is the server's)."""
+
+    settings: KafkaSettings
+    report_topic: str
+    task_topic: str
+    shuffled_topic: str
+    store: Path
+    clock_key: bytes
+    shuffler_id: str = "shuffler-1"
+    dead_letter_topic: str | None = None
+    policy: str = "drop"
+    n_min: int | None = None
+    delta: float = 1e-5
+    idle_seconds: float | None = None
+    transactional: bool = True
+
+    def __post_init__(self) -> None:
+        topics = {self.report_topic, self.task_topic, self.shuffled_topic}
+        if len(topics) != 3 or self.dead_letter_topic in topics:
+            raise ValueError("the report, task, shuffled and dead-letter topics must differ")
+
+
+class ShufflerStore:
+    """The shuffler's recovery store: one file holding the book and the consumed offsets,
+    replaced atomically (write, fsync, rename) so a crash leaves the old or the new one."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / "shuffler.state"
+
+    def load(self) -> tuple[ShuffleBook, Offsets] | None:
+        if not self.path.exists():
+            return None
+        with self.path.open("rb") as f:
+            book, offsets = pickle.load(f)  # the shuffler's own store
+        return book, offsets
+
+    def save(self, book: ShuffleBook, offsets: Offsets) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        with tmp.open("wb") as f:
+            pickle.dump((book, offsets), f, protocol=pickle.HIGHEST_PROTOCOL)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+
+@dataclass
+class Poll:
+    """What one poll produced: batches to forward and dead letters (reason, raw value)."""
+
+    batches: list[Batch]
+    dead: list[tuple[str, bytes]]
+
+
+def take(book: ShuffleBook, clock_key: bytes, topic: str, task_topic: str, partition: int,
+         value: bytes, out: Poll, metrics: ShufflerMetrics) -> None:  # fmt: skip
+    """One message into the book: a task, an authenticated marker (closing blocks), a report,
+    or a dead letter with its reason."""
+    try:
+        obj = json.loads(value)
+    except (ValueError, RecursionError):
+        out.dead.append(("malformed_json", value))
+        return
+    try:
+        if topic == task_topic:
+            book.add_task(Sao2Task.from_obj(obj))
+        elif isinstance(obj, dict) and "end_of_slot" in obj:
+            _marker(book, clock_key, partition, obj, value, out)
+        else:
+            why = book.take_report(partition, Sao2Report.from_obj(obj))
+            metrics.report(why)
+            if why is not None:
+                out.dead.append((why, value))
+    except ProtocolError as exc:
+        metrics.report(exc.reason)
+        out.dead.append((exc.reason, value))
+
+
+def _marker(book: ShuffleBook, clock_key: bytes, partition: int, obj: dict[str, Any],
+            value: bytes, out: Poll) -> None:  # fmt: skip
+    stream, slot = obj.get("stream"), obj.get("end_of_slot")
+    if not (isinstance(stream, str) and isinstance(slot, int) and not isinstance(slot, bool)
+            and marker_authentic(clock_key, stream, slot, obj.get("tag"))):  # fmt: skip
+        out.dead.append(("unauthenticated_marker", value))
+        return
+    out.batches.extend(book.take_marker(partition, stream, slot))
+
+
+class Shuffler:
+    """The running shuffler: a consumer over the report and task topics, a producer of the
+    shuffled topic, its book and store (``run`` until ``stop()`` or ``idle_seconds``)."""
+
+    def __init__(self, config: ShufflerConfig, metrics: ShufflerMetrics | None = None) -> None:
+        self.config = config
+        self.metrics = metrics or ShufflerMetrics()
+        found = require_topics(config.settings, [config.report_topic, config.task_topic,
+                                                 config.shuffled_topic])  # fmt: skip
+        self.partitions = {t: found[t] for t in (config.report_topic, config.task_topic)}
+        self.store = ShufflerStore(config.store)
+        loaded = self.store.load()
+        fresh = ShuffleBook(config.shuffler_id, found[config.report_topic], config.policy,
+                            config.delta, config.n_min)  # fmt: skip
+        self.book, self.offsets = loaded if loaded is not None else (fresh, {})
+        self._stopped = False
+
+    def stop(self) -> None:
+        self._stopped = True
+
+    def run(self, on_poll: Callable[[Poll], None] | None = None) -> None:
+        consumer = self._consumer()
+        producer = self._producer()
+        last = time.monotonic()
+        try:
+            while not self._stopped:
+                messages = consumer.consume(1000, timeout=0.5)
+                if not messages:
+                    if (
+                        self.config.idle_seconds is not None
+                        and time.monotonic() - last > self.config.idle_seconds
+                    ):
+                        break
+                    continue
+                last = time.monotonic()
+                poll = self._poll(messages)
+                self._forward(producer, poll)
+                self.store.save(self.book, self.offsets)
+                self.metrics.open_blocks(len(self.book.open))
+                if on_poll is not None:
+                    on_poll(poll)
+        finally:
+            consumer.close()
+
+    def _consumer(self) -> Consumer:
+        total = sum(self.partitions.values())
+        consumer = Consumer(consumer_config(self.config.settings, partitions=total))
+        consumer.assign([
+            TopicPartition(topic, p, self.offsets.get((topic, p), OFFSET_BEGINNING))
+            for topic, count in self.partitions.items() for p in range(count)
+        ])  # fmt: skip
+        return consumer
+
+    def _producer(self) -> Producer:
+        extra: dict[str, Any] = {"enable.idempotence": True, "acks": "all"}
+        if self.config.transactional:
+            extra["transactional.id"] = f"privstream-shuffler-{self.config.shuffler_id}"
+        producer = Producer(self.config.settings.client_config(**extra))
+        if self.config.transactional:
+            producer.init_transactions(30)  # fences a previous incarnation's open transaction
+        return producer
+
+    def _poll(self, messages: list[Any]) -> Poll:
+        poll = Poll([], [])
+        for m in messages:
+            if m.error() is not None:
+                raise KafkaException(m.error())
+            take(self.book, self.config.clock_key, m.topic(), self.config.task_topic,
+                 m.partition(), m.value() or b"", poll, self.metrics)  # fmt: skip
+            self.offsets[(m.topic(), m.partition())] = m.offset() + 1
+        return poll
+
+    def _forward(self, producer: Producer, poll: Poll) -> None:
+        """The poll's batches (and dead letters) in one transaction, delivery confirmed."""
+        if not poll.batches and not poll.dead:
+            return
+        if self.config.transactional:
+            producer.begin_transaction()
+        for batch in poll.batches:
+            producer.produce(self.config.shuffled_topic, key=batch.key.encode(),
+                             value=batch.to_json().encode())  # fmt: skip
+            self.metrics.batch(batch)
+        if self.config.dead_letter_topic:
+            for reason, value in poll.dead:
+                producer.produce(self.config.dead_letter_topic, key=reason.encode(), value=value)
+        if self.config.transactional:
+            producer.commit_transaction(60)
+        elif producer.flush(60) > 0:
+            raise KafkaException("the shuffled topic did not confirm a batch within 60 s")
+
+
+def run_shuffler(config: ShufflerConfig, metrics: ShufflerMetrics | None = None) -> Shuffler:
+    """Run a shuffler until it is stopped or idle; returns it (its book and metrics)."""
+    shuffler = Shuffler(config, metrics)
+    log.info("shuffler %s: reports %s → batches %s", config.shuffler_id, config.report_topic,
+             config.shuffled_topic)  # fmt: skip
+    shuffler.run()
+    return shuffler
