@@ -33,7 +33,7 @@ from privstream.runtime.shuffle_book import ShuffleBook
 from privstream.runtime.shuffler_metrics import ShufflerMetrics
 from privstream.schema.events import marker_authentic
 from privstream.schema.protocol import ProtocolError
-from privstream.schema.shuffle import Batch, Sao2Report, Sao2Task
+from privstream.schema.shuffle import Batch, Sao2Report, Sao2Task, decode
 
 log = logging.getLogger("privstream.shuffler")
 Offsets = dict[tuple[str, int], int]
@@ -129,6 +129,15 @@ def _marker(book: ShuffleBook, clock_key: bytes, partition: int, obj: dict[str, 
     out.batches.extend(book.take_marker(partition, stream, slot))
 
 
+def _unknown(book: ShuffleBook, value: bytes) -> bool:
+    """Whether a report names a task the book has not read (a cheap look at its field)."""
+    try:
+        task = json.loads(value).get("task")
+    except (ValueError, AttributeError, RecursionError):
+        return False
+    return isinstance(task, str) and task not in book.tasks
+
+
 class Shuffler:
     """The running shuffler: a consumer over the report and task topics, a producer of the
     shuffled topic, its book and store (``run`` until ``stop()`` or ``idle_seconds``)."""
@@ -145,16 +154,19 @@ class Shuffler:
                             config.delta, config.n_min)  # fmt: skip
         self.book, self.offsets = loaded if loaded is not None else (fresh, {})
         self._stopped = False
+        self._tasks: Consumer
 
     def stop(self) -> None:
         self._stopped = True
 
     def run(self, on_poll: Callable[[Poll], None] | None = None) -> None:
-        consumer = self._consumer()
+        consumer = self._consumer(self.config.report_topic)
+        self._tasks = self._consumer(self.config.task_topic)
         producer = self._producer()
         last = time.monotonic()
         try:
             while not self._stopped:
+                self._drain_tasks()
                 messages = consumer.consume(1000, timeout=0.5)
                 if not messages:
                     if (
@@ -172,15 +184,29 @@ class Shuffler:
                     on_poll(poll)
         finally:
             consumer.close()
+            self._tasks.close()
 
-    def _consumer(self) -> Consumer:
-        total = sum(self.partitions.values())
-        consumer = Consumer(consumer_config(self.config.settings, partitions=total))
+    def _consumer(self, topic: str) -> Consumer:
+        count = self.partitions[topic]
+        consumer = Consumer(consumer_config(self.config.settings, partitions=count))
         consumer.assign([
             TopicPartition(topic, p, self.offsets.get((topic, p), OFFSET_BEGINNING))
-            for topic, count in self.partitions.items() for p in range(count)
+            for p in range(count)
         ])  # fmt: skip
         return consumer
+
+    def _drain_tasks(self, wait: float = 0.2) -> None:
+        """Read every task published so far (before the reports that may answer them): until a
+        poll of ``wait`` seconds finds nothing more."""
+        while messages := self._tasks.consume(100, timeout=wait):
+            for m in messages:
+                if m.error() is not None:
+                    raise KafkaException(m.error())
+                try:
+                    self.book.add_task(decode(m.value() or b"", Sao2Task))
+                except ProtocolError as exc:
+                    log.warning("task topic: a message that is no task (%s)", exc.reason)
+                self.offsets[(m.topic(), m.partition())] = m.offset() + 1
 
     def _producer(self) -> Producer:
         extra: dict[str, Any] = {"enable.idempotence": True, "acks": "all"}
@@ -196,8 +222,11 @@ class Shuffler:
         for m in messages:
             if m.error() is not None:
                 raise KafkaException(m.error())
+            value = m.value() or b""
+            if b'"privstream.sao2.report"' in value and _unknown(self.book, value):
+                self._drain_tasks(2.0)  # a device answered a task this shuffler has not read
             take(self.book, self.config.clock_key, m.topic(), self.config.task_topic,
-                 m.partition(), m.value() or b"", poll, self.metrics)  # fmt: skip
+                 m.partition(), value, poll, self.metrics)  # fmt: skip
             self.offsets[(m.topic(), m.partition())] = m.offset() + 1
         return poll
 
