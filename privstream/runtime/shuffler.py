@@ -206,7 +206,11 @@ class Shuffler:
                     self.book.add_task(decode(m.value() or b"", Sao2Task))
                 except ProtocolError as exc:
                     log.warning("task topic: a message that is no task (%s)", exc.reason)
-                self.offsets[(m.topic(), m.partition())] = m.offset() + 1
+                self._consumed(m)
+
+    def _consumed(self, m: Any) -> None:
+        """Record ``m`` as consumed (the next offset to read after a restart)."""
+        self.offsets[(str(m.topic()), int(m.partition()))] = int(m.offset()) + 1
 
     def _producer(self) -> Producer:
         extra: dict[str, Any] = {"enable.idempotence": True, "acks": "all"}
@@ -227,7 +231,7 @@ class Shuffler:
                 self._drain_tasks(2.0)  # a device answered a task this shuffler has not read
             take(self.book, self.config.clock_key, m.topic(), self.config.task_topic,
                  m.partition(), value, poll, self.metrics)  # fmt: skip
-            self.offsets[(m.topic(), m.partition())] = m.offset() + 1
+            self._consumed(m)
         return poll
 
     def _forward(self, producer: Producer, poll: Poll) -> None:

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 
 from privstream.connectors.kafka import KafkaSettings, TopicSpec, create_topics
 from privstream.flows.secret import resolve_clock_key
