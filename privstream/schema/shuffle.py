@@ -131,7 +131,7 @@ class Sao2Task:
 
     def block_end(self, level: int, block: int) -> int:
         """The slot at which block ``block`` (1-based) of ``level`` ends."""
-        return self.first_slot - 1 + block * self.r**level
+        return self.first_slot - 1 + block * int(self.r**level)
 
     def ending(self, slot: int) -> list[tuple[int, int]]:
         """The ``(level, block)`` pairs whose block ends at ``slot`` (none outside the horizon)."""
