@@ -15,6 +15,7 @@ uses :class:`SystemRandomness`, the operating system's CSPRNG: nothing a server 
 from __future__ import annotations
 
 import math
+import random
 import secrets
 from dataclasses import dataclass, field
 from typing import Final, Protocol
@@ -44,6 +45,21 @@ class SystemRandomness:
 
     def __init__(self) -> None:
         self._rng = secrets.SystemRandom()
+
+    def randbelow(self, n: int) -> int:
+        return self._rng.randrange(n)
+
+    def bits(self, k: int) -> int:
+        return self._rng.getrandbits(k)
+
+
+class SeededRandomness:
+    """A ``Randomness`` from Python's ``random.Random(seed)``: reproducible simulations and tests
+    only (simulated fleets, ``experiments.reports_loop``), never a device: a real device uses
+    :class:`SystemRandomness`."""
+
+    def __init__(self, seed: int) -> None:
+        self._rng = random.Random(seed)
 
     def randbelow(self, n: int) -> int:
         return self._rng.randrange(n)

@@ -11,12 +11,12 @@ in-process figures run; the Kafka flow (``flows.reports``) runs the same logic b
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from privstream.client.randomizers import SeededRandomness
 from privstream.connectors.datasets import SlotStream
 from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.contract import Halt, LedgerEntry, Mechanism, Release
@@ -28,20 +28,6 @@ from privstream.runtime.fleet import Fleet, FleetConfig
 from privstream.schema.events import DeadLetter
 from privstream.schema.protocol import Close, ProtocolError, Request, decode_request
 from privstream.schema.report_wire import ReportColumns, decode_poll
-
-
-class SeededRandomness:
-    """A device ``Randomness`` from Python's ``random.Random(seed)``: reproducible simulations
-    and tests only, never a device (a real device uses the OS CSPRNG)."""
-
-    def __init__(self, seed: int) -> None:
-        self._rng = random.Random(seed)
-
-    def randbelow(self, n: int) -> int:
-        return self._rng.randrange(n)
-
-    def bits(self, k: int) -> int:
-        return self._rng.getrandbits(k)
 
 
 def seeded_devices(seed: int) -> Callable[[], SeededRandomness]:
