@@ -60,6 +60,9 @@ demo: $(DEMO_STAMP) ## Run the main job: embedded Kafka broker, synthetic events
 demo-ldp: $(DEMO_STAMP) ## Real local DP: the seven LDP-IDS mechanisms as the ldp-reports server stage, round clock, HTTP gateway, 2,000 simulated devices over HTTP (about a minute; writes demo-ldp-out/)
 	$(BIN)/privstream demo-ldp --out demo-ldp-out
 
+demo-shuffle: $(DEMO_STAMP) ## The shuffle model: SaO2's ldp-shuffled server stage, privstream shuffler and 4,000 devices of the device library over the embedded broker (about 30 s; writes demo-shuffle-out/)
+	$(BIN)/privstream demo-shuffle --out demo-shuffle-out
+
 chaos: $(DEV_STAMP) ## Long chaos round: 60 kills, outages, hostile messages, 9 cluster disturbances, audited (writes chaos-out/)
 	$(BIN)/python -m tests.integration.chaos --kills 60 --users 5000 --slots 200 --cluster-kills 9 --workdir chaos-out
 
@@ -70,6 +73,6 @@ bench: $(DEV_STAMP) ## Reproduction and performance benchmarks (writes bench/res
 	$(BIN)/python bench/run.py
 
 clean: ## Remove the virtualenv and caches
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis demo-out demo-ldp-out chaos-out
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis demo-out demo-ldp-out demo-shuffle-out chaos-out
 
-.PHONY: help install test test-fast format lint demo demo-ldp bench chaos image clean
+.PHONY: help install test test-fast format lint demo demo-ldp demo-shuffle bench chaos image clean

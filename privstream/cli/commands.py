@@ -22,6 +22,7 @@ from typing import Any
 from privstream.cli import accountant as accountant_cli
 from privstream.cli import bench_reports as bench_reports_cli
 from privstream.cli import demo_reports as demo_reports_cli
+from privstream.cli import demo_shuffle as demo_shuffle_cli
 from privstream.cli import devices as devices_cli
 from privstream.cli import gateway as gateway_cli
 from privstream.cli import items as items_cli
@@ -655,6 +656,7 @@ def _demo_audit(commands: Any) -> None:
     demo.add_argument("--window", type=_positive_int, default=20)
     demo.add_argument("--seed", type=int, default=1)
     demo_reports_cli.add_parser(commands)
+    demo_shuffle_cli.add_parser(commands)
     _audit_parser(commands)
 
 
@@ -1443,6 +1445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         }.get(getattr(args, "family", ""), _bench_command(args)),
         "demo": demo,
         "demo-ldp": demo_reports_cli.run,
+        "demo-shuffle": demo_shuffle_cli.run,
         "audit": audit,
         "config": config_check,
         "items": items_cli.run,
