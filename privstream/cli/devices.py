@@ -55,6 +55,12 @@ def add_parser(commands: Any, kafka_flags: Any) -> None:
     )  # fmt: skip
     p.add_argument("--idle-seconds", type=float, default=10.0, help="stop after this long idle")
     p.add_argument("--max-requests", type=int, help="stop after this many requests")
+    p.add_argument("--sao2-tasks", metavar="TOPIC",
+                   help="SaO2 behind a shuffler: read the server's tasks from TOPIC and report to "
+                   "--report-topic at each block end, half a slot before the clock's markers "
+                   "(--slot-seconds, --origin as privstream clock's); --dataset trajectory or sets")  # fmt: skip
+    p.add_argument("--slot-seconds", type=float, default=2.0, help="SaO2: seconds per slot")
+    p.add_argument("--origin", type=float, help="SaO2: Unix time of slot 0 (default: now)")
 
 
 def check_transport(args: argparse.Namespace) -> None:
@@ -77,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
     from privstream.connectors.datasets import synthetic_dataset
     from privstream.runtime.fleet import Fleet, FleetConfig
 
+    if args.sao2_tasks:
+        return _sao2(args)
     check_transport(args)
     config = FleetConfig(
         args.users, args.epsilon, args.window, args.dropout, args.late, args.liars,
@@ -118,3 +126,38 @@ def _over_http(args: argparse.Namespace, fleet: Fleet) -> list[str]:
     with contextlib.suppress(KeyboardInterrupt):  # stopped: the counts so far
         asyncio.run(main)
     return fleet.stats.lines() + http.lines()
+
+
+def _sao2(args: argparse.Namespace) -> int:
+    """``privstream devices --sao2-tasks``: the SaO2 fleet over Kafka (``runtime.sao2_fleet``)."""
+    import time
+
+    from privstream.connectors.kafka import KafkaSettings, require_topics
+    from privstream.families.registry import family
+    from privstream.runtime.sao2_fleet import Sao2Fleet, serve_over_kafka
+
+    if not args.report_topic or args.gateway or args.request_topic:
+        raise ValueError(
+            "--sao2-tasks takes --report-topic (Kafka) and no --request-topic or --gateway"
+        )
+    settings = KafkaSettings.from_options(args.bootstrap, args.kafka_config)
+    require_topics(settings, [args.sao2_tasks, args.report_topic])
+    factory = family("sao2").sources.get(args.dataset)
+    if factory is None:
+        raise ValueError(f"--dataset for SaO2 devices: one of {', '.join(family('sao2').sources)}")
+    from privstream.mechanisms.sao2_task import BinaryTask
+
+    def source(task: Any) -> Any:
+        return factory(args.users, args.slots, args.seed, BinaryTask(task.d, task.kind))
+
+    fleet = Sao2Fleet([f"d{u:06d}" for u in range(args.users)], args.seed, args.dropout,
+                      store_dir=args.store_dir)  # fmt: skip
+    origin = time.time() if args.origin is None else args.origin
+    for s in serve_over_kafka(fleet, source, settings, args.sao2_tasks, args.report_topic,
+                              args.slot_seconds, origin):  # fmt: skip
+        print(
+            f"horizon {s.horizon}: {s.enrolled} enrolled, {s.dropped} dropped, "
+            f"{sum(s.refused.values())} refused, {s.reports} reports",
+            file=sys.stderr,
+        )
+    return 0

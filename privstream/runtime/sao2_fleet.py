@@ -118,3 +118,40 @@ def run_horizon(task: Sao2Task | Mapping[str, Any], devices: Sequence[str],
     first = task.first_slot if isinstance(task, Sao2Task) else int(task["first_slot"])
     lines = [fleet.push(first + k, row) for k, row in enumerate(np.asarray(values))]
     return lines, stats
+
+
+def serve_over_kafka(fleet: Sao2Fleet, make_source: Callable[[Sao2Task], Any], settings: Any,
+                     task_topic: str,
+                     report_topic: str, slot_seconds: float, origin: float,
+                     wait_seconds: float = 60.0) -> list[HorizonStats]:  # fmt: skip
+    """``privstream devices --sao2-tasks``: read the server's tasks, then play every horizon on
+    the wall clock — slot ``t``'s reports are written at ``origin + (t − ½)·slot_seconds``, half
+    a slot before the clock's marker of ``t`` (``privstream clock --slot-seconds --origin``
+    writes it at ``origin + t·slot_seconds``) — keyed by device (Kafka spreads them over the
+    partitions). ``make_source(first task).values(slot)`` gives every device's value (a dataset
+    of the task's ``d`` and kind). Counts only."""
+    import time
+
+    from confluent_kafka import Producer
+
+    from privstream.connectors.kafka import read_until_idle
+
+    deadline, tasks = time.monotonic() + wait_seconds, list[Sao2Task]()
+    while not tasks and time.monotonic() < deadline:
+        tasks = [Sao2Task.from_obj(json.loads(m.value())) for b in
+                 read_until_idle(settings, [task_topic], 1.0) for m in b]  # fmt: skip
+    if not tasks:
+        raise TimeoutError(f"no SaO2 task on {task_topic} within {wait_seconds:g} s")
+    producer = Producer(settings.client_config(**{"linger.ms": 5}))
+    source = make_source(min(tasks, key=lambda t: t.horizon))
+    for task in sorted({t.horizon: t for t in tasks}.values(), key=lambda t: t.horizon):
+        fleet.begin(task)
+        for slot in range(task.first_slot, task.first_slot + task.T):
+            time.sleep(max(0.0, origin + (slot - 0.5) * slot_seconds - time.time()))
+            for line in fleet.push(slot, source.values(slot)):
+                producer.produce(report_topic, line.encode(), json.loads(line)["device"].encode())
+            if producer.flush(60) > 0:
+                raise ConnectionError(
+                    f"the report topic {report_topic} did not confirm slot {slot}"
+                )
+    return fleet.stats

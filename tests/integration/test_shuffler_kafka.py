@@ -218,3 +218,36 @@ def test_a_shuffler_killed_at_random_moments_loses_and_duplicates_nothing(
         b = Batch.from_obj(json.loads(next(iter(versions))))
         assert b.n == sent[(b.level, b.block)], key_
     assert kills >= 4
+
+
+def test_the_command_line_parties_on_the_wall_clock(kafka: KafkaSettings, tmp_path: Path,
+                                                    secret_file: Path) -> None:  # fmt: skip
+    """As docs/shuffler.md runs them by hand: the server, ``privstream shuffler``, ``privstream
+    clock`` (markers on every partition at origin + t·S) and ``privstream devices --sao2-tasks``
+    (reports half a slot before each marker): every slot is published from forwarded batches."""
+    t = ShuffleTopics(kafka)
+    _key, key_file = clock_key(secret_file, tmp_path)
+    slots, seconds, users = 4, 1.5, 2500
+    srv = server(kafka, t, secret_file, "--window", str(slots), "--slots", str(slots), "--users",
+                 str(users), "--horizons", "1", "--epsilon", "1")  # fmt: skip
+    first_task(kafka, t.tasks)
+    shf = shuffler(kafka, t, key_file, tmp_path / "store", "--n-min", "100")
+    origin = time.time() + 4
+    common = ["--bootstrap", kafka.bootstrap, "--slot-seconds", str(seconds), "--origin", str(origin)]
+    clock = subprocess.Popen([*PRIVSTREAM, "clock", "--topic", t.reports, "--stream", STREAM,
+                              "--first-slot", "1", "--through", str(slots), "--clock-key-file",
+                              str(key_file), *common], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=cli_env())  # fmt: skip
+    devices = subprocess.Popen([*PRIVSTREAM, "devices", "--sao2-tasks", t.tasks, "--report-topic",
+                                t.reports, "--dataset", "trajectory", "--users", str(users),
+                                "--slots", str(slots), *common], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=cli_env())  # fmt: skip
+    assert "horizon 0: 2500 enrolled" in finish(devices)
+    finish(clock)
+    finish(srv)
+    finish(shf)
+    releases = [json.loads(m.value()) for m in read_all(kafka, t.out.releases)]
+    assert sorted(r["slot"] for r in releases) == list(range(1, slots + 1))
+    assert {r["strategy"] for r in releases} == {"publish"}
+    found = [Batch.from_obj(json.loads(m.value())) for m in batches(kafka, t.shuffled)]
+    assert sum(b.n for b in found if b.block == 1) == users  # every device, once, at its level
