@@ -20,6 +20,7 @@ one, enforced by the devices' own ledgers and mirrored by the server's before an
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -45,12 +46,15 @@ from privstream.operators.report_rounds import ReportItem, report_rounds
 from privstream.operators.slotting import MechanismOut
 from privstream.schema.events import DeadLetter
 from privstream.schema.protocol import (
+    CLOSE_TYPE,
     UNKNOWN_REQUEST,
     ProtocolError,
     Request,
+    decode_message,
     refused,
 )
 from privstream.schema.report_wire import ReportColumns, decode_poll
+from privstream.schema.shuffle import REPORTS_TYPE, ReportBatch
 
 
 @dataclass(frozen=True)
@@ -78,11 +82,13 @@ def build_reports(
     secret: NoiseKey | str | bytes | None = None,
     insecure_seed: int | None = None,
     budget_split: str | None = None,
+    shuffled: bool = False,
     **options: Any,
 ) -> Dataflow:
     """The server stage of ``family_name`` in ``ldp-reports`` mode for one ``stream`` of
-    ``users`` enrolled devices: reads ``kafka.input_topic`` (the report topic), writes its
-    requests to ``kafka.request_topic`` and its outputs to ``kafka``'s topics."""
+    ``users`` enrolled devices: reads ``kafka.input_topic`` (the report topic; ``shuffled``: a
+    shuffler's topic), writes its requests to ``kafka.request_topic`` and its outputs to
+    ``kafka``'s topics."""
     entry = family(family_name)
     names = entry.names(mechanisms or entry.default)
     split = BudgetSplit.parse(budget_split, len(names))
@@ -94,7 +100,7 @@ def build_reports(
     built = tuple(entry.build_shared(names, config, split.shares))
     served = ServedStream(stream, built, task, users, split)
     flow = Dataflow(f"privstream_{entry.name.replace('-', '_')}_reports")
-    return serve(flow, kafka, [served], resolve_noise_key(secret, insecure_seed))
+    return serve(flow, kafka, [served], resolve_noise_key(secret, insecure_seed), shuffled)
 
 
 def build_report_streams(config: FlowConfig, kafka: KafkaIO, secret: NoiseKey) -> Dataflow:
@@ -116,21 +122,27 @@ def build_report_streams(config: FlowConfig, kafka: KafkaIO, secret: NoiseKey) -
 
 
 def serve(
-    flow: Dataflow, kafka: KafkaIO, streams: Sequence[ServedStream], secret: NoiseKey
+    flow: Dataflow,
+    kafka: KafkaIO,
+    streams: Sequence[ServedStream],
+    secret: NoiseKey,
+    shuffled: bool = False,
 ) -> Dataflow:
-    """Wire ``streams``' server stages into ``flow``: report topic in, requests and the usual
-    outputs out."""
+    """Wire ``streams``' server stages into ``flow``: report topic in (``shuffled``: a
+    shuffler's topic of counts and forwarded markers), requests and the usual outputs out."""
     if kafka.request_topic is None:
         raise ValueError("an ldp-reports flow needs a request topic")
     stop = control.fresh()
     BOARD.clear()
-    items, parse_errors = report_messages(flow, kafka, [s.name for s in streams], stop)
+    parse = parse_shuffled_poll if shuffled else parse_report_poll
+    items, parse_errors = report_messages(flow, kafka, [s.name for s in streams], stop, parse)
     outs = []
     for spec in streams:
         mine: Any = op.filter(f"stream_{spec.name}", items, functools.partial(_is, spec.name))
         outs.append(report_rounds(
             f"rounds_{spec.name}", mine, mechanisms=spec.mechanisms, task=spec.task,
             population=spec.users, secret=secret, partitions=kafka.partitions, split=spec.split,
+            shuffled=shuffled,
         ))  # fmt: skip
     requests = op.merge("requests", *(o.requests for o in outs))
     kafka_output("requests_out", requests, kafka.settings, kafka.request_topic,
@@ -156,7 +168,11 @@ def request_message(request: Request) -> KafkaSinkMessage[bytes, bytes]:
 
 
 def report_messages(
-    flow: Dataflow, kafka: KafkaIO, streams: Sequence[str], stop: control.StopSignal
+    flow: Dataflow,
+    kafka: KafkaIO,
+    streams: Sequence[str],
+    stop: control.StopSignal,
+    parse_poll: Any = None,
 ) -> tuple[KeyedStream[ReportItem], Stream[DeadLetter]]:
     """The report topic's polls, each message decoded on its own: ``(stream, (partition,
     report or marker))`` for the configured ``streams``, a dead letter for anything else."""
@@ -168,8 +184,10 @@ def report_messages(
     )  # fmt: skip
     known = frozenset(streams)
 
+    parser = parse_poll or parse_report_poll
+
     def parse(batch: RawBatch) -> list[Any]:
-        return parse_report_poll(batch, known)
+        return list(parser(batch, known))
 
     split = op.branch("split_parsed", op.flat_map("parse", raw, parse), _is_item)
     return split.trues, cast("Stream[DeadLetter]", split.falses)
@@ -197,4 +215,24 @@ def parse_report_poll(batch: RawBatch, streams: frozenset[str]) -> list[Any]:
             out.append(refused(unknown, value))
         else:
             out.append((item.stream, (batch.partition, item)))
+    return out
+
+
+def parse_shuffled_poll(batch: RawBatch, streams: frozenset[str]) -> list[Any]:
+    """A poll of a shuffler's topic: each ``ReportBatch`` or forwarded round marker as
+    ``(stream, (partition, item))``; anything else — a raw report above all — a dead letter."""
+    out: list[Any] = []
+    for value in batch.values:
+        try:
+            obj = json.loads(value)
+            kind = obj.get("type") if isinstance(obj, dict) else None
+            item: Any = (ReportBatch.from_obj(obj) if kind == REPORTS_TYPE
+                         else decode_message(value) if kind == CLOSE_TYPE else None)  # fmt: skip
+            if item is None or item.stream not in streams:
+                raise ProtocolError(UNKNOWN_REQUEST, "not a batch or marker of a served stream")
+            out.append((item.stream, (batch.partition, item)))
+        except (ValueError, RecursionError):
+            out.append(refused(ProtocolError("malformed_json", "not JSON"), value))
+        except ProtocolError as exc:
+            out.append(refused(exc, value))
     return out

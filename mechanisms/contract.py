@@ -165,6 +165,10 @@ class Release:
     """The family's release-key parts beyond ``stream/mechanism/slot`` as ``(name, value)`` in
     its declared order (``Family.release_key``: DPI's ``query``); empty for one release per
     slot. Several releases of one slot differ here."""
+    central: tuple[tuple[str, Any], ...] = ()
+    """Behind a shuffler (``ldp-shuffled``): the central (ε, δ) the slot's shuffled reports
+    satisfy beside the local guarantee — ``epsilon``, ``delta``, ``method``, the smallest batch
+    ``n`` — as ``(name, value)``; empty (and absent from the JSON) otherwise."""
 
     @property
     def release_id(self) -> str:
@@ -172,6 +176,7 @@ class Release:
 
     def to_dict(self) -> dict[str, Any]:
         keyed = {"key": dict(self.key)} if self.key else {}
+        central = {"central": dict(self.central)} if self.central else {}
         return {
             "schema": SCHEMA_VERSION,
             "release_id": self.release_id,
@@ -186,6 +191,7 @@ class Release:
             "details": self.details.to_dict(),
             "insecure_seed": self.insecure_seed,
             "evaluation": self.evaluation,
+            **central,
         }
 
 

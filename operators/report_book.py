@@ -20,11 +20,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from privstream.mechanisms.report_port import Answer, Ask, wire_array
 from privstream.mechanisms.tasks import EstimationTask
 from privstream.operators.report_columns import DeviceSeen, Tally, take_columns
 from privstream.schema.events import DeadLetter
 from privstream.schema.protocol import (
+    SHAPE_MISMATCH,
+    UNKNOWN_REQUEST,
     Report,
     Request,
     Selection,
@@ -33,6 +37,7 @@ from privstream.schema.protocol import (
     sample_rule,
 )
 from privstream.schema.report_wire import ReportColumns
+from privstream.schema.shuffle import ReportBatch
 
 ROUNDS_PER_SLOT = 4
 """The most rounds one mechanism asks in a slot (LDP-IDS: two); sizes the rate limit."""
@@ -68,6 +73,8 @@ class RoundBook:
     missing: int = 0
     """Reports a budget-division request asked for and never got (offline or refusing
     devices), summed over the stream's life: a count, never who."""
+    shuffled: list[tuple[float, int]] = field(default_factory=list)
+    """Behind a shuffler: the slot's batches as (the request's ε, the batch size n)."""
 
     @classmethod
     def fresh(cls, window: int, lanes: int, stream: str = "") -> RoundBook:
@@ -133,6 +140,36 @@ class RoundBook:
             return self.check(run.reports())
         return take_columns(run, self.open_requests(), self.seen, self.collected)
 
+    def fill(self, batch: ReportBatch) -> DeadLetter | None:
+        """A shuffler's batch for an open request of this round: its counts are the request's
+        accepted reports (``n`` of them; none when dropped below ``n_min``). A batch for no open
+        request, or a second, different one, is a dead letter."""
+        published = self.open.get(batch.request)
+        if published is None or (batch.slot, batch.round) != (self.slot, self.round):
+            return DeadLetter(
+                UNKNOWN_REQUEST, batch.stream, batch.to_json(), "no such open request"
+            )
+        spec = published.request.oracle
+        counts = (
+            np.zeros(spec.d, np.int64)
+            if batch.counts is None
+            else np.asarray(batch.counts, np.int64)
+        )
+        tally = self.collected[batch.request]
+        if counts.shape != (spec.d,) or batch.oracle != spec.name:
+            return DeadLetter(
+                SHAPE_MISMATCH, batch.stream, batch.to_json(), "counts do not fit the request"
+            )
+        if len(tally):
+            same = tally.counts is not None and np.array_equal(tally.counts, counts)
+            return (
+                None if same else DeadLetter("conflicting_batch", batch.stream, batch.to_json(), "")
+            )
+        tally.m = batch.n if batch.counts is not None else 0
+        tally.counts = counts
+        self.shuffled = [*getattr(self, "shuffled", []), (published.request.epsilon, batch.n)]
+        return None
+
     def close(self, task: EstimationTask, population: int) -> None:
         """Close the open round: each request's answer from its accepted reports."""
         for rid, published in self.open.items():
@@ -149,7 +186,7 @@ class RoundBook:
 
     def finish_slot(self, window: int) -> None:
         """The slot is released: forget its answers and the population mirror's old slots."""
-        self.round, self.answers = 0, {}
+        self.round, self.answers, self.shuffled = 0, {}, []
         for lane_used in self.used.values():
             for old in [s for s in lane_used if s <= self.slot - window]:
                 del lane_used[old]

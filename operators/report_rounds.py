@@ -48,6 +48,7 @@ from privstream.mechanisms.contract import (
 from privstream.mechanisms.driver import Lane, drive_slot, failure
 from privstream.mechanisms.report_port import Ask, AwaitingReports, ReportsPort
 from privstream.mechanisms.seeding import NoiseKey, SlotRandomness
+from privstream.mechanisms.shuffle_accountant import fmt_closed_bound
 from privstream.mechanisms.tasks import EstimationTask
 from privstream.operators.metrics import BOARD
 from privstream.operators.reasons import Notes, Output
@@ -63,10 +64,11 @@ from privstream.operators.stream_state import StreamState
 from privstream.schema.events import STREAM_HALTED, UNAUTHENTICATED_MARKER, DeadLetter
 from privstream.schema.protocol import Close, Report, Request
 from privstream.schema.report_wire import ReportColumns
+from privstream.schema.shuffle import COUNTABLE, ReportBatch
 
 log = logging.getLogger(__name__)
 
-ReportItem = tuple[int, Report | Close | ReportColumns]
+ReportItem = tuple[int, Report | Close | ReportColumns | ReportBatch]
 """One report-topic message of a stream (or a run of its reports decoded as columns,
 ``schema.report_wire.decode_poll``): its input partition and what it holds."""
 MAX_OPEN_AHEAD = 64
@@ -82,16 +84,20 @@ class ReportsPlan(SlottedPlan):
 
     partitions: int = 1
     window: int = 1
+    shuffled: bool = False
+    """Behind a shuffler (``ldp-shuffled``): the input holds the shuffler's batches and the
+    forwarded markers, never a report."""
 
     @classmethod
-    def of(cls, plan: SlottedPlan, partitions: int) -> ReportsPlan:
+    def of(cls, plan: SlottedPlan, partitions: int, shuffled: bool = False) -> ReportsPlan:
         window = max(m.privacy_cost.window or 1 for m in plan.mechanisms.values())
         fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)}
-        return cls(**fields, partitions=partitions, window=window)
+        return cls(**fields, partitions=partitions, window=window, shuffled=shuffled)
 
     def binding(self) -> dict[str, str]:
+        mode = "ldp-shuffled" if self.shuffled else "ldp-reports"
         return super().binding() | {
-            "trust": f"ldp-reports partitions={self.partitions}",
+            "trust": f"{mode} partitions={self.partitions}",
         }
 
 
@@ -142,6 +148,11 @@ class ReportRoundsLogic(SlottedLogic):
                 continue
             if isinstance(item, ReportColumns):
                 self._reports(book, item, out)
+                continue
+            if isinstance(item, ReportBatch):  # behind a shuffler: a request's counts
+                letter = book.fill(item)
+                if letter is not None:
+                    out.append(("dead_letter", letter))
                 continue
             if isinstance(item, Report):
                 run = [item]  # one check for the partition's consecutive reports
@@ -226,6 +237,11 @@ class ReportRoundsLogic(SlottedLogic):
                     return
                 book.slot = book.slot + 1 if book.slot else book.opened
             asks = self._asks(state, book)
+            odd = sorted({a.oracle.name for a in asks.values()} - set(COUNTABLE))
+            if asks and self.setup.shuffled and odd:
+                why = f"{', '.join(odd)} reports cannot go through a shuffler (counts: GRR, OUE)"
+                self._halt_all(state, book, why, out)
+                return
             if asks:
                 requests = book.publish(
                     state.stream, asks, population=self.n, window=self.setup.window,
@@ -272,7 +288,9 @@ class ReportRoundsLogic(SlottedLogic):
             accountant=state.accountant, stamp=self.runner.stamp,
         )  # fmt: skip
         state.last_closed = slot
+        first = len(out)
         self.runner.apply(state, emitted, out, notes)
+        out[first:] = stamp_central(out[first:], getattr(book, "shuffled", []))
         book.finish_slot(self.setup.window)
         notes.clocks.append((state.stream, slot, 1))
 
@@ -282,6 +300,25 @@ class ReportRoundsLogic(SlottedLogic):
         for name in self.mechanisms:
             if name not in state.halted:
                 self.runner.halt(state, name, book.slot, reason, False, out)
+
+
+CENTRAL_DELTA = 1e-6
+"""δ of the central ε a release behind a shuffler states."""
+
+
+def stamp_central(outputs: list[Output], batches: Sequence[tuple[float, int]]) -> list[Output]:
+    """Behind a shuffler: each release of the slot states the central ε its shuffled reports
+    satisfy beside the local guarantee — the FMT closed-form amplification (spec sao2 §7) of
+    the weakest batch of the slot (the largest ε₀, the smallest n), at ``CENTRAL_DELTA``; a slot
+    without batches states nothing."""
+    if not batches:
+        return outputs
+    eps0, n = max(e for e, _ in batches), min(n for _, n in batches)
+    bound = fmt_closed_bound(eps0, n, CENTRAL_DELTA)
+    central = (("epsilon", float(bound.epsilon)), ("delta", CENTRAL_DELTA),
+               ("method", "fmt_closed" if bound.applicable else "none: n too small"), ("n", n))  # fmt: skip
+    return [(kind, dataclasses.replace(x, central=central)) if kind == "release" else (kind, x)
+            for kind, x in outputs]  # fmt: skip
 
 
 def _runs(values: list[ReportItem]) -> Iterator[tuple[int, list[Any]]]:
@@ -338,14 +375,16 @@ def report_rounds(
     partitions: int = 1,
     split: BudgetSplit | None = None,
     epsilon: float | None = None,
+    shuffled: bool = False,
 ) -> ReportsOut:
     """Run ``mechanisms`` in ``ldp-reports`` mode over every stream of ``up`` (keyed by
     stream): the module docstring. ``population`` is the enrolled devices ``n`` (the
-    mechanisms' planning mirror), ``partitions`` the report topic's."""
+    mechanisms' planning mirror), ``partitions`` the report topic's; ``shuffled``: the input
+    is a shuffler's (``ReportBatch`` counts per request, and the forwarded markers)."""
     plan = ReportsPlan.of(
         make_plan(step_id, mechanisms, task, population, secret, None, None, split, epsilon),
-        partitions,
-    )
+        partitions, shuffled,
+    )  # fmt: skip
     BOARD.set_run(insecure_seed=plan.key.insecure, evaluation=plan.split.evaluation)
 
     def builder(resume: StreamState | None) -> ReportRoundsLogic:

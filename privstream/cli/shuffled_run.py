@@ -11,12 +11,13 @@ SHUFFLED = "ldp-shuffled"
 
 
 def check_run(args: argparse.Namespace, family: Any) -> None:
-    """Refuse a server stage that could see who sent what, naming what is wrong: a family
-    without this mode, an event or report topic as its input, a missing topic."""
-    modes = next(iter(family.mechanisms.values())).trust_modes
-    if SHUFFLED not in modes:
-        raise ValueError(f"the {family.name} family has no {SHUFFLED} server stage (its modes: "
-                         f"{', '.join(modes)})")  # fmt: skip
+    """Refuse a server stage that could see who sent what, naming what is wrong: a central-DP
+    family, an event or report topic as its input, a missing topic. SaO2 (which declares
+    ``ldp-shuffled``) runs its own stage; any other local family runs its ``ldp-reports``
+    rounds on the shuffler's counts."""
+    if not family.local:
+        raise ValueError(f"--trust {SHUFFLED} is a local-DP mode; the {family.name} family runs "
+                         f"as {family.trust} (a trusted curator sees raw values)")  # fmt: skip
     for flag, value in (("--input-topic", args.input_topic), ("--report-topic", args.report_topic)):
         if value:
             raise ValueError(
@@ -41,6 +42,8 @@ def prepare(args: argparse.Namespace, family: Any, settings: Any, task: Any, sec
     from privstream.flows.shuffled import build_shuffled, publish_tasks, server_tasks
 
     check_run(args, family)
+    if SHUFFLED not in next(iter(family.mechanisms.values())).trust_modes:
+        return _rounds(args, family, settings, task, secret)
     slots = args.slots or args.window or family.window
     stream = args.stream or args.dataset
     options = {o.name: getattr(args, o.name) for o in family.options}
@@ -58,3 +61,24 @@ def prepare(args: argparse.Namespace, family: Any, settings: Any, task: Any, sec
     publish_tasks(settings, args.request_topic, tasks)
     print(f"published {len(tasks)} task(s) of {stream} on {args.request_topic}", file=sys.stderr)
     return build_shuffled(mech, tasks, kafka, stream)
+
+
+def _rounds(args: argparse.Namespace, family: Any, settings: Any, task: Any, secret: Any) -> Any:
+    """An ``ldp-reports`` family behind the shuffler: its server stage reading the shuffler's
+    counts per request (GRR and OUE reports) and the forwarded round markers."""
+    from privstream.connectors.kafka import require_topics
+    from privstream.flows.io import KafkaIO
+    from privstream.flows.reports import build_reports
+
+    kafka = KafkaIO(
+        settings, args.shuffled_topic, args.output_topic, args.dead_letter_topic,
+        args.ledger_topic, until_slot=args.slots, stall_warning_seconds=args.stall_warning_seconds,
+        request_topic=args.request_topic,
+    )  # fmt: skip
+    kafka = kafka.with_partitions(require_topics(settings, kafka.topics()))
+    options = {o.name: getattr(args, o.name) for o in family.options}
+    return build_reports(
+        family.name, kafka, task=task, mechanisms=args.mechanism, users=args.users,
+        epsilon=args.epsilon, window=args.window, stream=args.stream or args.dataset,
+        secret=secret, budget_split=args.budget_split, shuffled=True, **options,
+    )  # fmt: skip

@@ -79,5 +79,6 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_port:
         metrics.serve(args.metrics_port, args.metrics_addr)
     shuffler = run_shuffler(config, metrics)
-    print(f"shuffler {args.shuffler_id}: open blocks {len(shuffler.book.open)}")
+    open_now = len(shuffler.books.sao2.open) + len(shuffler.books.rounds.reports)
+    print(f"shuffler {args.shuffler_id}: stopped, {open_now} block(s) or round(s) still open")
     return 0

@@ -30,10 +30,21 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer
 
 from privstream.connectors.kafka import KafkaSettings, consumer_config, require_topics
 from privstream.runtime.shuffle_book import ShuffleBook
+from privstream.runtime.shuffle_reports import ReportShuffleBook
 from privstream.runtime.shuffler_metrics import ShufflerMetrics
 from privstream.schema.events import marker_authentic
-from privstream.schema.protocol import ProtocolError
-from privstream.schema.shuffle import Batch, Sao2Report, Sao2Task, decode
+from privstream.schema.protocol import (
+    CLOSE_TYPE,
+    REQUEST_TYPE,
+    Close,
+    ProtocolError,
+    decode_message,
+    decode_request,
+)
+from privstream.schema.protocol import (
+    REPORT_TYPE as REQUEST_REPORT,
+)
+from privstream.schema.shuffle import Sao2Report, Sao2Task
 
 log = logging.getLogger("privstream.shuffler")
 Offsets = dict[tuple[str, int], int]
@@ -71,14 +82,14 @@ class ShufflerStore:
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / "shuffler.state"
 
-    def load(self) -> tuple[ShuffleBook, Offsets] | None:
+    def load(self) -> tuple[Books, Offsets] | None:
         if not self.path.exists():
             return None
         with self.path.open("rb") as f:
             book, offsets = pickle.load(f)  # the shuffler's own store
         return book, offsets
 
-    def save(self, book: ShuffleBook, offsets: Offsets) -> None:
+    def save(self, book: Books, offsets: Offsets) -> None:
         tmp = self.path.with_suffix(".tmp")
         with tmp.open("wb") as f:
             pickle.dump((book, offsets), f, protocol=pickle.HIGHEST_PROTOCOL)
@@ -88,35 +99,72 @@ class ShufflerStore:
 
 
 @dataclass
-class Poll:
-    """What one poll produced: batches to forward and dead letters (reason, raw value)."""
+class Books:
+    """The shuffler's two books: SaO2's blocks and ``ldp-reports`` rounds."""
 
-    batches: list[Batch]
+    sao2: ShuffleBook
+    rounds: ReportShuffleBook
+
+    def has_task(self, task: str) -> bool:
+        return task in self.sao2.tasks or task in self.rounds.requests
+
+
+@dataclass
+class Poll:
+    """What one poll produced: records to forward (``Batch``, ``ReportBatch``, ``Close``) and
+    dead letters (reason, raw value)."""
+
+    batches: list[Any]
     dead: list[tuple[str, bytes]]
 
 
-def take(book: ShuffleBook, clock_key: bytes, topic: str, task_topic: str, partition: int,
+def take(books: Books, clock_key: bytes, topic: str, task_topic: str, partition: int,
          value: bytes, out: Poll, metrics: ShufflerMetrics) -> None:  # fmt: skip
-    """One message into the book: a task, an authenticated marker (closing blocks), a report,
-    or a dead letter with its reason."""
+    """One message into the books: a task or request, an authenticated marker (closing blocks
+    or rounds), a report, or a dead letter with its reason."""
     try:
         obj = json.loads(value)
     except (ValueError, RecursionError):
         out.dead.append(("malformed_json", value))
         return
+    kind = obj.get("type") if isinstance(obj, dict) else None
     try:
         if topic == task_topic:
-            book.add_task(Sao2Task.from_obj(obj))
+            _task(books, kind, obj, value)
         elif isinstance(obj, dict) and "end_of_slot" in obj:
-            _marker(book, clock_key, partition, obj, value, out)
+            _marker(books.sao2, clock_key, partition, obj, value, out)
+        elif kind in (CLOSE_TYPE, REQUEST_REPORT):
+            _round_message(books.rounds, clock_key, partition, value, out, metrics)
         else:
-            why = book.take_report(partition, Sao2Report.from_obj(obj))
+            why = books.sao2.take_report(partition, Sao2Report.from_obj(obj))
             metrics.report(why)
             if why is not None:
                 out.dead.append((why, value))
     except ProtocolError as exc:
         metrics.report(exc.reason)
         out.dead.append((exc.reason, value))
+
+
+def _task(books: Books, kind: Any, obj: Any, value: bytes) -> None:
+    if kind == REQUEST_TYPE:
+        books.rounds.add_request(decode_request(value))
+    else:
+        books.sao2.add_task(Sao2Task.from_obj(obj))
+
+
+def _round_message(rounds: ReportShuffleBook, clock_key: bytes, partition: int, value: bytes,
+                   out: Poll, metrics: ShufflerMetrics) -> None:  # fmt: skip
+    message = decode_message(value)
+    if isinstance(message, Close):
+        if not message.authentic(clock_key):
+            out.dead.append(("unauthenticated_marker", value))
+            return
+        out.batches.extend(rounds.take_marker(partition, message))
+        return
+    why = rounds.take_report(partition, message)
+    metrics.report(why)
+    if why is not None:
+        out.dead.append((why, value))
 
 
 def _marker(book: ShuffleBook, clock_key: bytes, partition: int, obj: dict[str, Any],
@@ -129,13 +177,19 @@ def _marker(book: ShuffleBook, clock_key: bytes, partition: int, obj: dict[str, 
     out.batches.extend(book.take_marker(partition, stream, slot))
 
 
-def _unknown(book: ShuffleBook, value: bytes) -> bool:
-    """Whether a report names a task the book has not read (a cheap look at its field)."""
+def record_key(record: Any) -> str:
+    """A forwarded record's Kafka key: its block or request (a marker: its stream)."""
+    return str(record.stream if isinstance(record, Close) else record.key)
+
+
+def _unknown(books: Books, value: bytes) -> bool:
+    """Whether a report names a task or request the books have not read (a cheap look)."""
     try:
-        task = json.loads(value).get("task")
+        obj = json.loads(value)
+        task = obj.get("task", obj.get("request"))
     except (ValueError, AttributeError, RecursionError):
         return False
-    return isinstance(task, str) and task not in book.tasks
+    return isinstance(task, str) and not books.has_task(task)
 
 
 class Shuffler:
@@ -150,9 +204,11 @@ class Shuffler:
         self.partitions = {t: found[t] for t in (config.report_topic, config.task_topic)}
         self.store = ShufflerStore(config.store)
         loaded = self.store.load()
-        fresh = ShuffleBook(config.shuffler_id, found[config.report_topic], config.policy,
-                            config.delta, config.n_min)  # fmt: skip
-        self.book, self.offsets = loaded if loaded is not None else (fresh, {})
+        parts = found[config.report_topic]
+        fresh = Books(ShuffleBook(config.shuffler_id, parts, config.policy, config.delta, config.n_min),
+                      ReportShuffleBook(config.shuffler_id, parts, config.policy, config.delta,
+                                        config.n_min))  # fmt: skip
+        self.books, self.offsets = loaded if loaded is not None else (fresh, {})
         self._stopped = False
         self._tasks: Consumer
 
@@ -178,8 +234,8 @@ class Shuffler:
                 last = time.monotonic()
                 poll = self._poll(messages)
                 self._forward(producer, poll)
-                self.store.save(self.book, self.offsets)
-                self.metrics.open_blocks(len(self.book.open))
+                self.store.save(self.books, self.offsets)
+                self.metrics.open_blocks(len(self.books.sao2.open) + len(self.books.rounds.reports))
                 if on_poll is not None:
                     on_poll(poll)
         finally:
@@ -203,9 +259,10 @@ class Shuffler:
                 if m.error() is not None:
                     raise KafkaException(m.error())
                 try:
-                    self.book.add_task(decode(m.value() or b"", Sao2Task))
-                except ProtocolError as exc:
-                    log.warning("task topic: a message that is no task (%s)", exc.reason)
+                    value = m.value() or b""
+                    _task(self.books, json.loads(value).get("type"), json.loads(value), value)
+                except (ProtocolError, ValueError, AttributeError) as exc:
+                    log.warning("task topic: a message that is no task (%s)", type(exc).__name__)
                 self._consumed(m)
 
     def _consumed(self, m: Any) -> None:
@@ -227,9 +284,9 @@ class Shuffler:
             if m.error() is not None:
                 raise KafkaException(m.error())
             value = m.value() or b""
-            if b'"privstream.sao2.report"' in value and _unknown(self.book, value):
+            if b'"type":"privstream.' in value and _unknown(self.books, value):
                 self._drain_tasks(2.0)  # a device answered a task this shuffler has not read
-            take(self.book, self.config.clock_key, m.topic(), self.config.task_topic,
+            take(self.books, self.config.clock_key, m.topic(), self.config.task_topic,
                  m.partition(), value, poll, self.metrics)  # fmt: skip
             self._consumed(m)
         return poll
@@ -240,10 +297,11 @@ class Shuffler:
             return
         if self.config.transactional:
             producer.begin_transaction()
-        for batch in poll.batches:
-            producer.produce(self.config.shuffled_topic, key=batch.key.encode(),
-                             value=batch.to_json().encode())  # fmt: skip
-            self.metrics.batch(batch)
+        for record in poll.batches:
+            producer.produce(self.config.shuffled_topic, key=record_key(record).encode(),
+                             value=record.to_json().encode())  # fmt: skip
+            if not isinstance(record, Close):
+                self.metrics.batch(record)
         if self.config.dead_letter_topic:
             for reason, value in poll.dead:
                 producer.produce(self.config.dead_letter_topic, key=reason.encode(), value=value)

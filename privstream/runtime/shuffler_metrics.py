@@ -10,7 +10,7 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from privstream.schema.shuffle import Batch
+from privstream.schema.shuffle import Batch, ReportBatch
 
 PREFIX: Final = "privstream_shuffler_"
 BATCH_BUCKETS: Final = (0, 10, 50, 100, 250, 562, 1000, 2500, 5000, 10_000, 50_000, 100_000)
@@ -38,7 +38,7 @@ class ShufflerMetrics:
         else:
             self.refused.labels(reason).inc()
 
-    def batch(self, batch: Batch) -> None:
+    def batch(self, batch: Batch | ReportBatch) -> None:
         self.batches.labels(batch.policy).inc()
         self.size.observe(batch.n)
 

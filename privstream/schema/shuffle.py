@@ -310,3 +310,68 @@ def counts_of(reports: Sequence[Sao2Report], d: int) -> tuple[tuple[int, ...], t
         for coord, sign in report.symbols:
             (plus if sign > 0 else minus)[coord] += 1
     return tuple(plus), tuple(minus)
+
+
+REPORTS_TYPE: Final = "privstream.shuffled.reports"
+COUNTABLE: Final = ("GRR", "OUE")
+"""Oracles whose server needs only counts (GRR: reports per value; OUE: set bits per
+coordinate): their reports can go through the shuffler."""
+
+
+@dataclass(frozen=True)
+class ReportBatch:
+    """What the shuffler forwards for one ``ldp-reports`` request (``protocol.Request``) once
+    its round closed on every partition: the manifest (``n`` distinct devices, ``n_min``,
+    ``policy``, the shuffler) and, unless dropped, the counts the oracle's estimator needs — a
+    function of the reports' multiset only."""
+
+    request: str
+    stream: str
+    slot: int
+    round: int
+    oracle: str
+    n: int
+    n_min: int
+    policy: str
+    counts: tuple[int, ...] | None
+    shuffler: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.stream}/{self.slot}/{self.round}/{self.request}"
+
+    def to_json(self) -> str:
+        return canonical({"type": REPORTS_TYPE, "version": VERSION, "request": self.request,
+                          "stream": self.stream, "slot": self.slot, "round": self.round,
+                          "oracle": self.oracle, "n": self.n, "n_min": self.n_min,
+                          "policy": self.policy,
+                          "counts": None if self.counts is None else list(self.counts),
+                          "shuffler": self.shuffler})  # fmt: skip
+
+    @classmethod
+    def from_obj(cls, obj: Any) -> ReportBatch:
+        o = _check_head(obj, REPORTS_TYPE)
+        _check_fields(o, (*cls.__dataclass_fields__, "type", "version"), "shuffled report batch")
+        policy, oracle = _take(o, "policy"), _take(o, "oracle")
+        if policy not in POLICIES or oracle not in COUNTABLE:
+            raise ProtocolError(INVALID_TYPE, f"policy {policy!r} or oracle {oracle!r} unknown")
+        counts = _counts(_take(o, "counts"), "counts")
+        if (counts is None) != (policy == "drop"):
+            raise ProtocolError(MALFORMED, "counts are null exactly when the batch was dropped")
+        return cls(_text(_take(o, "request"), "request", _HEX), _text(_take(o, "stream"), "stream"),
+                   _int(_take(o, "slot"), "slot", 1), _int(_take(o, "round"), "round", 1), oracle,
+                   _int(_take(o, "n"), "n", 0), _int(_take(o, "n_min"), "n_min", 1), policy,
+                   counts, _text(_take(o, "shuffler"), "shuffler"))  # fmt: skip
+
+
+def report_counts(oracle: str, d: int, values: Sequence[Any]) -> tuple[int, ...]:
+    """The counts of accepted GRR/OUE report values: reports per value, or set bits per
+    coordinate (OUE values are lists of d bits)."""
+    out = [0] * d
+    for value in values:
+        if oracle == "GRR":
+            out[int(value)] += 1
+        else:
+            for i, bit in enumerate(value):
+                out[i] += int(bit)
+    return tuple(out)
