@@ -30,7 +30,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer
 
 from privstream.connectors.kafka import KafkaSettings, consumer_config, require_topics
 from privstream.runtime.shuffle_book import ShuffleBook
-from privstream.runtime.shuffler_metrics import ShufflerMetrics
+from privstream.runtime.shuffler_metrics import MALFORMED, UNAUTHENTICATED, ShufflerMetrics
 from privstream.schema.events import marker_authentic
 from privstream.schema.protocol import ProtocolError
 from privstream.schema.shuffle import Batch, Sao2Report, Sao2Task, decode
@@ -98,35 +98,43 @@ class Poll:
 def take(book: ShuffleBook, clock_key: bytes, topic: str, task_topic: str, partition: int,
          value: bytes, out: Poll, metrics: ShufflerMetrics) -> None:  # fmt: skip
     """One message into the book: a task, an authenticated marker (closing blocks), a report,
-    or a dead letter with its reason."""
+    or a dead letter with its reason. Every refusal is counted by its reason
+    (``privstream_shuffler_refused_total``), forged markers and malformed messages included."""
+
+    def refuse(reason: str) -> None:
+        metrics.report(reason)
+        out.dead.append((reason, value))
+
     try:
         obj = json.loads(value)
     except (ValueError, RecursionError):
-        out.dead.append(("malformed_json", value))
+        refuse(MALFORMED)
         return
     try:
         if topic == task_topic:
             book.add_task(Sao2Task.from_obj(obj))
         elif isinstance(obj, dict) and "end_of_slot" in obj:
-            _marker(book, clock_key, partition, obj, value, out)
+            if not _marker(book, clock_key, partition, obj, out):
+                refuse(UNAUTHENTICATED)
         else:
             why = book.take_report(partition, Sao2Report.from_obj(obj))
-            metrics.report(why)
-            if why is not None:
-                out.dead.append((why, value))
+            if why is None:
+                metrics.report(None)
+            else:
+                refuse(why)
     except ProtocolError as exc:
-        metrics.report(exc.reason)
-        out.dead.append((exc.reason, value))
+        refuse(exc.reason)
 
 
 def _marker(book: ShuffleBook, clock_key: bytes, partition: int, obj: dict[str, Any],
-            value: bytes, out: Poll) -> None:  # fmt: skip
+            out: Poll) -> bool:  # fmt: skip
+    """Close what an authentic marker ends; False when the marker is not authentic."""
     stream, slot = obj.get("stream"), obj.get("end_of_slot")
     if not (isinstance(stream, str) and isinstance(slot, int) and not isinstance(slot, bool)
             and marker_authentic(clock_key, stream, slot, obj.get("tag"))):  # fmt: skip
-        out.dead.append(("unauthenticated_marker", value))
-        return
+        return False
     out.batches.extend(book.take_marker(partition, stream, slot))
+    return True
 
 
 def _unknown(book: ShuffleBook, value: bytes) -> bool:
