@@ -8,7 +8,17 @@
 #   entrypoint.sh audit [FLAG ...]  privstream audit FLAG ... (the audit CronJob)
 #   entrypoint.sh clock [FLAG ...]  privstream clock --config "$PRIVSTREAM_CONFIG": the flow's
 #                                   slot clock (the clock Deployment), with the clock key from
-#                                   PRIVSTREAM_CLOCK_KEY_FILE and PRIVSTREAM_SLOT_SECONDS
+#                                   PRIVSTREAM_CLOCK_KEY_FILE and PRIVSTREAM_SLOT_SECONDS;
+#                                   without PRIVSTREAM_CONFIG the FLAGs name --topic and --stream
+#   entrypoint.sh shuffler [FLAG ...]
+#                                   privstream shuffler FLAG ... (its topics, --policy): the
+#                                   shuffle model's middle party, its own trust domain, with the
+#                                   clock key from PRIVSTREAM_CLOCK_KEY_FILE, its store
+#                                   PRIVSTREAM_SHUFFLER_STORE [/var/lib/privstream/shuffler], its
+#                                   id PRIVSTREAM_SHUFFLER_ID [the host name: the pod's name] and
+#                                   its metrics on PRIVSTREAM_METRICS_ADDR:
+#                                   PRIVSTREAM_SHUFFLER_METRICS_PORT [0.0.0.0:9103]; it refuses
+#                                   to start where it could read the noise key
 #   entrypoint.sh --help            this text and privstream's help
 #
 # The fixed parts of a flow, each overridable from the environment (default in brackets):
@@ -26,7 +36,8 @@
 #
 # A flow refuses to start (exit 2) without a non-empty key file: privstream would otherwise
 # stop on the same error, but later and with less advice. The key itself is never printed.
-# `exec` makes privstream the process that receives SIGTERM: it drains, snapshots, exits 0.
+# `exec` makes privstream the process that receives SIGTERM: a flow drains, snapshots, exits
+# 0; the shuffler stops where it is (it saves its store after each delivered poll).
 set -eu
 
 fail() {
@@ -34,8 +45,14 @@ fail() {
     exit 2
 }
 
+# The clock key file (the clock and the shuffler): missing or empty, exit 2 naming $1.
+clock_key=${PRIVSTREAM_CLOCK_KEY_FILE:-/var/run/secrets/privstream-clock/clock.key}
+need_clock_key() {
+    [ -s "$clock_key" ] || fail "the clock key file $clock_key is missing or empty; create $1"
+}
+
 usage() {
-    sed -n '2,25s/^# \{0,1\}//p' "$0"
+    sed -n '2,/^set -eu$/s/^# \{0,1\}//p' "$0"
 }
 
 case "${1:-}" in
@@ -45,12 +62,36 @@ audit)
     ;;
 clock)
     shift
-    clock_key=${PRIVSTREAM_CLOCK_KEY_FILE:-/var/run/secrets/privstream-clock/clock.key}
-    [ -s "$clock_key" ] || fail "the clock key file $clock_key is missing or empty; create" \
-        "the clock's Secret (deploy/kubernetes/clock.yaml says how)"
-    [ -n "${PRIVSTREAM_CONFIG:-}" ] || fail "set PRIVSTREAM_CONFIG to the flow file"
-    exec privstream clock --config "$PRIVSTREAM_CONFIG" --clock-key-file "$clock_key" \
+    need_clock_key "the clock's Secret (deploy/kubernetes/clock.yaml says how)"
+    if [ -n "${PRIVSTREAM_CONFIG:-}" ]; then
+        set -- --config "$PRIVSTREAM_CONFIG" "$@"
+    fi
+    exec privstream clock --clock-key-file "$clock_key" \
         --slot-seconds "${PRIVSTREAM_SLOT_SECONDS:-60}" "$@"
+    ;;
+shuffler)
+    shift
+    need_clock_key "the shuffler's Secret (deploy/kubernetes/shuffler/secret.yaml says how)"
+    # Another trust domain than the server's: whoever holds the noise key can remove the noise,
+    # and the shuffler knows who sent what. Never both in one pod.
+    noise_key=${PRIVSTREAM_SECRET_FILE:-/var/run/secrets/privstream/noise.key}
+    if [ -n "${PRIVSTREAM_SECRET:-}" ] || [ -e "$noise_key" ]; then
+        fail "refusing to start: the shuffler must never hold the server's noise key" \
+            "(PRIVSTREAM_SECRET is set or $noise_key exists); mount only its clock key"
+    fi
+    for arg in "$@"; do
+        case $arg in # --secret-file, --insecure-seed and the prefixes argparse takes for them
+        --se | --se=* | --sec* | --in | --in=* | --ins*)
+            fail "refusing to start: the shuffler takes no $arg (its clock key comes from" \
+                "PRIVSTREAM_CLOCK_KEY_FILE; it must never hold the server's noise key)"
+            ;;
+        esac
+    done
+    exec privstream shuffler --clock-key-file "$clock_key" \
+        --store "${PRIVSTREAM_SHUFFLER_STORE:-/var/lib/privstream/shuffler}" \
+        --shuffler-id "${PRIVSTREAM_SHUFFLER_ID:-$(uname -n)}" \
+        --metrics-addr "${PRIVSTREAM_METRICS_ADDR:-0.0.0.0}" \
+        --metrics-port "${PRIVSTREAM_SHUFFLER_METRICS_PORT:-9103}" "$@"
     ;;
 -h | --help)
     if [ -n "${PRIVSTREAM_FAMILY:-}" ]; then

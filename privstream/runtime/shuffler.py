@@ -31,7 +31,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer
 from privstream.connectors.kafka import KafkaSettings, consumer_config, require_topics
 from privstream.runtime.shuffle_book import ShuffleBook
 from privstream.runtime.shuffle_reports import ReportShuffleBook
-from privstream.runtime.shuffler_metrics import ShufflerMetrics
+from privstream.runtime.shuffler_metrics import MALFORMED, UNAUTHENTICATED, ShufflerMetrics
 from privstream.schema.events import marker_authentic
 from privstream.schema.protocol import (
     CLOSE_TYPE,
@@ -121,28 +121,40 @@ class Poll:
 def take(books: Books, clock_key: bytes, topic: str, task_topic: str, partition: int,
          value: bytes, out: Poll, metrics: ShufflerMetrics) -> None:  # fmt: skip
     """One message into the books: a task or request, an authenticated marker (closing blocks
-    or rounds), a report, or a dead letter with its reason."""
+    or rounds), a report, or a dead letter with its reason. Every refusal is counted by its
+    reason (``privstream_shuffler_refused_total``), forged markers and malformed messages
+    included."""
+
+    def refuse(reason: str) -> None:
+        metrics.report(reason)
+        out.dead.append((reason, value))
+
     try:
         obj = json.loads(value)
     except (ValueError, RecursionError):
-        out.dead.append(("malformed_json", value))
+        refuse(MALFORMED)
         return
     kind = obj.get("type") if isinstance(obj, dict) else None
     try:
         if topic == task_topic:
             _task(books, kind, obj, value)
         elif isinstance(obj, dict) and "end_of_slot" in obj:
-            _marker(books.sao2, clock_key, partition, obj, value, out)
+            if not _marker(books.sao2, clock_key, partition, obj, out):
+                refuse(UNAUTHENTICATED)
         elif kind in (CLOSE_TYPE, REQUEST_REPORT):
-            _round_message(books.rounds, clock_key, partition, value, out, metrics)
+            _judged(_round_message(books.rounds, clock_key, partition, value, out), refuse, metrics)
         else:
-            why = books.sao2.take_report(partition, Sao2Report.from_obj(obj))
-            metrics.report(why)
-            if why is not None:
-                out.dead.append((why, value))
+            _judged(books.sao2.take_report(partition, Sao2Report.from_obj(obj)), refuse, metrics)
     except ProtocolError as exc:
-        metrics.report(exc.reason)
-        out.dead.append((exc.reason, value))
+        refuse(exc.reason)
+
+
+def _judged(why: str | None, refuse: Callable[[str], None], metrics: ShufflerMetrics) -> None:
+    """A report kept (counted) or refused (counted by reason, dead-lettered)."""
+    if why is None:
+        metrics.report(None)
+    else:
+        refuse(why)
 
 
 def _task(books: Books, kind: Any, obj: Any, value: bytes) -> None:
@@ -153,28 +165,26 @@ def _task(books: Books, kind: Any, obj: Any, value: bytes) -> None:
 
 
 def _round_message(rounds: ReportShuffleBook, clock_key: bytes, partition: int, value: bytes,
-                   out: Poll, metrics: ShufflerMetrics) -> None:  # fmt: skip
+                   out: Poll) -> str | None:  # fmt: skip
+    """An ``ldp-reports`` report or round marker; the refusal's reason, or None."""
     message = decode_message(value)
     if isinstance(message, Close):
         if not message.authentic(clock_key):
-            out.dead.append(("unauthenticated_marker", value))
-            return
+            return UNAUTHENTICATED
         out.batches.extend(rounds.take_marker(partition, message))
-        return
-    why = rounds.take_report(partition, message)
-    metrics.report(why)
-    if why is not None:
-        out.dead.append((why, value))
+        return None
+    return rounds.take_report(partition, message)
 
 
 def _marker(book: ShuffleBook, clock_key: bytes, partition: int, obj: dict[str, Any],
-            value: bytes, out: Poll) -> None:  # fmt: skip
+            out: Poll) -> bool:  # fmt: skip
+    """Close what an authentic marker ends; False when the marker is not authentic."""
     stream, slot = obj.get("stream"), obj.get("end_of_slot")
     if not (isinstance(stream, str) and isinstance(slot, int) and not isinstance(slot, bool)
             and marker_authentic(clock_key, stream, slot, obj.get("tag"))):  # fmt: skip
-        out.dead.append(("unauthenticated_marker", value))
-        return
+        return False
     out.batches.extend(book.take_marker(partition, stream, slot))
+    return True
 
 
 def record_key(record: Any) -> str:

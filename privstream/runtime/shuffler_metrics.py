@@ -2,7 +2,12 @@
 its own registry and endpoint: the shuffler is another trust domain than the server, so it
 serves its metrics itself. Everything here is a count of messages, of refusals by reason, or
 a batch's size and policy — the batch sizes are in the forwarded manifests anyway — never a
-device id or a symbol."""
+device id or a symbol.
+
+Every policy and every known refusal reason is exported at 0 from the start, so that an alert's
+``increase()`` sees the first drop or the first forged marker (a series that first appears at
+1 has no increase) and a shuffler that never forwarded a batch still has a batch series at 0
+(deploy/prometheus/rules/privstream-shuffler.rules.yml)."""
 
 from __future__ import annotations
 
@@ -10,9 +15,15 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from privstream.schema.shuffle import Batch, ReportBatch
+from privstream.runtime.shuffle_book import SHUFFLER_POLICIES
+from privstream.schema.shuffle import REPORT_REASONS, Batch, ReportBatch
 
 PREFIX: Final = "privstream_shuffler_"
+UNAUTHENTICATED: Final = "unauthenticated_marker"
+MALFORMED: Final = "malformed_json"
+REFUSALS: Final = (*REPORT_REASONS, UNAUTHENTICATED, MALFORMED)
+"""The refusal reasons exported at 0 from the start (a message the schema refuses adds its own)."""
+BATCH_POLICIES: Final = ("forward", *SHUFFLER_POLICIES)
 BATCH_BUCKETS: Final = (0, 10, 50, 100, 250, 562, 1000, 2500, 5000, 10_000, 50_000, 100_000)
 
 
@@ -31,6 +42,10 @@ class ShufflerMetrics:
         self.size = Histogram(PREFIX + "batch_size", "Reports per forwarded batch (n).",
                               buckets=BATCH_BUCKETS, registry=r)  # fmt: skip
         self.open = Gauge(PREFIX + "open_blocks", "Blocks collecting reports.", registry=r)
+        for reason in REFUSALS:
+            self.refused.labels(reason)
+        for policy in BATCH_POLICIES:
+            self.batches.labels(policy)
 
     def report(self, reason: str | None) -> None:
         if reason is None:

@@ -231,7 +231,8 @@ def _symbol(value: Any) -> tuple[int, int]:
 
 
 REPORT_REASONS: Final = ("unknown_task", "wrong_level", "no_such_block", "shape_mismatch",
-                         "too_many_symbols", "duplicate_report", "late_report")  # fmt: skip
+                         "too_many_symbols", "duplicate_report", "late_report",
+                         "not_countable")  # fmt: skip
 """Why the shuffler refuses a device report (each a dead letter on its own topic)."""
 
 

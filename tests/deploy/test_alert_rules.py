@@ -1,8 +1,9 @@
 """Static checks of privstream's alerting (deploy/prometheus/rules, deploy/alertmanager).
 
-The rules pass ``promtool check rules`` and their unit tests (``promtool test rules``); every
-alert has a unit-test case where it fires and one where it stays silent, so a new rule without
-tests fails here; every rule reads only metrics privstream exports (or ``up``) and names the
+Each rule file (the flows' privstream.rules.yml, the shuffler's own privstream-shuffler.rules.yml)
+passes ``promtool check rules`` and its unit tests (``promtool test rules``); every alert has a
+unit-test case where it fires and one where it stays silent, so a new rule without tests fails
+here; every rule reads only metrics privstream exports (or ``up``) and names the
 mechanisms of a budget kind exactly as the code classifies them; the example Alertmanager
 configuration passes ``amtool check-config``, pages only for ``severity="page"`` and inhibits
 with alerts that exist.
@@ -24,6 +25,7 @@ from privstream.audit.metrics import AuditMetrics
 from privstream.families.registry import FAMILIES
 from privstream.mechanisms import personalized
 from privstream.operators.metrics import PUBLIC_METRICS
+from privstream.runtime.shuffler_metrics import ShufflerMetrics
 from privstream.schema.exposition import INTERNAL, INTERNAL_PREFIX
 from tests.metric_names import exposed_name
 
@@ -33,6 +35,12 @@ from .test_dashboard import metric_names
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "rules" / "privstream.rules.yml"
 RULE_TESTS = ROOT / "deploy" / "prometheus" / "tests" / "privstream.rules.test.yml"
+SHUFFLER_RULES = RULES.with_name("privstream-shuffler.rules.yml")
+# Every rule file (all that prometheus.yml's rules/*.yml loads) and its unit tests.
+RULE_FILES = {
+    RULES: RULE_TESTS,
+    SHUFFLER_RULES: RULE_TESTS.with_name("privstream-shuffler.rules.test.yml"),
+}
 ALERTMANAGER = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
 
 SEVERITIES = frozenset({"page", "ticket", "info"})
@@ -59,10 +67,14 @@ def run(command: Sequence[str]) -> str:
     return done.stdout
 
 
+def rules_of(path: Path) -> list[dict[str, Any]]:
+    groups = yaml.safe_load(path.read_text())["groups"]
+    return [rule for group in groups for rule in group["rules"]]
+
+
 @pytest.fixture(scope="module")
 def rules() -> list[dict[str, Any]]:
-    groups = yaml.safe_load(RULES.read_text())["groups"]
-    return [rule for group in groups for rule in group["rules"]]
+    return [rule for path in RULE_FILES for rule in rules_of(path)]
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +84,7 @@ def alerts(rules: list[dict[str, Any]]) -> set[str]:
 
 def exported_metrics() -> set[str]:
     """Every name privstream serves: the public allow-list, the internal registry (filled by
-    the modules that define its metrics) and the audit job's verdict."""
+    the modules that define its metrics), the audit job's verdict and the shuffler's own."""
     for module in (
         "privstream.operators.metrics", "privstream.connectors.kafka_health", "privstream.runtime.heartbeat"
     ):  # fmt: skip
@@ -85,20 +97,33 @@ def exported_metrics() -> set[str]:
         verdict = {family.name for family in audit.registry.collect()}
     finally:
         audit.close()
-    return set(PUBLIC_METRICS) | internal | verdict
+    shuffler = {exposed_name(f) for f in ShufflerMetrics().registry.collect()}
+    return set(PUBLIC_METRICS) | internal | verdict | shuffler
 
 
-def test_promtool_checks_the_rules() -> None:
-    run([ensure_prometheus()["promtool"], "check", "rules", str(RULES)])
+def test_every_rule_file_is_listed_here() -> None:
+    """A new file in rules/ (Prometheus loads them all) must come with its unit tests."""
+    assert set(RULES.parent.glob("*.yml")) == set(RULE_FILES)
+    assert set(RULE_TESTS.parent.glob("*.yml")) == set(RULE_FILES.values())
 
 
-def test_promtool_unit_tests_pass() -> None:
-    run([ensure_prometheus()["promtool"], "test", "rules", str(RULE_TESTS)])
+@pytest.mark.parametrize("path", RULE_FILES, ids=lambda p: p.name)
+def test_promtool_checks_the_rules(path: Path) -> None:
+    run([ensure_prometheus()["promtool"], "check", "rules", str(path)])
 
 
-def test_every_alert_fires_and_stays_silent_in_a_unit_test(alerts: set[str]) -> None:
-    unit_tests = yaml.safe_load(RULE_TESTS.read_text())
-    assert [(RULE_TESTS.parent / f).resolve() for f in unit_tests["rule_files"]] == [RULES]
+@pytest.mark.parametrize("path", RULE_FILES.values(), ids=lambda p: p.name)
+def test_promtool_unit_tests_pass(path: Path) -> None:
+    run([ensure_prometheus()["promtool"], "test", "rules", str(path)])
+
+
+@pytest.mark.parametrize("path", RULE_FILES, ids=lambda p: p.name)
+def test_every_alert_fires_and_stays_silent_in_a_unit_test(path: Path) -> None:
+    """Each rule file's alerts, in its own unit tests (which load that file alone)."""
+    alerts = {rule["alert"] for rule in rules_of(path)}
+    tests = RULE_FILES[path]
+    unit_tests = yaml.safe_load(tests.read_text())
+    assert [(tests.parent / f).resolve() for f in unit_tests["rule_files"]] == [path]
     cases = [case for test in unit_tests["tests"] for case in test.get("alert_rule_test", ())]
     firing = {case["alertname"] for case in cases if case.get("exp_alerts")}
     silent = {case["alertname"] for case in cases if not case.get("exp_alerts")}
@@ -160,3 +185,29 @@ def test_inhibitions_name_existing_alerts(alerts: set[str]) -> None:
     }
     assert {"PrivstreamHalted", "PrivstreamStalled", "PrivstreamFlowDown"} <= named
     assert named <= alerts, f"inhibitions name unknown alerts: {named - alerts}"
+
+
+_SHUFFLER_LABEL = re.compile(r'\b(policy|reason)\s*[=!]~?\s*"([^"]*)"')
+
+
+def test_shuffler_rules_read_the_shuffler_and_name_what_it_exports() -> None:
+    """The shuffler's rules read only its own metrics (or ``up`` of its job), and every policy
+    and refusal reason they name is one the shuffler exports from the start (a misspelt one
+    would match nothing, and the rule would never fire)."""
+    from privstream.runtime.shuffler_metrics import BATCH_POLICIES, REFUSALS
+
+    own = {exposed_name(f) for f in ShufflerMetrics().registry.collect()}
+    exported = {"policy": set(BATCH_POLICIES), "reason": set(REFUSALS)}
+    named: set[str] = set()
+    for rule in rules_of(SHUFFLER_RULES):
+        expr = rule["expr"]
+        assert metric_names(expr) <= own | {"up"}, rule["alert"]
+        assert "up" not in metric_names(expr) or 'up{job="privstream-shuffler"}' in expr
+        for label, values in _SHUFFLER_LABEL.findall(expr):
+            assert set(values.split("|")) <= exported[label], (rule["alert"], values)
+            named |= set(values.split("|"))
+    assert {"drop", "below_min", "unauthenticated_marker"} <= named
+    exprs = {rule["alert"]: " ".join(rule["expr"].split()) for rule in rules_of(SHUFFLER_RULES)}
+    assert exprs["PrivstreamShufflerBatchBelowMinimum"] == (
+        'increase(privstream_shuffler_batches_total{policy=~"drop|below_min"}[15m]) > 0'
+    )

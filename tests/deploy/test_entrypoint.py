@@ -274,3 +274,69 @@ def _reasons(kafka: KafkaSettings, topics: Topics) -> set[str]:
     return {
         dict(m.headers())[DEAD_LETTER_REASON_HEADER].decode() for m in read_all(kafka, topics.dlq)
     }
+
+
+def test_the_shuffler_mode_runs_the_statefulsets_shuffler(
+    broker: EmbeddedBroker, kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    """``entrypoint.sh shuffler`` with the StatefulSet's arguments (this test's topics): the
+    exec'd ``privstream shuffler`` holds the clock key and no noise key, serves every batch
+    policy at 0 on its port, refuses a forged end-of-slot marker (counted by reason, and a
+    dead letter keyed so on its own topic), saves its store, and SIGTERM stops it at once
+    with the store intact."""
+    import secrets
+    import uuid
+
+    from confluent_kafka import Producer
+
+    from privstream.connectors.kafka import TopicSpec, create_topics
+    from privstream.runtime.shuffler import ShufflerStore
+    from tests.integration.conftest import read_all
+
+    from .test_shuffler_manifests import POD, container
+
+    tag = uuid.uuid4().hex[:8]
+    args = container()["args"]
+    names = {
+        args[i + 1]: f"{args[i + 1]}-{tag}" for i, a in enumerate(args) if a.endswith("-topic")
+    }
+    create_topics(kafka, [TopicSpec(t) for t in names.values()])
+    key = tmp_path / "clock.key"
+    key.write_text(secrets.token_hex(32) + "\n")
+    port = str(free_port())
+    env = cli_env(
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        PRIVSTREAM_BOOTSTRAP=broker.bootstrap, PRIVSTREAM_CLOCK_KEY_FILE=str(key),
+        PRIVSTREAM_SECRET_FILE=str(tmp_path / "no-noise.key"), PRIVSTREAM_SHUFFLER_ID=POD,
+        PRIVSTREAM_SHUFFLER_STORE=str(tmp_path / "store"), PRIVSTREAM_METRICS_ADDR="127.0.0.1",
+        PRIVSTREAM_SHUFFLER_METRICS_PORT=port,
+    )  # fmt: skip
+    shuffler = subprocess.Popen(
+        [str(ENTRYPOINT), *(names.get(a, a) for a in args)], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    reports, dead = names["reports"], names["shuffler-dead-letters"]
+    forged = json.dumps({"stream": "cells", "end_of_slot": 1, "tag": "00" * 16}).encode()
+    try:
+        started = scrape(
+            port, shuffler, until='privstream_shuffler_batches_total{policy="drop"} 0.0'
+        )
+        command = Path(f"/proc/{shuffler.pid}/cmdline").read_bytes().split(b"\0")
+        environ = Path(f"/proc/{shuffler.pid}/environ").read_bytes().split(b"\0")
+        producer = Producer(kafka.client_config())
+        producer.produce(reports, forged)
+        assert producer.flush(30) == 0
+        refused = 'privstream_shuffler_refused_total{reason="unauthenticated_marker"} 1.0'
+        scrape(port, shuffler, until=refused)
+        (letter,) = read_all(kafka, dead, settle=0.5)
+    finally:
+        _out, err = stop(shuffler)
+    assert b"shuffler" in command and not any(b"entrypoint" in arg for arg in command)
+    assert command[command.index(b"--shuffler-id") + 1] == POD.encode()
+    assert b"--secret-file" not in command
+    assert not any(v.startswith(b"PRIVSTREAM_SECRET=") for v in environ)
+    assert 'privstream_shuffler_batches_total{policy="below_min"} 0.0' in started
+    assert (letter.key(), letter.value()) == (b"unauthenticated_marker", forged)
+    assert shuffler.returncode == -signal.SIGTERM, err[-3000:]  # stopped where it was
+    loaded = ShufflerStore(tmp_path / "store").load()
+    assert loaded is not None and loaded[1] == {(reports, 0): 1}  # the marker was consumed

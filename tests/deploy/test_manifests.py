@@ -33,7 +33,15 @@ JOBS = {
     "privstream": ("flow", "metrics"),
     "privstream-internal": ("flow", "internal"),
     "privstream-audit": ("audit", "audit-metrics"),
+    "privstream-shuffler": ("shuffler", "shuffler-metrics"),
 }
+
+
+def shuffler_pod_template() -> dict[str, Any]:
+    """The shuffler's pod template (deploy/kubernetes/shuffler/statefulset.yaml)."""
+    statefulset = yaml.safe_load((MANIFESTS / "shuffler" / "statefulset.yaml").read_text())
+    template: dict[str, Any] = statefulset["spec"]["template"]
+    return template
 
 
 def manifest_files() -> list[Path]:
@@ -304,7 +312,8 @@ def test_each_scrape_job_keeps_exactly_its_port_of_the_manifests() -> None:
     assert config["rule_files"] == ["rules/*.yml"]
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     assert jobs.keys() == JOBS.keys()
-    pods = {"flow": objects()["StatefulSet"]["spec"]["template"], "audit": audit_pod()}
+    pods = {"flow": objects()["StatefulSet"]["spec"]["template"], "audit": audit_pod(),
+            "shuffler": shuffler_pod_template()}  # fmt: skip
     for component, pod in pods.items():
         assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == component
         for port, target in pod_targets(pod, f"privstream-{component}-0"):
@@ -351,7 +360,8 @@ def test_prometheus_config_passes_promtool(tmp_path: Path) -> None:
 def test_containerfile_exposes_the_ports_and_runs_the_entrypoint() -> None:
     text = (DEPLOY / "Containerfile").read_text()
     assert "ARG BASE=docker.io/library/python:3.11-slim-bookworm" in text
-    assert re.search(r"^EXPOSE 9100 9101 9102 9200 9201$", text, re.M)
+    assert re.search(r"^EXPOSE 9100 9101 9102 9103 9200 9201$", text, re.M)
+    assert entrypoint_default("PRIVSTREAM_SHUFFLER_METRICS_PORT") == "9103"
     target = re.search(r"^COPY deploy/entrypoint\.sh (\S+)$", text, re.M)
     assert target and f'ENTRYPOINT ["{target[1]}"]' in text
     assert re.search(r"^USER 10001:10001$", text, re.M)
