@@ -231,8 +231,8 @@ def parse_shuffled_poll(batch: RawBatch, streams: frozenset[str]) -> list[Any]:
             if item is None or item.stream not in streams:
                 raise ProtocolError(UNKNOWN_REQUEST, "not a batch or marker of a served stream")
             out.append((item.stream, (batch.partition, item)))
+        except ProtocolError as exc:  # a ValueError too: caught first
+            out.append(refused(exc, value))
         except (ValueError, RecursionError):
             out.append(refused(ProtocolError("malformed_json", "not JSON"), value))
-        except ProtocolError as exc:
-            out.append(refused(exc, value))
     return out

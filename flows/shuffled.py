@@ -119,8 +119,8 @@ def parse_poll(batch: RawBatch) -> list[Batch | DeadLetter]:
     for value in batch.values:
         try:
             out.append(Batch.from_obj(json.loads(value)))
+        except ProtocolError as exc:  # a ValueError too: caught first
+            out.append(DeadLetter(exc.reason, None, value.decode("utf-8", "replace"), exc.detail))
         except (ValueError, RecursionError):
             out.append(DeadLetter("malformed_json", None, value.decode("utf-8", "replace"), ""))
-        except ProtocolError as exc:
-            out.append(DeadLetter(exc.reason, None, value.decode("utf-8", "replace"), exc.detail))
     return out

@@ -156,3 +156,16 @@ def test_a_release_states_the_manifests_n_and_lemma_3_4() -> None:
     details = all_runs[0][-1].details
     assert isinstance(details, Sao2Release) and details.accountant == "classical-7.1"
     assert sum(details.n_h) == N and all(e < 2.0 for e in details.epsilon_central)
+
+
+def test_the_server_refuses_anything_but_a_batch_naming_why() -> None:
+    from privstream.connectors.kafka import RawBatch
+    from privstream.flows.shuffled import parse_poll
+
+    mech = mechanism()
+    (task,) = tasks_for(mech, "cells", 9, 1)
+    batch = device_batches(task, population()[:T], 0)[0]
+    raw = b'{"type":"privstream.sao2.report","version":1,"device":"d-1"}'
+    out = parse_poll(RawBatch("t", 0, 0, [batch.to_json().encode(), raw, b"{nope"]))
+    assert out[0] == batch
+    assert [getattr(x, "reason", None) for x in out[1:]] == ["invalid_type", "malformed_json"]

@@ -12,7 +12,8 @@ import json
 from prometheus_client import generate_latest
 
 from privstream.runtime.shuffle_book import SHUFFLER_POLICIES, ShuffleBook
-from privstream.runtime.shuffler import Poll, take
+from privstream.runtime.shuffle_reports import ReportShuffleBook
+from privstream.runtime.shuffler import Books, Poll, take
 from privstream.runtime.shuffler_metrics import REFUSALS, ShufflerMetrics
 from privstream.schema.events import marker_tag
 from privstream.schema.shuffle import Sao2Report, Sao2Task
@@ -33,8 +34,8 @@ def marker(slot: int, key: bytes = KEY) -> bytes:
 
 
 def test_every_refusal_is_counted_under_its_dead_letters_reason() -> None:
-    book = ShuffleBook("s-1", 1, n_min=1)
-    book.add_task(TASK)
+    book = Books(ShuffleBook("s-1", 1, n_min=1), ReportShuffleBook("s-1", 1, n_min=1))
+    book.sao2.add_task(TASK)
     metrics, out = ShufflerMetrics(), Poll([], [])
     devices = [f"dev-{i}" for i in range(40)]
     level0 = [d for d in devices if TASK.level_of(d) == 0]

@@ -44,7 +44,7 @@ def prepare(args: argparse.Namespace, family: Any, settings: Any, task: Any, sec
     check_run(args, family)
     if SHUFFLED not in next(iter(family.mechanisms.values())).trust_modes:
         return _rounds(args, family, settings, task, secret)
-    slots = args.slots or args.window or family.window
+    slots = args.slots or 1 << 30  # unbounded: every horizon the lifetime budget holds
     stream = args.stream or args.dataset
     options = {o.name: getattr(args, o.name) for o in family.options}
     mech, tasks = server_tasks(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the shuffler until interrupted (or idle); refuse bad flags with one line."""
     from privstream.connectors.kafka import KafkaSettings
     from privstream.flows.secret import resolve_clock_key
-    from privstream.runtime.shuffler import ShufflerConfig, run_shuffler
+    from privstream.runtime.shuffler import Shuffler, ShufflerConfig
     from privstream.runtime.shuffler_metrics import ShufflerMetrics
 
     key = resolve_clock_key(args.clock_key_file, args.secret_file, args.insecure_seed)
@@ -78,7 +79,10 @@ def run(args: argparse.Namespace) -> int:
     metrics = ShufflerMetrics()
     if args.metrics_port:
         metrics.serve(args.metrics_port, args.metrics_addr)
-    shuffler = run_shuffler(config, metrics)
+    shuffler = Shuffler(config, metrics)
+    for signum in (signal.SIGTERM, signal.SIGINT):  # stop after the poll in hand (store saved)
+        signal.signal(signum, lambda *_: shuffler.stop())
+    shuffler.run()
     open_now = len(shuffler.books.sao2.open) + len(shuffler.books.rounds.reports)
     print(f"shuffler {args.shuffler_id}: stopped, {open_now} block(s) or round(s) still open")
     return 0

@@ -282,7 +282,7 @@ def test_the_shuffler_mode_runs_the_statefulsets_shuffler(
     """``entrypoint.sh shuffler`` with the StatefulSet's arguments (this test's topics): the
     exec'd ``privstream shuffler`` holds the clock key and no noise key, serves every batch
     policy at 0 on its port, refuses a forged end-of-slot marker (counted by reason, and a
-    dead letter keyed so on its own topic), saves its store, and SIGTERM stops it at once
+    dead letter keyed so on its own topic), saves its store, and SIGTERM stops it cleanly
     with the store intact."""
     import secrets
     import uuid
@@ -337,6 +337,6 @@ def test_the_shuffler_mode_runs_the_statefulsets_shuffler(
     assert not any(v.startswith(b"PRIVSTREAM_SECRET=") for v in environ)
     assert 'privstream_shuffler_batches_total{policy="below_min"} 0.0' in started
     assert (letter.key(), letter.value()) == (b"unauthenticated_marker", forged)
-    assert shuffler.returncode == -signal.SIGTERM, err[-3000:]  # stopped where it was
+    assert shuffler.returncode == 0, err[-3000:]  # SIGTERM: stopped after the poll in hand
     loaded = ShufflerStore(tmp_path / "store").load()
     assert loaded is not None and loaded[1] == {(reports, 0): 1}  # the marker was consumed

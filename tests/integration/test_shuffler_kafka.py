@@ -233,7 +233,14 @@ def test_the_command_line_parties_on_the_wall_clock(kafka: KafkaSettings, tmp_pa
     first_task(kafka, t.tasks)
     shf = shuffler(kafka, t, key_file, tmp_path / "store", "--n-min", "100")
     origin = time.time() + 4
-    common = ["--bootstrap", kafka.bootstrap, "--slot-seconds", str(seconds), "--origin", str(origin)]
+    common = [
+        "--bootstrap",
+        kafka.bootstrap,
+        "--slot-seconds",
+        str(seconds),
+        "--origin",
+        str(origin),
+    ]
     clock = subprocess.Popen([*PRIVSTREAM, "clock", "--topic", t.reports, "--stream", STREAM,
                               "--first-slot", "1", "--through", str(slots), "--clock-key-file",
                               str(key_file), *common], stdout=subprocess.PIPE,

@@ -19,7 +19,12 @@ from pathlib import Path
 import numpy as np
 
 from privstream.connectors.datasets import synthetic_dataset
-from privstream.connectors.kafka import RELEASE_TOPIC_CONFIG, KafkaSettings, TopicSpec, create_topics
+from privstream.connectors.kafka import (
+    RELEASE_TOPIC_CONFIG,
+    KafkaSettings,
+    TopicSpec,
+    create_topics,
+)
 from privstream.mechanisms.oracles import GRR
 from privstream.mechanisms.shuffle_accountant import fmt_closed_bound
 from privstream.schema.shuffle import ReportBatch
@@ -79,7 +84,9 @@ def test_ldp_ids_rounds_through_the_shuffler(kafka: KafkaSettings, tmp_path: Pat
     releases = [json.loads(m.value()) for m in read_all(kafka, t["releases"])]
     lbu = sorted((r for r in releases if r["mechanism"] == "LBU"), key=lambda r: r["slot"])
     assert [r["slot"] for r in lbu] == list(range(1, SLOTS + 1))
-    assert sorted(r["slot"] for r in releases if r["mechanism"] == "LPD") == list(range(1, SLOTS + 1))
+    assert sorted(r["slot"] for r in releases if r["mechanism"] == "LPD") == list(
+        range(1, SLOTS + 1)
+    )
     source = synthetic_dataset("sin", USERS, SLOTS, 0)
     truth = np.array([np.bincount(source.values(s).astype(int), minlength=2) / USERS
                       for s in range(1, SLOTS + 1)])  # fmt: skip
