@@ -136,14 +136,20 @@ def read_json(
     return [json.loads(m.value()) for m in messages]
 
 
+FIRST_FETCH = 4.0
+
+
 def read_all(settings: KafkaSettings, topic: str, settle: float = 1.0) -> list[Any]:
-    """Every message of ``topic`` (reads until nothing new arrives for ``settle`` s)."""
+    """Every message of ``topic`` (reads until nothing new arrives for ``settle`` s; before the
+    first message, for at least ``FIRST_FETCH`` s: a loaded broker's first fetch can take longer
+    than ``settle``, and an empty read would pass for an empty topic)."""
     last = [0, time.monotonic()]
 
     def quiet(got: list[Any]) -> bool:
         if len(got) != last[0]:
             last[:] = [len(got), time.monotonic()]
-        return time.monotonic() - last[1] > settle
+        wait = settle if got else max(settle, FIRST_FETCH)
+        return time.monotonic() - last[1] > wait
 
     return wait_for_messages(settings, topic, quiet, timeout=120)
 

@@ -227,7 +227,7 @@ def test_the_command_line_parties_on_the_wall_clock(kafka: KafkaSettings, tmp_pa
     (reports half a slot before each marker): every slot is published from forwarded batches."""
     t = ShuffleTopics(kafka)
     _key, key_file = clock_key(secret_file, tmp_path)
-    slots, seconds, users = 4, 1.5, 2500
+    slots, seconds, users = 4, 3.0, 2500  # half a slot (1.5 s) for the reports to beat the marker
     srv = server(kafka, t, secret_file, "--window", str(slots), "--slots", str(slots), "--users",
                  str(users), "--horizons", "1", "--epsilon", "1")  # fmt: skip
     first_task(kafka, t.tasks)
