@@ -16,7 +16,8 @@
   offset the broker no longer has stops the run the same way (``auto.offset.reset=error``).
 * The messages of the outputs (``connectors.kafka_sink`` writes them): releases keyed by
   ``release_id``, ledger entries keyed the same way, and dead letters carrying the original
-  bytes (a prefix when they are large) plus machine-readable headers that point at the original.
+  bytes (a prefix when they are large) — or, for one decided by a stream's owner, the parsed
+  fields — plus machine-readable headers that point at the original.
 
 No client of a flow can create a topic: consumers and producers run with
 ``allow.auto.create.topics=false`` (Tansu honours it; without it a producer's metadata request
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Protocol
 
+import numpy as np
 from bytewax.connectors.kafka import KafkaSinkMessage
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from confluent_kafka import (
@@ -46,6 +48,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
+from numpy.typing import NDArray
 from prometheus_client import Gauge
 
 from privstream.connectors.control import StopSignal
@@ -605,16 +608,24 @@ def parse_raw_batch(
     default_stream: str | None = None,
     max_bytes: int = MAX_EVENT_BYTES,
     shapes: Mapping[str, int] | None = None,
+    keep_bytes: bool = False,
 ) -> list[EventBatch | DeadLetter]:
     """Parse a poll's messages; an empty message (or tombstone) is a ``malformed_json`` dead
-    letter rather than silently skipped. Every ``EventBatch`` carries the poll's partition,
-    every dead letter the topic, partition and offset of its message. Each message is judged
-    on its own (its stream's value shape from ``shapes``), whatever else the poll holds; only
-    message values are read (keys and headers are not)."""
+    letter rather than silently skipped. Every ``EventBatch`` carries the poll's topic and
+    partition and each row's offset and length; every dead letter the topic, partition and
+    offset of its message. Each message is judged on its own (its stream's value shape from
+    ``shapes``), whatever else the poll holds; only message values are read (keys and headers
+    are not).
+
+    The batches hold columns, not the messages' bytes (``keep_bytes``: they do, for a step of
+    the same process that still makes dead letters of whole rows), so what crosses to the
+    process owning a stream is its columns: a dead letter decided there carries where its
+    message is and its parsed fields (``EventBatch.row_line``), and the bytes stay on the
+    input topic. Dead letters decided here carry the bytes."""
     values = batch.values
     fast = parse_json_batch(values, streams=streams, max_bytes=max_bytes, shapes=shapes)
     if fast is not None:  # the usual poll: no blank message (those fail the fast path)
-        return _from_partition(fast, batch.partition)
+        return _from_poll(fast, batch, None, keep_bytes)
     empty = [i for i, v in enumerate(values) if not line_text(v).strip()]  # as the parser sees
     skip = set(empty)
     kept = [i for i in range(len(values)) if i not in skip]
@@ -628,7 +639,8 @@ def parse_raw_batch(
     dead = [DeadLetter(MALFORMED, None, values[i].decode("utf-8", "replace"), "empty message",
                        values[i] or None, batch.topic, batch.partition, batch.offset(i))
             for i in empty]  # fmt: skip
-    return _from_partition(_located(parsed, batch, kept), batch.partition) + list(dead)
+    located = _located(parsed, batch, kept)
+    return _from_poll(located, batch, np.asarray(kept, dtype=np.int64), keep_bytes) + list(dead)
 
 
 def _located(
@@ -654,16 +666,34 @@ def _located(
     return out
 
 
-def _from_partition(
-    parsed: list[EventBatch | DeadLetter], partition: int
+def _from_poll(
+    parsed: list[EventBatch | DeadLetter],
+    batch: RawBatch,
+    kept: NDArray[np.int64] | None,
+    keep_bytes: bool,
 ) -> list[EventBatch | DeadLetter]:
-    """Stamp the input partition on the parsed batches (the parser knows none)."""
-    if partition == 0:
-        return parsed
-    return [
-        replace(item, partition=partition) if isinstance(item, EventBatch) else item
-        for item in parsed
-    ]
+    """Stamp the poll's topic and partition on the parsed batches (the parser knows neither),
+    and each row's offset and length (``kept``: the messages the parser read, None: all);
+    their bytes only with ``keep_bytes``."""
+    values, sizes = batch.values, None
+    offsets = None if batch.offsets is None else np.asarray(batch.offsets, dtype=np.int64)
+    out: list[EventBatch | DeadLetter] = []
+    for item in parsed:
+        if isinstance(item, EventBatch):
+            assert item.lines is not None  # (the parsers number every row's line)
+            index = item.lines if kept is None else kept[item.lines]
+            lengths = item.lengths  # (the fast path measured them)
+            if lengths is None:
+                if sizes is None:
+                    sizes = np.fromiter(map(len, values), dtype=np.int32, count=len(values))
+                lengths = sizes[index]
+            item = replace(
+                item, partition=batch.partition, topic=batch.topic, lines=None,
+                offsets=batch.first_offset + index if offsets is None else offsets[index],
+                lengths=lengths, raw=item.raw if keep_bytes else None,
+            )  # fmt: skip
+        out.append(item)
+    return out
 
 
 class SlotRecord(Protocol):
@@ -699,6 +729,10 @@ DEAD_LETTER_TRUNCATED_HEADER: Final = "privstream-truncated"
 DEAD_LETTER_TOPIC_HEADER: Final = "privstream-source-topic"
 DEAD_LETTER_PARTITION_HEADER: Final = "privstream-source-partition"
 DEAD_LETTER_OFFSET_HEADER: Final = "privstream-source-offset"
+DEAD_LETTER_PAYLOAD_HEADER: Final = "privstream-payload"
+"""Only on a dead letter whose value is the input's parsed fields (``PAYLOAD_FIELDS``), not its
+bytes: one decided by a stream's owner after the batch crossed to it (issue 26)."""
+PAYLOAD_FIELDS: Final = b"fields"
 DEAD_LETTER_MAX_PAYLOAD: Final = MAX_EVENT_BYTES
 """A dead letter carries its input whole up to this many bytes (64 KiB) ..."""
 DEAD_LETTER_PREFIX: Final = 4096
@@ -722,6 +756,11 @@ def dead_letter_message(letter: DeadLetter) -> KafkaSinkMessage[bytes | None, by
     most ``DEAD_LETTER_HEADER_BYTES``): reason, detail, stream (when known), the input's
     length and SHA-256, whether the value is cut, and the input's source topic, partition and
     offset when the parser knew them.
+
+    A ``located`` letter (decided by a stream's owner, away from the input's bytes) has the
+    input's parsed fields as its value (JSON; cut the same way) and ``privstream-payload:
+    fields``; its length header is the input's, it has no SHA-256 header (the bytes stayed on
+    the input topic, at the source headers' topic, partition and offset).
     """
     payload = letter.payload_bytes()
     cut = len(payload) > DEAD_LETTER_MAX_PAYLOAD
@@ -731,11 +770,17 @@ def dead_letter_message(letter: DeadLetter) -> KafkaSinkMessage[bytes | None, by
     ]
     if letter.stream is not None:
         headers.append((DEAD_LETTER_STREAM_HEADER, _header(letter.stream)))
-    headers += [
-        (DEAD_LETTER_LENGTH_HEADER, str(len(payload)).encode()),
-        (DEAD_LETTER_SHA256_HEADER, hashlib.sha256(payload).hexdigest().encode()),
-        (DEAD_LETTER_TRUNCATED_HEADER, b"true" if cut else b"false"),
-    ]
+    if letter.original_length is not None:
+        headers += [
+            (DEAD_LETTER_PAYLOAD_HEADER, PAYLOAD_FIELDS),
+            (DEAD_LETTER_LENGTH_HEADER, str(letter.original_length).encode()),
+        ]
+    else:
+        headers += [
+            (DEAD_LETTER_LENGTH_HEADER, str(len(payload)).encode()),
+            (DEAD_LETTER_SHA256_HEADER, hashlib.sha256(payload).hexdigest().encode()),
+        ]
+    headers.append((DEAD_LETTER_TRUNCATED_HEADER, b"true" if cut else b"false"))
     if letter.topic is not None:
         headers += [
             (DEAD_LETTER_TOPIC_HEADER, _header(letter.topic)),

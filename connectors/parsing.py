@@ -152,6 +152,7 @@ class _Columns:
     users: list[str] = field(default_factory=list)
     values: list[Value] = field(default_factory=list)
     raws: list[str | bytes] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)
     epsilons: list[float] = field(default_factory=list)
     windows: list[int] = field(default_factory=list)
 
@@ -175,6 +176,7 @@ class Builder:
 
     def __init__(self, shapes: Shapes = None) -> None:
         self.shapes = shapes
+        self.line = 0  # the index of the line being read (each accepted row's ``lines``)
         self.rows: dict[tuple[str, int], _Columns] = {}
         self.batches: list[EventBatch] = []
         self.dead: list[DeadLetter] = []
@@ -206,6 +208,7 @@ class Builder:
         cols.users.append(user)
         cols.values.append(value)
         cols.raws.append(raw)
+        cols.lines.append(self.line)
         cols.epsilons.append(requirement[0])
         cols.windows.append(requirement[1])
 
@@ -248,6 +251,7 @@ def _batch(stream: str, cols: _Columns, through: int | None) -> EventBatch:
         through,
         np.asarray(cols.epsilons, dtype=np.float64) if stated else None,
         np.asarray(cols.windows, dtype=np.int64) if stated else None,
+        lines=np.asarray(cols.lines, dtype=np.int64),
     )
 
 
@@ -424,7 +428,7 @@ def parse_lines(
     (cut at markers) come first, then the dead letters."""
     allowed = frozenset(streams) if streams is not None else None
     out = Builder(shapes)
-    for raw in lines:
+    for out.line, raw in enumerate(lines):
         if len(raw) > max_bytes:
             text = line_text(raw)[:256]
             original = raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogatepass")

@@ -4,7 +4,7 @@ A family's flow (``flows/ldp_ids.py``, ...) resolves its ``Source``, calls ``eve
 parsed, stream-keyable batches, runs its operator, and hands the ``MechanismOut`` to ``outputs``.
 Step ids made here ("synthetic", "file", "kafka_in", "parse", "split_parsed",
 "dead_letters", "count_dead_letters", "log_dead_letters", "*_out") are part of the recovery
-format.
+format ("columns", stateless, runs only in a new incarnation that skips published slots).
 """
 
 from __future__ import annotations
@@ -275,11 +275,13 @@ def kafka_events(
             recreated=kafka.input_topic_recreated,
         ),
     )
-    batches, dead = parse_polls(raw, streams, shapes, kafka.max_event_bytes)
-    if not kafka.published:
+    published = bool(kafka.published)
+    batches, dead = parse_polls(raw, streams, shapes, kafka.max_event_bytes, published)
+    if not published:
         return batches, dead
     batches, skipped = skip_published(batches, kafka.published, kafka.gaps)
-    return batches, op.merge("parse_or_published", dead, skipped)
+    columns = op.map("columns", batches, without_bytes)  # (skipped rows keep their bytes)
+    return columns, op.merge("parse_or_published", dead, skipped)
 
 
 def parse_polls(
@@ -287,16 +289,26 @@ def parse_polls(
     streams: Sequence[str],
     shapes: Mapping[str, int] | None,
     max_bytes: int = MAX_EVENT_BYTES,
+    keep_bytes: bool = False,
 ) -> tuple[Stream[EventBatch], Stream[DeadLetter]]:
     """The ``parse`` step of Kafka polls: each message judged on its own against its stream
     (``shapes``: value shape per stream), so a replay whose polls are cut elsewhere gives the
-    same rows and dead letters (``tests/flows/test_poll_sizes.py``)."""
+    same rows and dead letters (``tests/flows/test_poll_sizes.py``). The batches carry columns
+    and where each row's message is, not its bytes (``keep_bytes``: they do, for a later step
+    of this process; ``without_bytes`` drops them before the batches cross to their owner)."""
     known, shaped = list(streams), dict(shapes or {})
 
     def parse_poll(batch: RawBatch) -> list[EventBatch | DeadLetter]:
-        return parse_raw_batch(batch, streams=known, max_bytes=max_bytes, shapes=shaped)
+        return parse_raw_batch(
+            batch, streams=known, max_bytes=max_bytes, shapes=shaped, keep_bytes=keep_bytes
+        )
 
     return _split_parsed(op.flat_map("parse", raw, parse_poll))
+
+
+def without_bytes(batch: EventBatch) -> EventBatch:
+    """``batch`` without its rows' original bytes (its columns and their locations stay)."""
+    return batch if batch.raw is None else replace(batch, raw=None)
 
 
 def _split_parsed(parsed: Stream[Any]) -> tuple[Stream[EventBatch], Stream[DeadLetter]]:

@@ -195,7 +195,9 @@ class Piece:
     key: str = ""
 
 
-_COLUMNS: Final = ("slots", "users", "values", "epsilons", "windows")
+_COLUMNS: Final = ("slots", "users", "values", "epsilons", "windows", "lines", "offsets", "lengths")
+"""An event batch's per-row columns (each row's line, offset and length where the input
+recorded them)."""
 
 
 def take_rows(batch: Any, rows: Any) -> Any:

@@ -69,10 +69,10 @@ class Windower:
         out: list[Output] = []
         for i in range(len(batch)):
             try:
-                text, original = batch.row_line(i)
+                text, source = batch.row_line(i)
             except Exception:  # a malformed in-process batch: keep the row, not its content
-                text, original = json.dumps({"stream": batch.stream}), None
-            out.append(("dead_letter", DeadLetter(reason, batch.stream, text, detail, original)))
+                text, source = json.dumps({"stream": batch.stream}), None
+            out.append(("dead_letter", DeadLetter.of(reason, batch.stream, text, detail, source)))
         return out
 
     def _user_index(
@@ -142,8 +142,8 @@ class Windower:
         details = self._details(state, batch)
         lines = [batch.row_line(i) for i in rejected.tolist()]
         return [
-            DeadLetter(REASON[c], batch.stream, text, details[REASON[c]], original)
-            for (text, original), c in zip(lines, code[rejected].tolist(), strict=True)
+            DeadLetter.of(REASON[c], batch.stream, text, details[REASON[c]], source)
+            for (text, source), c in zip(lines, code[rejected].tolist(), strict=True)
         ]
 
     def _far_future(
@@ -300,8 +300,8 @@ class Windower:
                 )  # fmt: skip
                 letters.append(DeadLetter(LATE, state.stream, text, detail))
         for slot in sorted(s for s in state.newcomers if s < start):
-            for _value, text, original in state.newcomers.pop(slot).values():
-                letters.append(DeadLetter(LATE, state.stream, text, detail, original))
+            for _value, text, source in state.newcomers.pop(slot).values():
+                letters.append(DeadLetter.of(LATE, state.stream, text, detail, source))
         return letters
 
     def slot_values(self, state: StreamState, slot: int) -> NDArray[np.float64]:

@@ -167,16 +167,16 @@ class Population:
             target = state.open_slots[slot] = self.blank()
         members = self.trust.members
         for user in self.order.sort(state.stream, held):
-            value, text, original = held[user]
+            value, text, source = held[user]
             if members is not None and user not in members:  # held before its withdrawal
                 detail = "the user was withdrawn from the stream's registration table"
-                out.append(("dead_letter", DeadLetter(WITHDRAWN, state.stream, text, detail,
-                                                      original)))  # fmt: skip
+                out.append(("dead_letter", DeadLetter.of(WITHDRAWN, state.stream, text, detail,
+                                                         source)))  # fmt: skip
                 continue
             j = directory.get(user, -1)
             if j < 0 and len(directory) >= self.n:
                 detail = f"the stream's population of {self.n} users is full"
-                letter = DeadLetter(POPULATION_FULL, state.stream, text, detail, original)
+                letter = DeadLetter.of(POPULATION_FULL, state.stream, text, detail, source)
                 out.append(("dead_letter", letter))
                 continue
             if j < 0:

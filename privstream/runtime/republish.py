@@ -151,13 +151,13 @@ def _split(
     )
     letters: list[EventBatch | DeadLetter] = []
     for i in np.flatnonzero(old).tolist():
-        text, original = batch.row_line(i)
+        text, source = batch.row_line(i)
         reason, detail = (
             (ALREADY_PUBLISHED, published)
             if batch.slots[i] <= floor
             else (INCARNATION_COOLDOWN, cooling)
         )
-        letters.append(DeadLetter(reason, batch.stream, text, detail, original))
+        letters.append(DeadLetter.of(reason, batch.stream, text, detail, source))
     keep = np.flatnonzero(~old)
     raw = None if batch.raw is None else [batch.raw[i] for i in keep.tolist()]
     marker = batch.complete_through

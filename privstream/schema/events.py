@@ -9,15 +9,20 @@ The connectors parse raw lines into ``EventBatch``es (``connectors.json_events``
 ``DeadLetter``s. Both sides meet here, so neither has to import the other. This module holds no
 privacy logic; it imports nothing of privstream.
 
-Dead letters carry the original line: they belong to the trusted input side (same access as the
-input topic) and are never part of the public output.
+Dead letters belong to the trusted input side (same access as the input topic) and are never
+part of the public output. One decided where the input's bytes are (the parse) carries them; one
+decided by a stream's owner after a Kafka batch crossed to it (late, duplicate, population full,
+unregistered, ...) carries where the input is (``Located``: topic, partition, offset, length)
+and its parsed fields instead: nothing raw crosses a process (issue 26).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -83,12 +88,49 @@ def line_text(line: str | bytes) -> str:
 
 
 @dataclass(frozen=True)
+class Located:
+    """Where an input message is on its Kafka topic, and its length in bytes: what a dead
+    letter decided away from the message's bytes carries instead of them (the bytes stay on
+    the input topic)."""
+
+    topic: str
+    partition: int
+    offset: int
+    length: int
+
+
+USER_SEPARATOR: Final = "\x00"
+"""Named user ids cross a process as one string joined by this (``pack_users``)."""
+
+
+def pack_users(users: NDArray[Any]) -> str | None:
+    """Named user ids as one string joined by ``USER_SEPARATOR`` — one buffer to pickle instead
+    of a Python object per id (a third of the cost per event; ``bench/README.md`` §3) — or None
+    when they are not all strings, none are there, or one holds the separator."""
+    if users.dtype != object or users.shape[0] == 0:
+        return None
+    names = users.tolist()
+    try:
+        joined = USER_SEPARATOR.join(names)
+    except TypeError:  # not all strings
+        return None
+    return joined if joined.count(USER_SEPARATOR) == len(names) - 1 else None
+
+
+def unpack_users(joined: str) -> NDArray[Any]:
+    """The user ids ``pack_users`` joined, as the object array they were."""
+    names = joined.split(USER_SEPARATOR)
+    return np.fromiter(names, dtype=object, count=len(names))
+
+
+@dataclass(frozen=True)
 class EventBatch:
     """Events of one stream in columns.
 
     ``users`` holds either user-id strings (dtype object) or, for in-process sources such as the
     synthetic generator, dense user indices ``0..n−1`` (integer dtype). ``raw`` keeps each row's
-    original line for dead letters (None when the source has no text form).
+    original line where it was parsed (files; a Kafka poll only when asked, as the new
+    incarnation's skip does): None when the source has no text form or the bytes stayed behind.
     ``complete_through`` is an end-of-slot marker travelling with the batch: once these rows are
     in, every slot ``<= complete_through`` of the stream is complete and can be released. Keeping
     the marker inside the batch makes it impossible for it to overtake its own events.
@@ -98,6 +140,12 @@ class EventBatch:
     in-process sources): the slotting tracks each partition's progress (``operators.watermark``).
     ``marker_tag`` is the marker's authentication tag (hex; None when it carries none): with the
     ``markers`` clock only a marker whose tag the clock key verifies closes slots.
+    ``lines`` is each row's index among the lines its parser read (set by the parsers).
+    ``topic``, ``offsets`` and ``lengths`` say where each row's message is on the input topic
+    (``partition``) and its length in bytes (set by ``parse_raw_batch``): a dead letter of a
+    row without ``raw`` carries them (``Located``) and the row's parsed fields instead of the
+    bytes. Pickled — when a batch crosses to the process owning its stream — named users travel
+    as one string (``pack_users``).
     """
 
     stream: str
@@ -110,9 +158,20 @@ class EventBatch:
     windows: NDArray[np.int64] | None = None
     partition: int = 0
     marker_tag: str | None = None
+    lines: NDArray[np.int64] | None = None
+    topic: str | None = None
+    offsets: NDArray[np.int64] | None = None
+    lengths: NDArray[np.int32] | None = None
 
     def __len__(self) -> int:
         return int(self.slots.shape[0])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        fields = [getattr(self, f.name) for f in dataclasses.fields(self)]
+        packed = pack_users(self.users)
+        if packed is not None:
+            fields[2] = None
+        return _unpickle, (tuple(fields), packed)
 
     def select(
         self,
@@ -133,30 +192,45 @@ class EventBatch:
             None if self.windows is None else self.windows[rows],
             self.partition,
             marker_tag,
+            None if self.lines is None else self.lines[rows],
+            self.topic,
+            None if self.offsets is None else self.offsets[rows],
+            None if self.lengths is None else self.lengths[rows],
         )
 
-    def row_original(self, i: int) -> bytes | None:
-        """The exact bytes of row ``i`` when ``row_text`` does not reproduce them."""
-        return self.row_line(i)[1]
-
-    def row_line(self, i: int) -> tuple[str, bytes | None]:
-        """``(row_text(i), row_original(i))``, the line decoded once."""
-        text = self.row_text(i)
-        raw = self.raw[i] if self.raw is not None else None
-        if isinstance(raw, bytes) and raw != text.encode("utf-8"):
-            return text, raw
-        return text, None
-
-    def row_text(self, i: int) -> str:
-        """The original line of row ``i``, or an equivalent JSON object."""
+    def row_line(self, i: int) -> tuple[str, bytes | Located | None]:
+        """Row ``i`` for a dead letter: ``(text, source)``. With ``raw``, its line and its exact
+        bytes when the text does not reproduce them (else None); located on its topic, its
+        parsed fields and where it is (``Located``); else an equivalent JSON object, None."""
         if self.raw is not None:
-            return line_text(self.raw[i]).strip()
+            raw = self.raw[i]
+            text = line_text(raw).strip()
+            return text, raw if isinstance(raw, bytes) and raw != text.encode("utf-8") else None
+        if self.topic is not None and self.offsets is not None and self.lengths is not None:
+            where = Located(self.topic, self.partition, int(self.offsets[i]), int(self.lengths[i]))
+            return self._fields(i, stated=True), where
+        return self._fields(i, stated=False), None
+
+    def _fields(self, i: int, stated: bool) -> str:
+        """Row ``i``'s parsed fields as a JSON object (``stated``: with the requirement it
+        states, ``epsilon``/``window``, where it states one)."""
         user, value = self.users[i], self.values[i]
-        return json.dumps(
-            {"stream": self.stream, "user": user.item() if hasattr(user, "item") else user,
-             "slot": int(self.slots[i]),
-             "value": value.tolist() if value.ndim else float(value)}
-        )  # fmt: skip
+        fields: dict[str, Any] = {"stream": self.stream, "user": user.item() if hasattr(user, "item") else user,
+                  "slot": int(self.slots[i]),
+                  "value": value.tolist() if value.ndim else float(value)}  # fmt: skip
+        if stated and self.epsilons is not None and not math.isnan(self.epsilons[i]):
+            fields["epsilon"] = float(self.epsilons[i])
+        if stated and self.windows is not None and self.windows[i] > 0:
+            fields["window"] = int(self.windows[i])
+        return json.dumps(fields)
+
+
+def _unpickle(fields: tuple[Any, ...], users: str | None) -> EventBatch:
+    """An ``EventBatch`` from what ``EventBatch.__reduce__`` pickled."""
+    columns = list(fields)
+    if users is not None:
+        columns[2] = unpack_users(users)
+    return EventBatch(*columns)
 
 
 @dataclass(frozen=True)
@@ -168,7 +242,10 @@ class DeadLetter:
     (invalid UTF-8, surrounding whitespace, oversized), so a dead-letter topic can carry them.
     ``topic``/``partition``/``offset`` say where the input was read when the parser of a Kafka
     poll knows it (None otherwise), so a dead letter whose payload had to be cut points at the
-    original.
+    original. ``original_length`` is set when the letter was decided away from the input's
+    bytes (a stream's owner, after the batch crossed to it): ``payload`` then holds the input's
+    parsed fields, not the input, and ``original_length`` the input's length in bytes; the
+    input itself stays on its topic at ``topic``/``partition``/``offset``.
     """
 
     reason: str
@@ -179,15 +256,36 @@ class DeadLetter:
     topic: str | None = None
     partition: int | None = None
     offset: int | None = None
+    original_length: int | None = None
+
+    @classmethod
+    def of(
+        cls, reason: str, stream: str | None, text: str, detail: str, source: bytes | Located | None
+    ) -> DeadLetter:
+        """The dead letter of an input whose text and source ``EventBatch.row_line`` gave: its
+        bytes (``original``), or where it is (``Located``: the text is its parsed fields)."""
+        if isinstance(source, Located):
+            return cls(reason, stream, text, detail, None, source.topic, source.partition,
+                       source.offset, source.length)  # fmt: skip
+        return cls(reason, stream, text, detail, source)
+
+    @property
+    def located(self) -> bool:
+        """Whether the payload holds the input's parsed fields (the input is on its topic)."""
+        return self.original_length is not None
 
     def payload_bytes(self) -> bytes:
-        """The input exactly as it arrived."""
+        """The input exactly as it arrived (its parsed fields when ``located``)."""
         return self.original if self.original is not None else self.payload.encode("utf-8")
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "reason": self.reason,
             "stream": self.stream,
             "detail": self.detail,
             "payload": self.payload,
         }
+        if self.located:
+            out["source"] = {"topic": self.topic, "partition": self.partition,
+                             "offset": self.offset, "length": self.original_length}  # fmt: skip
+        return out

@@ -151,7 +151,9 @@ def outcomes(
             value = item.values[i]
             eps = None if item.epsilons is None else _num(float(item.epsilons[i]))
             win = None if item.windows is None else int(item.windows[i]) or None
-            raw = item.raw[i] if item.raw is not None else None
+            raw: Any = item.raw[i] if item.raw is not None else None
+            if item.offsets is not None and item.lengths is not None:  # a Kafka poll's row
+                raw = (item.topic, item.partition, int(item.offsets[i]), int(item.lengths[i]))
             rows.append(("row", int(item.slots[i]), str(item.users[i]),
                          tuple(value.tolist()) if value.ndim else float(value), eps, win, raw))  # fmt: skip
         if item.complete_through is not None:
@@ -311,11 +313,25 @@ def test_hostile_json_lines_never_raise_and_judge_each_line_alone(
 def test_hostile_kafka_polls_never_raise_and_locate_each_dead_letter(
     lines: list[bytes], cut: int
 ) -> None:
-    """Offsets included: every dead letter names its own message, whatever the poll."""
+    """Offsets included: every dead letter names its own message, whatever the poll, and so
+    does every accepted row (its offset and length, not its bytes, which stay behind)."""
     check_cuts(lines, kafka_poll, [cut], ordered=True, blanks=True)
-    for letter in kafka_poll(lines, 0):
-        if isinstance(letter, DeadLetter):
-            assert lines[letter.offset - 100] == letter.payload_bytes()  # type: ignore[operator]
+    for item in kafka_poll(lines, 0):
+        if isinstance(item, DeadLetter):
+            assert lines[item.offset - 100] == item.payload_bytes()  # type: ignore[operator]
+            continue
+        assert item.raw is None and item.topic == "in" and item.partition == 3
+        assert item.offsets is not None and item.lengths is not None
+        for i, offset in enumerate(item.offsets.tolist()):
+            message = lines[offset - 100]
+            assert len(message) == item.lengths[i]
+            (alone,) = [
+                b
+                for b in kafka_poll([message], offset - 100)
+                if not isinstance(b, DeadLetter) and len(b)
+            ]
+            assert isinstance(alone, EventBatch) and alone.users[0] == item.users[i]
+            assert alone.offsets is not None and alone.offsets[0] == offset
 
 
 CSV_FIELDS = ["u1", "1", "0", "-1", "4.5", "NaN", "inf", "-inf", HUGE, "-" + HUGE, BIG, "1e400",
