@@ -20,18 +20,17 @@ population and the report times are data-independent.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from privstream.client.sao2 import lengths, level_of, task_digest
 from privstream.schema.events import INVALID_TYPE, MALFORMED
 from privstream.schema.protocol import (
     ProtocolError,
     _check_fields,
     _check_head,
-    _digest,
     _float,
     _int,
     _take,
@@ -104,30 +103,19 @@ class Sao2Task:
     @property
     def lengths(self) -> tuple[int, ...]:
         """``T_h = ⌊T / r^h⌋`` for every level (``r^h ≤ T``)."""
-        out, h = [], 0
-        while self.r**h <= self.T:
-            out.append(self.T // self.r**h)
-            h += 1
-        return tuple(out)
+        return lengths(self.T, self.r)
 
     @property
     def id(self) -> str:
         """The digest of the task's canonical encoding (what reports and batches name)."""
-        return _digest(b"ps-sao2-task", [canonical(self._body()).encode()]).hex()
+        return task_digest(self._body())
 
     def level_of(self, device: str) -> int:
         """The device's level: ``u = H(salt, device)`` as a uniform in [0, 1), then the first
         level whose cumulative weight passes ``u`` (a public rule; the server draws ``salt``
-        from its keyed randomness before any report, independently of the data)."""
-        h = hashlib.blake2b(digest_size=8, person=b"ps-sao2-level", key=bytes.fromhex(self.salt))
-        h.update(device.encode())
-        u = int.from_bytes(h.digest(), "big") / 2**64
-        total = 0.0
-        for level, w in enumerate(self.weights):
-            total += w
-            if u < total:
-                return level
-        return max(level for level, w in enumerate(self.weights) if w > 0)
+        from its keyed randomness before any report, independently of the data). The device
+        library's one implementation (``client.sao2.level_of``)."""
+        return level_of(self.weights, self.salt, device)
 
     def block_end(self, level: int, block: int) -> int:
         """The slot at which block ``block`` (1-based) of ``level`` ends."""
