@@ -21,10 +21,10 @@ named, for an operator who accepts weaker amplification. Either is counted and a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from privstream.mechanisms.sao2 import min_batch
-from privstream.schema.shuffle import Batch, Sao2Report, Sao2Task, Symbols, counts_of
+from privstream.schema.shuffle import Batch, Sao2Report, Sao2Task, counts_of
 
 SHUFFLER_POLICIES: Final = ("drop", "below_min")
 BlockKey = tuple[str, int, int, int]
@@ -32,13 +32,29 @@ BlockKey = tuple[str, int, int, int]
 
 
 @dataclass
-class OpenBlock:
-    """The reports of one block so far, by device (first copy) and the devices that sent two
-    different ones."""
+class Kept:
+    """The reports of one block (or one ``ldp-reports`` request) so far: each device's first
+    copy, and the devices that sent two different ones — left out, so a batch never depends on
+    which copy a poll brought first (identical copies count once)."""
 
-    task: str
-    reports: dict[str, Symbols] = field(default_factory=dict)
+    values: dict[str, Any] = field(default_factory=dict)
     conflicted: set[str] = field(default_factory=set)
+
+    def keep(self, device: str, value: Any) -> str | None:
+        """Keep ``device``'s ``value``; ``duplicate_report`` when it differs from its first."""
+        if self.values.setdefault(device, value) != value:
+            self.conflicted.add(device)
+            return "duplicate_report"
+        return None
+
+    def accepted(self) -> list[tuple[str, Any]]:
+        """Every device's value but the conflicted devices'."""
+        return [(d, v) for d, v in self.values.items() if d not in self.conflicted]
+
+
+def applied(n: int, n_min: int, policy: str) -> str:
+    """The manifest's policy of a batch of ``n`` reports: ``forward``, else the configured one."""
+    return "forward" if n >= n_min else policy
 
 
 @dataclass
@@ -51,7 +67,7 @@ class ShuffleBook:
     delta: float = 1e-5
     n_min: int | None = None
     tasks: dict[str, Sao2Task] = field(default_factory=dict)
-    open: dict[BlockKey, OpenBlock] = field(default_factory=dict)
+    open: dict[BlockKey, Kept] = field(default_factory=dict)
     clock: dict[tuple[str, int], int] = field(default_factory=dict)
     """(stream, partition) → the last slot whose authenticated marker that partition delivered."""
     closed: dict[str, int] = field(default_factory=dict)
@@ -84,12 +100,7 @@ class ShuffleBook:
         ):
             return "late_report"
         key = (report.stream, report.horizon, report.level, report.block)
-        block = self.open.setdefault(key, OpenBlock(task.id))
-        kept = block.reports.setdefault(report.device, report.symbols)
-        if kept != report.symbols:
-            block.conflicted.add(report.device)
-            return "duplicate_report"
-        return None
+        return self.open.setdefault(key, Kept()).keep(report.device, report.symbols)
 
     def take_marker(self, partition: int, stream: str, slot: int) -> list[Batch]:
         """An authenticated end-of-slot marker of ``stream`` on ``partition``: the batches of
@@ -110,13 +121,11 @@ class ShuffleBook:
         ]
 
     def _close(self, task: Sao2Task, level: int, block: int) -> Batch:
-        found = self.open.pop((task.stream, task.horizon, level, block), None)
-        reports = [] if found is None else [
-            Sao2Report(task.id, task.stream, task.horizon, level, block, device, symbols)
-            for device, symbols in found.reports.items() if device not in found.conflicted
-        ]  # fmt: skip
+        found = self.open.pop((task.stream, task.horizon, level, block), Kept())
+        reports = [Sao2Report(task.id, task.stream, task.horizon, level, block, device, symbols)
+                   for device, symbols in found.accepted()]  # fmt: skip
         n, n_min = len(reports), self.minimum(task)
-        policy = "forward" if n >= n_min else self.policy
+        policy = applied(n, n_min, self.policy)
         plus, minus = counts_of(reports, task.d) if policy != "drop" else (None, None)
         return Batch(task.id, task.stream, task.horizon, level, block,
                      task.block_end(level, block), n, n_min, policy, plus, minus,

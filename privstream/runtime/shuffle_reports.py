@@ -20,16 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from privstream.mechanisms.sao2 import min_batch
+from privstream.runtime.shuffle_book import Kept, applied
 from privstream.schema.protocol import Close, Report, Request, SeenReports, verdict
 from privstream.schema.shuffle import COUNTABLE, ReportBatch, report_counts
-
-
-@dataclass
-class RoundReports:
-    """One request's reports so far, by device (first value) and the conflicted devices."""
-
-    values: dict[str, Any] = field(default_factory=dict)
-    conflicted: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -43,7 +36,7 @@ class ReportShuffleBook:
     delta: float = 1e-5
     n_min: int | None = None
     requests: dict[str, Request] = field(default_factory=dict)
-    reports: dict[str, RoundReports] = field(default_factory=dict)
+    reports: dict[str, Kept] = field(default_factory=dict)
     closed: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
     """(stream, partition) → the last (slot, round) whose closing marker it delivered."""
     done: dict[str, tuple[int, int]] = field(default_factory=dict)
@@ -70,12 +63,7 @@ class ReportShuffleBook:
         why = verdict(report, self._open(report.stream), self.seen)
         if why is not None:
             return why.reason
-        kept = self.reports.setdefault(report.request, RoundReports())
-        first = kept.values.setdefault(report.device, report.value)
-        if first != report.value:
-            kept.conflicted.add(report.device)
-            return "duplicate_report"
-        return None
+        return self.reports.setdefault(report.request, Kept()).keep(report.device, report.value)
 
     def _open(self, stream: str) -> dict[str, Request]:
         done = self.done.get(stream, (0, 0))
@@ -103,11 +91,11 @@ class ReportShuffleBook:
         return [*batches, marker]
 
     def _batch(self, request: Request) -> ReportBatch:
-        found = self.reports.pop(request.id, RoundReports())
+        found = self.reports.pop(request.id, Kept())
         del self.requests[request.id]
-        values = [v for d, v in found.values.items() if d not in found.conflicted]
+        values = [v for _device, v in found.accepted()]
         n, n_min = len(values), self.minimum(request)
-        policy = "forward" if n >= n_min else self.policy
+        policy = applied(n, n_min, self.policy)
         counts = (
             report_counts(request.oracle.name, request.oracle.d, values)
             if policy != "drop"
