@@ -33,6 +33,7 @@ from privstream.schema.events import (
     WITHDRAWN,
     DeadLetter,
     EventBatch,
+    held_line,
 )
 
 if TYPE_CHECKING:
@@ -300,7 +301,8 @@ class Windower:
                 )  # fmt: skip
                 letters.append(DeadLetter(LATE, state.stream, text, detail))
         for slot in sorted(s for s in state.newcomers if s < start):
-            for _value, text, source in state.newcomers.pop(slot).values():
+            for user, held in state.newcomers.pop(slot).items():
+                text, source = held_line(held, user, slot)
                 letters.append(DeadLetter.of(LATE, state.stream, text, detail, source))
         return letters
 

@@ -43,6 +43,8 @@ from privstream.schema.events import (
     WITHDRAWN,
     DeadLetter,
     EventBatch,
+    Held,
+    held_line,
 )
 
 if TYPE_CHECKING:
@@ -142,7 +144,8 @@ class Population:
         newcomers = state.newcomers
         members = self.trust.members
         slots, users = batch.slots[rows].tolist(), batch.users[rows].tolist()
-        for i, slot, user in zip(rows.tolist(), slots, users, strict=True):
+        values, sources = batch.values[rows], batch.row_sources  # a dead letter's text: lazily
+        for k, (i, slot, user) in enumerate(zip(rows.tolist(), slots, users, strict=True)):
             if members is not None and user not in members:
                 code[i] = CODE[UNREGISTERED]
                 continue
@@ -152,7 +155,7 @@ class Population:
             if user in held:
                 code[i] = CODE[DUPLICATE]
             else:
-                held[user] = (batch.values[i].copy(), *batch.row_line(i))
+                held[user] = (values[k], sources, i)
 
     def admit_newcomers(self, state: StreamState, slot: int, out: list[Output]) -> None:
         """Enrol the users first seen in ``slot``, in the keyed order of the run's secret
@@ -166,22 +169,45 @@ class Population:
         if target is None:
             target = state.open_slots[slot] = self.blank()
         members = self.trust.members
-        for user in self.order.sort(state.stream, held):
-            value, text, source = held[user]
+        for user in self.order.sort(state.stream, self._seated(held, directory, members, target)):
+            value = held[user][0]
             if members is not None and user not in members:  # held before its withdrawal
                 detail = "the user was withdrawn from the stream's registration table"
+                text, source = held_line(held[user], user, slot)
                 out.append(("dead_letter", DeadLetter.of(WITHDRAWN, state.stream, text, detail,
                                                          source)))  # fmt: skip
                 continue
             j = directory.get(user, -1)
             if j < 0 and len(directory) >= self.n:
                 detail = f"the stream's population of {self.n} users is full"
+                text, source = held_line(held[user], user, slot)
                 letter = DeadLetter.of(POPULATION_FULL, state.stream, text, detail, source)
                 out.append(("dead_letter", letter))
                 continue
             if j < 0:
                 j = directory[user] = len(directory)
             target[j] = value  # held first: it wins over a later report of the same slot
+
+    @staticmethod
+    def _seated(
+        held: dict[str, Held],
+        directory: dict[str, int],
+        members: frozenset[str] | None,
+        target: NDArray[np.float64],
+    ) -> list[str]:
+        """Put the held reports of users who took their seat in an earlier slot (and are
+        still members) into ``target``, and return the others, which the keyed order seats or
+        refuses: only they can change who is seated or which dead letters come out, so the
+        order of the slot's outputs is the one of sorting them all (a report held in a slot
+        read far ahead of its close is mostly of users seated meanwhile)."""
+        rest = []
+        for user, entry in held.items():
+            j = directory.get(user, -1)
+            if j >= 0 and (members is None or user in members):
+                target[j] = entry[0]
+            else:
+                rest.append(user)
+        return rest
 
     def _table_users(self) -> frozenset[str] | None:
         """The users of this run's registration table (a ``cdp`` table naming users, or an LDP

@@ -23,7 +23,7 @@ from privstream.mechanisms.contract import Event, LedgerEntry, Release
 from privstream.mechanisms.driver import failure  # noqa: F401  (re-exported)
 from privstream.mechanisms.errors import IncompatibleState
 from privstream.operators.watermark import PartitionWatermarks
-from privstream.schema.events import Located
+from privstream.schema.events import Held
 
 NOT_WITHDRAWN: Final = np.iinfo(np.int64).max
 """``StreamState.withdrawn_from`` of a seat whose user is still registered."""
@@ -85,8 +85,9 @@ class StreamState:
     (design §6). ``accountant`` composes the mechanisms' spend over the stream's population.
     ``newcomers`` holds, per open slot, the reports of named users who are not registered yet
     (``ldp-simulated``): they register when the slot closes, in user-id order; each report is
-    held with its dead-letter text and source (``EventBatch.row_line``: its bytes, or where it
-    is on the input topic — a state of an earlier version holds bytes or None). ``clients``
+    held with its batch's ``RowSources`` and row, from which its dead-letter text is made only
+    if it becomes one (``events.held_line``; a state of an earlier version holds the text and
+    source). ``clients``
     holds each mechanism's client-side per-user state (``Mechanism.client_state``), which only
     the client port sees.
     """
@@ -107,9 +108,7 @@ class StreamState:
     watermarks: PartitionWatermarks | None = None
     binding: dict[str, str] = field(default_factory=dict)
     accountant: PopulationAccountant = field(default_factory=PopulationAccountant)
-    newcomers: dict[int, dict[str, tuple[Any, str, bytes | Located | None]]] = field(
-        default_factory=dict
-    )
+    newcomers: dict[int, dict[str, Held]] = field(default_factory=dict)
     clients: dict[str, Any] = field(default_factory=dict)
     reported_at: NDArray[np.int64] | None = None
     """Per user, the slot their carried value was reported in (``carry_slots`` bound)."""

@@ -19,6 +19,7 @@ and its parsed fields instead: nothing raw crosses a process (issue 26).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import hmac
 import json
@@ -199,30 +200,74 @@ class EventBatch:
         )
 
     def row_line(self, i: int) -> tuple[str, bytes | Located | None]:
-        """Row ``i`` for a dead letter: ``(text, source)``. With ``raw``, its line and its exact
-        bytes when the text does not reproduce them (else None); located on its topic, its
-        parsed fields and where it is (``Located``); else an equivalent JSON object, None."""
+        """Row ``i`` for a dead letter: ``(text, source)`` (``RowSources.line``)."""
+        value = self.values[i]
+        return self.row_sources.line(i, self.users[i], int(self.slots[i]), value)
+
+    @functools.cached_property
+    def row_sources(self) -> RowSources:
+        """What this batch's dead letters need besides a row's user, slot and value: built
+        once per batch and shared by the rows a stream holds (``operators.registration``'s
+        newcomers), so that a dead letter's text is made only when one is."""
+        return RowSources(self.stream, self.raw, self.topic, self.partition, self.offsets,
+                          self.lengths, self.epsilons, self.windows)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RowSources:
+    """Where a batch's rows came from, for their dead letters (``EventBatch.row_sources``):
+    the lines (``raw``), or the topic, partition, offsets and lengths with each row's stated
+    requirement."""
+
+    stream: str
+    raw: Sequence[str | bytes] | None
+    topic: str | None
+    partition: int
+    offsets: NDArray[np.int64] | None
+    lengths: NDArray[np.int32] | None
+    epsilons: NDArray[np.float64] | None
+    windows: NDArray[np.int64] | None
+
+    def line(self, i: int, user: Any, slot: int, value: Any) -> tuple[str, bytes | Located | None]:
+        """Row ``i`` (of ``user`` at ``slot`` with ``value``) for a dead letter: ``(text,
+        source)``. With ``raw``, its line and its exact bytes when the text does not reproduce
+        them (else None); located on its topic, its parsed fields and where it is
+        (``Located``); else an equivalent JSON object, None."""
         if self.raw is not None:
             raw = self.raw[i]
             text = line_text(raw).strip()
             return text, raw if isinstance(raw, bytes) and raw != text.encode("utf-8") else None
         if self.topic is not None and self.offsets is not None and self.lengths is not None:
             where = Located(self.topic, self.partition, int(self.offsets[i]), int(self.lengths[i]))
-            return self._fields(i, stated=True), where
-        return self._fields(i, stated=False), None
+            return self._fields(i, user, slot, value, stated=True), where
+        return self._fields(i, user, slot, value, stated=False), None
 
-    def _fields(self, i: int, stated: bool) -> str:
+    def _fields(self, i: int, user: Any, slot: int, value: Any, stated: bool) -> str:
         """Row ``i``'s parsed fields as a JSON object (``stated``: with the requirement it
         states, ``epsilon``/``window``, where it states one)."""
-        user, value = self.users[i], self.values[i]
         fields: dict[str, Any] = {"stream": self.stream, "user": user.item() if hasattr(user, "item") else user,
-                  "slot": int(self.slots[i]),
+                  "slot": slot,
                   "value": value.tolist() if value.ndim else float(value)}  # fmt: skip
         if stated and self.epsilons is not None and not math.isnan(self.epsilons[i]):
             fields["epsilon"] = float(self.epsilons[i])
         if stated and self.windows is not None and self.windows[i] > 0:
             fields["window"] = int(self.windows[i])
         return json.dumps(fields)
+
+
+Held = tuple[Any, "RowSources | str", "int | bytes | Located | None"]
+"""A report a stream holds until its slot closes: ``(value, sources, row)`` (a state of an
+earlier version: ``(value, text, source)``)."""
+
+
+def held_line(held: Held, user: str, slot: int) -> tuple[str, bytes | Located | None]:
+    """The dead-letter ``(text, source)`` of a held report of ``user`` at ``slot``."""
+    value, sources, row = held
+    if isinstance(sources, RowSources):
+        assert isinstance(row, int)
+        return sources.line(row, user, slot, value)
+    assert not isinstance(row, int)
+    return sources, row
 
 
 def _unpickle(fields: tuple[Any, ...], users: str | None) -> EventBatch:

@@ -39,6 +39,8 @@ from privstream.schema.events import (
     DeadLetter,
     EventBatch,
     Located,
+    RowSources,
+    held_line,
 )
 from tests.attacks.helpers import Outputs, run_operator
 
@@ -210,3 +212,34 @@ def test_a_located_dead_letter_message_carries_fields_and_source_no_bytes_no_dig
         names = [k for k, _ in plain.headers]
         assert DEAD_LETTER_PAYLOAD_HEADER not in names and "privstream-original-sha256" in names
         assert plain.value == (source or b"raw")
+
+
+def test_a_held_newcomer_makes_its_dead_letter_text_only_if_it_becomes_one(
+    monkeypatch: Any,
+) -> None:
+    """Newcomers wait for their slot to close with their batch's ``RowSources`` and row, not a
+    ready-made dead letter: making the text of every newcomer's report (a JSON dump each) was
+    a third of a flow-file run's CPU (issue 26, ``bench/README.md`` §3)."""
+    made: list[int] = []
+    real = RowSources._fields
+
+    def counted(self: RowSources, *args: Any, **kwargs: Any) -> str:
+        made.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(RowSources, "_fields", counted)
+    letters = run(parsed(messages(), 100, cross=True))["dead_letters"]
+    assert len(made) == len(letters) == 5  # 2 duplicates, 2 population full, 1 late
+
+
+def test_a_held_report_of_an_earlier_state_version_keeps_its_text() -> None:
+    """A snapshot taken before the lazy hold holds ``(value, text, source)``: it resumes."""
+    where = Located("in", 2, 1001, 40)
+    assert held_line((np.float64(1.0), '{"user": "u1"}', where), "u1", 3) == (
+        '{"user": "u1"}',
+        where,
+    )
+    batch = parsed(messages(), 100, cross=False)[0]
+    assert held_line(
+        (batch.values[0], batch.row_sources, 0), batch.users[0], int(batch.slots[0])
+    ) == batch.row_line(0)
