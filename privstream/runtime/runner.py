@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,23 @@ from typing import Any
 from privstream.operators.metrics import MetricsServer
 
 log = logging.getLogger("privstream")
+
+EXIT_EPOCH_FAILED = 1
+"""The exit code of a run whose epoch could not be delivered (a restart resends it)."""
+
+
+def _end_on_epoch_failure(exc: Exception) -> None:
+    """End the process as ``privstream run`` ends on any other failure (Bytewax 0.21 would
+    abort it with a panic): the reason on stderr, exit 2 when restarting cannot help (the topic
+    is gone), 1 otherwise. Nothing of the epoch is recorded as done."""
+    from privstream.connectors.kafka import TopicMissing
+    from privstream.runtime.cluster import EXIT_REFUSED
+
+    code = EXIT_REFUSED if isinstance(exc, TopicMissing) else EXIT_EPOCH_FAILED
+    sys.stderr.write(f"privstream: error: {exc}\n")
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 def run_dataflow(
@@ -44,6 +62,9 @@ def run_dataflow(
         # Its web server answers scrapes from threads that need the GIL, while the main thread
         # waits for it holding the GIL: a scraped run never exits.
         log.warning("ignoring BYTEWAX_DATAFLOW_API_ENABLED: its server can hang the exit")
+    from privstream.connectors.kafka_sink import on_epoch_failure
+
+    on_epoch_failure(_end_on_epoch_failure)
     interval = timedelta(seconds=snapshot_interval) if snapshot_interval else None
     server = None if metrics_port is None else serve(metrics_port, metrics_addr)
     try:
@@ -52,6 +73,7 @@ def run_dataflow(
             epoch_interval=interval, recovery_config=recovery,
         )  # fmt: skip
     finally:
+        on_epoch_failure(None)
         if server is not None:
             server.close()
 

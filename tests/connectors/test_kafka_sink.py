@@ -38,6 +38,7 @@ from privstream.connectors.kafka_health import (
     topic_exists,
 )
 from privstream.connectors.kafka_sink import (
+    DeferredKafkaTopicSink,
     DeliveryFailed,
     KafkaTopicSink,
     producer_config,
@@ -506,3 +507,41 @@ def test_an_unanswered_probe_is_a_disconnection() -> None:
     probe.probe_once()
     assert health.connected is False and connected_gauge(SINK) == 0.0
     probe.stop()
+
+
+def deferred(cluster: FakeCluster, **options: Any) -> Any:
+    settings = KafkaSettings(("x:1",), {"message.timeout.ms": "0"})
+    topic_sink = KafkaTopicSink(settings, "out", backoff=0.0, make_producer=cluster.producer,
+                                **options)  # fmt: skip
+    return DeferredKafkaTopicSink(topic_sink).build_part("out", DeferredKafkaTopicSink.PART, None)
+
+
+def test_a_deferred_batch_returns_at_once_and_the_epoch_waits_for_delivery(
+    no_faults: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Releases and ledger entries wait for their delivery reports at the epoch's snapshot,
+    not per batch (issue 26): a batch whose reports never come returns, and the epoch's
+    snapshot then fails, so the epoch is not recorded as done and a restart replays it."""
+    monkeypatch.setattr(kafka_sink, "REPORT_MARGIN_S", 0.1)
+    cluster = FakeCluster(SILENT)
+    part = deferred(cluster, retries=0)
+    started = time.monotonic()
+    part.write_batch([msg(0)])
+    part.write_batch([msg(1), msg(2)])
+    assert time.monotonic() - started < 0.05  # no wait for the silent report
+    assert cluster.delivered == [b"secret-payload-1", b"secret-payload-2"]
+    with pytest.raises(DeliveryFailed, match="could not deliver 1 message"):
+        part.snapshot()
+
+
+def test_a_deferred_epoch_retries_what_failed_before_its_snapshot_returns(no_faults: None) -> None:
+    cluster = FakeCluster(DELIVER, KafkaError._MSG_TIMED_OUT, DELIVER, DELIVER)
+    part = deferred(cluster, retries=2)
+    part.write_batch([msg(0), msg(1)])
+    part.write_batch([msg(2)])
+    assert part.snapshot() is None
+    assert sorted(cluster.delivered) == [b"secret-payload-%d" % i for i in range(3)]
+    assert len(cluster.producers) == 2 and cluster.producers[0].purged
+    part.write_batch([msg(3)])
+    part.close()  # the last epoch's messages are delivered at close too
+    assert b"secret-payload-3" in cluster.delivered
