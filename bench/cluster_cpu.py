@@ -1,7 +1,7 @@
 """CPU-seconds per message of a flow-file run at several process counts (issue 26's metric).
 
     python bench/cluster_cpu.py [--trees DIR1,DIR2] [--processes 1,2] [--runs 3] [--streams 8]
-                                [--partitions 8] [--users 20000] [--slots 20]
+                                [--partitions 8] [--users 20000] [--slots 20] [--fixed-users 100]
 
 Produces ``streams`` synthetic streams over ``partitions`` partitions of one topic of an
 embedded broker once (``privstream bench kafka --streams``' data and flow file), then runs
@@ -9,8 +9,11 @@ embedded broker once (``privstream bench kafka --streams``' data and flow file),
 ``PYTHONPATH``: compare two versions of privstream on the same messages) and every P, ``runs``
 rounds, alternating tree by tree inside each round. Each run's CPU is the user + system time of
 the launcher and its processes (``RUSAGE_CHILDREN``, what ``/proc`` counts for them once they
-are reaped); the broker is another process and is not counted. Prints one JSON line per run and
-the medians per tree and P.
+are reaped); the broker is another process and is not counted. The same runs over
+``fixed_users`` users per stream measure the fixed part (interpreters, imports, the dataflow's
+start and end: about 1.7 CPU-s at one process, 4.4 at two here), which is subtracted for the
+CPU per message of the flow's work. Prints one JSON line per run and the medians per tree and
+P.
 """
 
 from __future__ import annotations
@@ -50,6 +53,24 @@ def run_once(tree: str, flow: Path, processes: int, slots: int, key: Path) -> di
     return {"tree": tree, "processes": processes, "wall_s": wall, "cpu_s": cpu}
 
 
+def _topic(settings: Any, args: argparse.Namespace, users: int) -> tuple[str, int]:
+    """A fresh topic holding the streams of ``users`` users each; (topic, messages)."""
+    from privstream.connectors.kafka import TopicSpec, create_topics
+    from privstream.experiments.scaling import produce_streams
+
+    topic = f"bench-events-{uuid.uuid4().hex[:8]}"
+    create_topics(settings, [TopicSpec(topic, partitions=args.partitions)])
+    per_partition = produce_streams(settings, topic, args.streams, users, args.slots,
+                                    args.partitions)  # fmt: skip
+    return topic, sum(per_partition)
+
+
+def _medians(runs: list[dict[str, Any]], tree: str, p: int, data: str) -> tuple[float, float]:
+    mine = [r for r in runs if r["tree"] == tree and r["processes"] == p and r["data"] == data]
+    return (statistics.median(r["cpu_s"] for r in mine),
+            statistics.median(r["wall_s"] for r in mine))  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--trees", default=".")
@@ -59,39 +80,61 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--users", type=int, default=20_000)
     parser.add_argument("--slots", type=int, default=20)
+    parser.add_argument(
+        "--fixed-users",
+        type=int,
+        default=100,
+        help="users per stream of the runs that measure the fixed part (0: none)",
+    )
     args = parser.parse_args()
     from privstream.connectors.broker import EmbeddedBroker
-    from privstream.connectors.kafka import KafkaSettings, TopicSpec, create_topics
-    from privstream.experiments.scaling import _flow_file, produce_streams
+    from privstream.connectors.kafka import KafkaSettings
+    from privstream.experiments.scaling import _flow_file
 
     trees = [str(Path(t).resolve()) for t in args.trees.split(",")]
     counts = [int(p) for p in args.processes.split(",")]
     runs: list[dict[str, Any]] = []
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as work:
         settings = KafkaSettings((broker.bootstrap,))
-        topic = f"bench-events-{uuid.uuid4().hex[:8]}"
-        create_topics(settings, [TopicSpec(topic, partitions=args.partitions)])
-        per_partition = produce_streams(settings, topic, args.streams, args.users, args.slots,
-                                        args.partitions)  # fmt: skip
-        messages = sum(per_partition)
+        data = {"full": (args.users, *_topic(settings, args, args.users))}
+        if args.fixed_users:
+            data["fixed"] = (args.fixed_users, *_topic(settings, args, args.fixed_users))
         key = Path(work) / "noise.key"
         key.write_text(secrets.token_hex(32))
         for _ in range(args.runs):
             for p in counts:
                 for tree in trees:
-                    flow = _flow_file(Path(work), settings, topic, args.streams, args.users)
-                    run = run_once(tree, flow, p, args.slots, key)
-                    run["cpu_us_per_message"] = run["cpu_s"] / messages * 1e6
-                    print(json.dumps(run), flush=True)
-                    runs.append(run)
-    for tree in trees:
-        for p in counts:
-            mine = [r for r in runs if r["tree"] == tree and r["processes"] == p]
-            cpu = statistics.median(r["cpu_s"] for r in mine)
-            wall = statistics.median(r["wall_s"] for r in mine)
-            print(f"{tree} P={p}: median CPU {cpu:.2f} s ({cpu / messages * 1e6:.2f} µs/msg), "
-                  f"wall {wall:.2f} s over {len(mine)} runs of {messages:,} messages")  # fmt: skip
+                    for name, (users, topic, messages) in data.items():
+                        flow = _flow_file(Path(work), settings, topic, args.streams, users)
+                        run = run_once(tree, flow, p, args.slots, key)
+                        run.update(
+                            data=name,
+                            messages=messages,
+                            cpu_us_per_message=run["cpu_s"] / messages * 1e6,
+                        )
+                        print(json.dumps(run), flush=True)
+                        runs.append(run)
+    _report(runs, trees, counts, data)
     return 0
+
+
+def _report(runs: list[dict[str, Any]], trees: list[str], counts: list[int],
+            data: dict[str, tuple[int, str, int]]) -> None:  # fmt: skip
+    """Per tree and P: median CPU and wall; with the fixed part, the CPU per message of the
+    difference (the flow's work on the messages the small runs lack) and its ratio to P = 1."""
+    full = data["full"][2]
+    for tree in trees:
+        base = None
+        for p in counts:
+            cpu, wall = _medians(runs, tree, p, "full")
+            line = (f"{tree} P={p}: median CPU {cpu:.2f} s ({cpu / full * 1e6:.2f} µs/msg), "
+                    f"wall {wall:.2f} s, {full:,} messages")  # fmt: skip
+            if "fixed" in data:
+                fixed, _ = _medians(runs, tree, p, "fixed")
+                per = (cpu - fixed) / (full - data["fixed"][2]) * 1e6
+                base = per if base is None else base
+                line += f"; fixed {fixed:.2f} s, {per:.2f} µs/msg without it ({per / base:.2f}×)"
+            print(line)
 
 
 if __name__ == "__main__":
