@@ -4,6 +4,7 @@ reasons, and the batch fast path agreeing with the line-by-line checks."""
 from __future__ import annotations
 
 import json
+import random
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -214,3 +215,27 @@ def test_a_ts_event_without_a_clock_is_a_dead_letter_that_says_why() -> None:
     (letter,) = letters
     assert letter.reason == "missing_field"
     assert "slot clock" in letter.detail
+
+
+def test_markers_of_a_many_stream_poll_stay_on_the_fast_path_and_cut_like_the_builder() -> None:
+    """Markers in a poll of several streams (every poll of a spread topic holding a slot's end)
+    are cut on the fast path exactly as the line-by-line ``Builder`` cuts them: batch by batch
+    in its order, each with its rows, raw lines, line numbers and marker tag (issue 26)."""
+    rng = random.Random(7)
+    for _ in range(300):
+        lines = []
+        for _ in range(rng.randrange(1, 25)):
+            stream = rng.choice("abc")
+            if rng.random() < 0.25:
+                tag = rng.choice([None, "ab12"])
+                marker = {"stream": stream, "end_of_slot": rng.randrange(9)}
+                lines.append(json.dumps(marker if tag is None else {**marker, "tag": tag}))
+            else:
+                lines.append(_event(stream, f"u{rng.randrange(5)}", rng.randrange(9)))
+        encoded = [line.encode() for line in lines]
+        fast = _fast_json(encoded, frozenset("abc"), 1000)
+        assert fast is not None, lines
+        slow = parse_json_lines(lines, streams=list("abc"))
+        assert _normal(fast) == _normal(slow), lines
+        tags = [(b.marker_tag, b.lines.tolist()) for b in fast if isinstance(b, EventBatch)]
+        assert tags == [(b.marker_tag, b.lines.tolist()) for b in slow if isinstance(b, EventBatch)]
