@@ -5,7 +5,9 @@ timed-out release was dropped while the epoch was acknowledged).
 ``KafkaTopicSink`` is a Bytewax ``DynamicSink`` on a ``confluent-kafka`` ``Producer`` with
 ``enable.idempotence=true``, ``acks=all`` and ``allow.auto.create.topics=false``. Every
 ``write_batch`` produces its messages and polls until each one's delivery report has arrived
-(bounded by ``message.timeout.ms`` plus a margin). Failed or unreported messages are produced
+(bounded by ``message.timeout.ms`` plus a margin); ``DeferredKafkaTopicSink`` (what
+``kafka_output`` uses for releases, ledger entries and requests) sends at once and waits for
+the epoch's reports in its ``snapshot``, so that an epoch is recorded only once delivered. Failed or unreported messages are produced
 again after a backoff (``retries`` times, doubling from ``backoff`` seconds; errors no retry can
 fix, such as ``MSG_SIZE_TOO_LARGE``, are not retried). A retry uses a fresh producer: after a
 timeout the idempotent producer bumps its epoch, and a broker may fence it for good (Tansu
