@@ -144,7 +144,8 @@ class Population:
         newcomers = state.newcomers
         members = self.trust.members
         slots, users = batch.slots[rows].tolist(), batch.users[rows].tolist()
-        values, sources = batch.values[rows], batch.row_sources  # a dead letter's text: lazily
+        values = batch.values[rows]
+        sources = batch.row_sources.select(rows)  # a dead letter's text: made only if one is
         for k, (i, slot, user) in enumerate(zip(rows.tolist(), slots, users, strict=True)):
             if members is not None and user not in members:
                 code[i] = CODE[UNREGISTERED]
@@ -155,7 +156,7 @@ class Population:
             if user in held:
                 code[i] = CODE[DUPLICATE]
             else:
-                held[user] = (values[k], sources, i)
+                held[user] = (values[k], sources, k)
 
     def admit_newcomers(self, state: StreamState, slot: int, out: list[Output]) -> None:
         """Enrol the users first seen in ``slot``, in the keyed order of the run's secret

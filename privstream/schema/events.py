@@ -206,9 +206,10 @@ class EventBatch:
 
     @functools.cached_property
     def row_sources(self) -> RowSources:
-        """What this batch's dead letters need besides a row's user, slot and value: built
-        once per batch and shared by the rows a stream holds (``operators.registration``'s
-        newcomers), so that a dead letter's text is made only when one is."""
+        """What this batch's dead letters need besides a row's user, slot and value, built
+        once per batch: the rows a stream holds keep ``select`` of it
+        (``operators.registration``'s newcomers), so that a dead letter's text is made only
+        when one is."""
         return RowSources(self.stream, self.raw, self.topic, self.partition, self.offsets,
                           self.lengths, self.epsilons, self.windows)  # fmt: skip
 
@@ -227,6 +228,17 @@ class RowSources:
     lengths: NDArray[np.int32] | None
     epsilons: NDArray[np.float64] | None
     windows: NDArray[np.int64] | None
+
+    def select(self, rows: NDArray[np.intp]) -> RowSources:
+        """The sources of ``rows`` alone (their row ``k`` is ``rows[k]`` here): what a held
+        report keeps, so that it pins none of the rest of its batch."""
+
+        def pick(column: NDArray[Any] | None) -> Any:
+            return None if column is None else column[rows]
+
+        raw = None if self.raw is None else tuple(self.raw[i] for i in rows.tolist())
+        return RowSources(self.stream, raw, self.topic, self.partition, pick(self.offsets),
+                          pick(self.lengths), pick(self.epsilons), pick(self.windows))  # fmt: skip
 
     def line(self, i: int, user: Any, slot: int, value: Any) -> tuple[str, bytes | Located | None]:
         """Row ``i`` (of ``user`` at ``slot`` with ``value``) for a dead letter: ``(text,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import pickle
 from collections import Counter
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,7 @@ from privstream.families.registry import LDP_IDS
 from privstream.flows.io import without_bytes
 from privstream.mechanisms.ldp_ids import LdpIdsConfig
 from privstream.operators.family import family_mechanisms
+from privstream.operators.registration import Population
 from privstream.operators.slotting import SlottingConfig
 from privstream.runtime.republish import _split
 from privstream.schema.events import (
@@ -243,3 +245,18 @@ def test_a_held_report_of_an_earlier_state_version_keeps_its_text() -> None:
     assert held_line(
         (batch.values[0], batch.row_sources, 0), batch.users[0], int(batch.slots[0])
     ) == batch.row_line(0)
+
+
+def test_a_held_report_pins_only_its_own_row_of_the_batch() -> None:
+    """One newcomer in a poll of 5,000 keeps its own offset and length, not the poll's."""
+    n = 5000
+    users = np.asarray([f"u{i}" for i in range(n)], dtype=object)
+    batch = EventBatch("s", np.full(n, 3, dtype=np.int64), users, np.ones(n), topic="in",
+                       offsets=np.arange(n, dtype=np.int64), lengths=np.full(n, 50, np.int32))  # fmt: skip
+    state = SimpleNamespace(newcomers={})
+    population = Population.__new__(Population)
+    population.trust = SimpleNamespace(members=None)  # type: ignore[assignment]
+    population.hold_newcomers(state, batch, np.asarray([4321]), np.zeros(n, dtype=np.int8))  # type: ignore[arg-type]
+    (held,) = state.newcomers[3].values()
+    assert held_line(held, "u4321", 3) == batch.row_line(4321)
+    assert len(pickle.dumps(state.newcomers)) < 1000  # the poll's columns: 60,000 bytes
