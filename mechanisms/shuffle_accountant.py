@@ -41,7 +41,6 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy import stats
 
 METHODS = ("fmt_closed", "classical", "online", "numerical", "numerical_online")
 Clones = Literal["classical", "online"]
@@ -258,23 +257,34 @@ class ClonePmf:
     missing: float
 
 
+def _binom() -> Any:
+    """``scipy.stats.binom``, imported when an exact bound is computed: ``scipy.stats`` costs
+    about half a second of every process's start (each flow process and cluster launcher
+    loads every family, SaO2 among them), and only the numerical bounds need it."""
+    from scipy import stats
+
+    return stats.binom
+
+
 def _window(trials: int, p: float, tail: float) -> tuple[int, int]:
     """A range of ``Bin(trials, p)`` leaving about ``tail`` on either side (each upper quantile
     from the mirrored law's lower one: scipy's ``isf`` returns ``trials`` for tiny tails). Only
     tightness depends on it: callers charge the mass outside exactly."""
-    lo = max(int(stats.binom.ppf(tail, trials, p)) - 1, 0)
-    hi = min(trials - int(stats.binom.ppf(tail, trials, 1 - p)) + 1, trials)
+    binom = _binom()
+    lo = max(int(binom.ppf(tail, trials, p)) - 1, 0)
+    hi = min(trials - int(binom.ppf(tail, trials, 1 - p)) + 1, trials)
     return lo, hi
 
 
 def binomial_clones(n: int, epsilon0: float, tail: float) -> ClonePmf:
     """``C ~ Bin(n−1, e^{−ε0})`` (classical shuffling, Lemma 3.4), on the window that leaves
     at most ``tail`` on either side."""
+    binom = _binom()
     trials, p = n - 1, math.exp(-epsilon0)
     lo, hi = _window(trials, p, tail)
     counts = np.arange(lo, hi + 1)
-    missing = float(stats.binom.cdf(lo - 1, trials, p) + stats.binom.sf(hi, trials, p))
-    return ClonePmf(lo, stats.binom.pmf(counts, trials, p), missing)
+    missing = float(binom.cdf(lo - 1, trials, p) + binom.sf(hi, trials, p))
+    return ClonePmf(lo, binom.pmf(counts, trials, p), missing)
 
 
 def paired_clones(n: int, epsilon0: float, p_cc: float, tail: float) -> ClonePmf:
@@ -284,23 +294,24 @@ def paired_clones(n: int, epsilon0: float, p_cc: float, tail: float) -> ClonePmf
 
     Exact: ``C = 2·N2 + N1`` with ``N2 ~ Bin(N, p2)`` and ``N1 | N2 ~ Bin(N − N2, p1/(1−p2))``,
     summed over a window of both (``tail`` per side and row), rows in blocks to bound memory."""
+    binom = _binom()
     pairs, p = (n - 1) // 2, math.exp(-epsilon0)
     p2, p1 = p * p, 2 * (1 - p) * p + p_cc
     if p1 + p2 > 1:
         raise ValueError(f"p_cc = {p_cc:.4g} exceeds (1 - e^-epsilon0)^2: no such mixture")
     p1c = p1 / (1 - p2)
     lo2, hi2 = _window(pairs, p2, tail)
-    missing = float(stats.binom.cdf(lo2 - 1, pairs, p2) + stats.binom.sf(hi2, pairs, p2))
+    missing = float(binom.cdf(lo2 - 1, pairs, p2) + binom.sf(hi2, pairs, p2))
     pmf = np.zeros(2 * pairs + 1)
     for start in range(lo2, hi2 + 1, 256):
         n2 = np.arange(start, min(start + 256, hi2 + 1))
-        rest, weight = pairs - n2, stats.binom.pmf(n2, pairs, p2)
+        rest, weight = pairs - n2, binom.pmf(n2, pairs, p2)
         lo1, hi1 = _window(int(rest[-1]), p1c, tail)[0], _window(int(rest[0]), p1c, tail)[1]
         n1 = np.arange(lo1, hi1 + 1)
-        grid = weight[:, None] * stats.binom.pmf(n1[None, :], rest[:, None], p1c)
+        grid = weight[:, None] * binom.pmf(n1[None, :], rest[:, None], p1c)
         at = (2 * n2[:, None] + n1[None, :]).ravel()
         pmf += np.bincount(at, weights=grid.ravel(), minlength=pmf.size)[: pmf.size]  # n1 ≤ rest
-        outside = stats.binom.cdf(lo1 - 1, rest, p1c) + stats.binom.sf(hi1, rest, p1c)
+        outside = binom.cdf(lo1 - 1, rest, p1c) + binom.sf(hi1, rest, p1c)
         missing += float(np.dot(weight, outside))
     used = np.flatnonzero(pmf)
     return ClonePmf(int(used[0]), pmf[used[0] : used[-1] + 1], missing)
@@ -315,6 +326,7 @@ def hockey_stick(clones: ClonePmf, epsilon0: float, epsilon: float) -> float:
     ``Σ_{k≥t} (P_c − e^ε Q_c) = α·b_c(t−1) + (1−e^ε)·P[X ≥ t]`` with ``X ~ Bin(c, ½)``,
     ``b_c`` its pmf and ``α = q − e^ε(1−q)``; the best ``t`` is found in closed form and its
     neighbours are tried too, against rounding."""
+    binom = _binom()
     q = math.exp(epsilon0) / (math.exp(epsilon0) + 1)
     alpha, beta = q - math.exp(epsilon) * (1 - q), math.exp(epsilon) * q - (1 - q)
     if alpha <= 0:  # ε ≥ ε0: the pair is ε0-indistinguishable
@@ -325,9 +337,7 @@ def hockey_stick(clones: ClonePmf, epsilon0: float, epsilon: float) -> float:
     best = np.zeros(c.size)
     for shift in (-1, 0, 1):
         t = np.clip(first + shift, 0, c + 1)
-        mass = alpha * stats.binom.pmf(t - 1, c, 0.5) + (1 - math.exp(epsilon)) * stats.binom.sf(
-            t - 1, c, 0.5
-        )
+        mass = alpha * binom.pmf(t - 1, c, 0.5) + (1 - math.exp(epsilon)) * binom.sf(t - 1, c, 0.5)
         best = np.maximum(best, mass)
     return float(np.dot(clones.pmf, best)) + clones.missing
 

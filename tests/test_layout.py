@@ -92,3 +92,18 @@ def test_the_device_library_uses_the_standard_library_only() -> None:
             and not n.startswith("privstream.client")
         }
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
+def test_starting_a_flow_process_does_not_load_scipy_stats() -> None:
+    """Every flow process and cluster launcher loads every family; ``scipy.stats`` (SaO2's
+    shuffle accountant) was half a second of each one's start, three times at two processes
+    (issue 26). It loads only when an exact shuffle bound is computed."""
+    code = (
+        "import sys, privstream.cli.commands, privstream.flows.streams\n"
+        "from privstream.families.registry import FAMILIES\n"
+        "list(FAMILIES)\n"
+        "print('scipy.stats' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
