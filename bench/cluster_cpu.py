@@ -42,15 +42,24 @@ def run_once(tree: str, flow: Path, processes: int, slots: int, key: Path) -> di
     """One ``privstream run`` of ``flow`` from the source ``tree``: wall and CPU seconds."""
     env = dict(os.environ, PYTHONPATH=tree)
     cpu, wall = _cpu(), time.perf_counter()
-    done = subprocess.run(
+    done = subprocess.run(  # (run in the tree: ``-m`` puts the working directory first)
         [sys.executable, "-m", "privstream.cli.commands", "run", "--config", str(flow),
          "--processes", str(processes), "--slots", str(slots), "--secret-file", str(key)],
-        capture_output=True, text=True, timeout=1800, env=env,
+        capture_output=True, text=True, timeout=1800, env=env, cwd=tree,
     )  # fmt: skip
     wall, cpu = time.perf_counter() - wall, _cpu() - cpu
     if done.returncode != 0:
         raise RuntimeError(f"the flow failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return {"tree": tree, "processes": processes, "wall_s": wall, "cpu_s": cpu}
+
+
+def _check_tree(tree: str) -> None:
+    """Refuse a tree whose ``privstream`` a run would not import (an installed one wins)."""
+    code = "import privstream, sys; sys.stdout.write(privstream.__file__)"
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env=dict(os.environ, PYTHONPATH=tree), cwd=tree, check=True).stdout  # fmt: skip
+    if not Path(found).resolve().is_relative_to(Path(tree).resolve()):
+        raise SystemExit(f"a run in {tree} imports privstream from {found}, not from the tree")
 
 
 def _topic(settings: Any, args: argparse.Namespace, users: int) -> tuple[str, int]:
@@ -92,6 +101,8 @@ def main() -> int:
     from privstream.experiments.scaling import _flow_file
 
     trees = [str(Path(t).resolve()) for t in args.trees.split(",")]
+    for tree in trees:
+        _check_tree(tree)
     counts = [int(p) for p in args.processes.split(",")]
     runs: list[dict[str, Any]] = []
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as work:
