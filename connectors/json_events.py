@@ -213,40 +213,21 @@ def _requirements(
     return eps, win
 
 
-def _cut_at_markers(
-    whole: EventBatch, name: str, lines: Sequence[bytes], marks: list[int], marked: _Marks
-) -> list[EventBatch | DeadLetter]:
-    """A single-stream batch cut exactly as the line-by-line ``Builder`` cuts it: every marker
-    carries the rows since the previous one (even none); rows after the last marker form a
-    batch of their own."""
-    batches: list[EventBatch | DeadLetter] = []
-    row, prev = 0, -1  # first event row and line after the previous marker
-    for k, (i, (_, through, tag)) in enumerate(zip(marks, marked, strict=True)):
-        seg = slice(row, i - k)  # the events between the previous marker and this one
-        cut = whole.select(seg, tuple(lines[prev + 1 : i]), through, tag)
-        batches.append(replace(cut, stream=name))
-        row, prev = i - k, i
-    if row < len(whole):
-        batches.append(
-            replace(whole.select(slice(row, None), tuple(lines[prev + 1 :])), stream=name)
-        )
-    return batches
-
-
-def _cut_streams_at_markers(
+def _cut_by_stream(
     whole: EventBatch,
     streams: list[str],
     lines: Sequence[bytes],
     marks: list[int],
     marked: _Marks,
 ) -> list[EventBatch | DeadLetter]:
-    """A batch of several streams cut as the line-by-line ``Builder`` cuts it: each marker
-    carries its stream's rows since that stream's previous marker (even none), in the markers'
-    order; then each stream's rows after its last marker, streams in the order of their first
-    such row. (``streams`` holds every event's stream; ``whole.lines`` every event's line.)"""
+    """A batch cut as the line-by-line ``Builder`` cuts it: each marker carries its stream's
+    rows since that stream's previous marker (even none), in the markers' order; then each
+    stream's rows after its last marker, streams in the order of their first such row.
+    (``streams`` holds every event's stream; ``whole.lines`` every event's line.)"""
     stream_arr = np.asarray(streams, dtype=object)
     rows_of = {name: np.flatnonzero(stream_arr == name) for name in dict.fromkeys(streams)}
-    line_of = whole.lines if whole.lines is not None else np.arange(len(whole), dtype=np.int64)
+    line_of = whole.lines
+    assert line_of is not None  # (``_columns`` numbers every event's line)
     done: dict[str, int] = {}  # per stream, its first row not yet in a batch
     out: list[EventBatch | DeadLetter] = []
 
@@ -264,20 +245,6 @@ def _cut_streams_at_markers(
     rest = [(int(rows[done.get(name, 0)]), name) for name, rows in rows_of.items()
             if done.get(name, 0) < len(rows)]  # fmt: skip
     out.extend(cut(name, len(whole), None, None) for _, name in sorted(rest))
-    return out
-
-
-def _by_stream(
-    whole: EventBatch, events: list[_Row], lines: Sequence[bytes]
-) -> list[EventBatch | DeadLetter]:
-    """One batch per stream, in first-seen order."""
-    streams = [r.stream for r in events]
-    stream_arr = np.asarray(streams, dtype=object)
-    out: list[EventBatch | DeadLetter] = []
-    for name in dict.fromkeys(streams):
-        rows = np.flatnonzero(stream_arr == name)
-        raws = tuple(lines[i] for i in rows.tolist())
-        out.append(replace(whole.select(rows, raws), stream=name))
     return out
 
 
@@ -306,15 +273,10 @@ def _fast_json(
     whole = None if names is None else _columns(events, users, lines, marks, sizes)
     if names is None or whole is None:
         return None
-    if marked and len(names) == 1:
-        (name,) = names
-        return _cut_at_markers(whole, name, lines, marks, marked)
-    if marked:
-        return _cut_streams_at_markers(whole, [r.stream for r in events], lines, marks, marked)
-    if len(names) == 1:
+    if len(names) == 1 and not marked:  # the usual poll: one stream, no marker
         (name,) = names
         return [replace(whole, stream=name)]
-    return _by_stream(whole, events, lines)
+    return _cut_by_stream(whole, [r.stream for r in events], lines, marks, marked)
 
 
 def parse_json_batch(
