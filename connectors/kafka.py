@@ -770,7 +770,7 @@ def dead_letter_message(letter: DeadLetter) -> KafkaSinkMessage[bytes | None, by
     ]
     if letter.stream is not None:
         headers.append((DEAD_LETTER_STREAM_HEADER, _header(letter.stream)))
-    if letter.original_length is not None:
+    if letter.located:
         headers += [
             (DEAD_LETTER_PAYLOAD_HEADER, PAYLOAD_FIELDS),
             (DEAD_LETTER_LENGTH_HEADER, str(letter.original_length).encode()),

@@ -197,18 +197,17 @@ class _SinkPartition(StatelessSinkPartition[Message]):
 
     def send(self, items: Sequence[Message], sent: Sent) -> None:
         """Hand ``items`` to librdkafka without waiting for their reports, which ``sent``
-        collects; ``deliver(sent)`` waits for them (``DeferredKafkaTopicSink``)."""
+        collects; ``deliver(sent.messages, sent.attempt)`` waits for them
+        (``DeferredKafkaTopicSink``)."""
         raise_if_failed()
         for message in items:
             self._produce(sent.attempt, sent.attempt.add(), message)
             sent.messages.append(message)
         self._producer.poll(0)  # serve the reports that have arrived
 
-    def deliver(self, todo: list[Message], sent: Sent | None = None) -> None:
-        """Deliver ``todo`` (or wait for what ``sent`` holds: its first attempt is under way),
-        retrying what fails (module docstring)."""
-        if sent is not None:
-            todo = sent.messages
+    def deliver(self, todo: list[Message], started: _Attempt | None = None) -> None:
+        """Deliver ``todo``, retrying what fails (module docstring); ``started``: its first
+        attempt is under way (``send``), only its reports are awaited."""
         if not todo:
             return
         self.health.waiting(len(todo))
@@ -217,8 +216,8 @@ class _SinkPartition(StatelessSinkPartition[Message]):
                 if attempt:
                     self._pause(attempt, todo)
                     raise_if_failed()
-                if attempt == 0 and sent is not None:
-                    failed = self._await(sent.attempt, todo)
+                if attempt == 0 and started is not None:
+                    failed = self._await(started, todo)
                 else:
                     failed = self._attempt(todo)
                 if not failed:
@@ -401,7 +400,7 @@ class _DeferredPartition(StatefulSinkPartition[Message, None]):
         (it aborts the process with a panic), and either way the epoch is never recorded."""
         sent, self._sent = self._sent, Sent()
         try:
-            self._sink.deliver([], sent)
+            self._sink.deliver(sent.messages, sent.attempt)
         except Exception as exc:
             log.critical("stopping before this epoch is recorded as done: %s", exc)
             if _EPOCH_FAILURE is not None:

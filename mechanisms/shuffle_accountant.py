@@ -34,6 +34,7 @@ the amplification. Everything here is a function of public parameters only.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -257,6 +258,7 @@ class ClonePmf:
     missing: float
 
 
+@functools.cache
 def _binom() -> Any:
     """``scipy.stats.binom``, imported when an exact bound is computed: ``scipy.stats`` costs
     about half a second of every process's start (each flow process and cluster launcher

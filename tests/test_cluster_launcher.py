@@ -3,6 +3,7 @@ live one is noticed, and members die with their launcher (issue 27, items 6 and 
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -236,3 +237,25 @@ def test_each_member_gets_its_own_ports() -> None:
         "--internal-metrics-port=9202",
         "--no-progress",
     ]
+
+
+def test_a_failed_epoch_is_reported_as_every_other_failure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An epoch whose releases cannot be delivered ends the process from inside Bytewax's
+    snapshot; a cluster member still records why for its launcher, a lone run says it as
+    ``privstream run`` does (exit 2 when the topic is gone, 1 otherwise)."""
+    from privstream.cli.run_config import _reporter
+    from privstream.connectors.kafka import TopicMissing
+    from privstream.connectors.kafka_sink import DeliveryFailed
+    from privstream.runtime.heartbeat import read_reason
+    from privstream.runtime.runner import say_failure
+
+    assert _reporter(argparse.Namespace()) == {}
+    member = _reporter(argparse.Namespace(process_id=1, cluster_dir=str(tmp_path)))["report"]
+    assert member(DeliveryFailed("could not deliver 3 message(s)")) == 1
+    code, reason = read_reason(tmp_path, 1) or (None, "")
+    assert code == 1 and "could not deliver 3 message(s)" in reason
+    assert say_failure(TopicMissing("Kafka topic 'r' does not exist any more")) == 2
+    assert say_failure(DeliveryFailed("could not deliver")) == 1
+    assert "privstream: error: could not deliver" in capsys.readouterr().err

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import logging
 import sys
 import time
@@ -144,7 +145,7 @@ def _run_process(args: argparse.Namespace, config: Any) -> int:
             None if recovery is None else str(recovery),
             _get(args, "snapshot_interval", config.run.snapshot_interval),
             _get(args, "metrics_port", None), _get(args, "metrics_addr", "127.0.0.1"),
-            **cluster,
+            **cluster, **_reporter(args),
         )  # fmt: skip
     finally:
         if internal is not None:
@@ -197,6 +198,14 @@ def _watch_member(args: argparse.Namespace, flow: Any, cluster: dict[str, Any]) 
     source = heartbeat.HeartbeatSource(heartbeat.alive_file(directory, member), control.current())
     op.input("cluster_heartbeat", flow, source)
     heartbeat.PROGRESS.configure(directory, len(cluster["addresses"]), time.time())
+
+
+def _reporter(args: argparse.Namespace) -> dict[str, Any]:
+    """A cluster member reports a failed epoch as it reports any failure (for its launcher);
+    a lone process as ``privstream run`` does (``runtime.runner``'s default)."""
+    if not hasattr(args, "process_id"):
+        return {}
+    return {"report": functools.partial(_member_failed, args, args.process_id)}
 
 
 def _member_failed(args: argparse.Namespace, member: int, exc: BaseException) -> int:

@@ -4,9 +4,11 @@ and the benchmarks share)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -19,15 +21,20 @@ EXIT_EPOCH_FAILED = 1
 """The exit code of a run whose epoch could not be delivered (a restart resends it)."""
 
 
-def _end_on_epoch_failure(exc: Exception) -> None:
-    """End the process as ``privstream run`` ends on any other failure (Bytewax 0.21 would
-    abort it with a panic): the reason on stderr, exit 2 when restarting cannot help (the topic
-    is gone), 1 otherwise. Nothing of the epoch is recorded as done."""
+def say_failure(exc: BaseException) -> int:
+    """Say why a run stops as ``privstream run`` does (``privstream: error: ...`` on stderr);
+    the exit code: 2 when restarting cannot help (the topic is gone), 1 otherwise."""
     from privstream.connectors.kafka import TopicMissing
     from privstream.runtime.cluster import EXIT_REFUSED
 
-    code = EXIT_REFUSED if isinstance(exc, TopicMissing) else EXIT_EPOCH_FAILED
     sys.stderr.write(f"privstream: error: {exc}\n")
+    return EXIT_REFUSED if isinstance(exc, TopicMissing) else EXIT_EPOCH_FAILED
+
+
+def _end_on_epoch_failure(report: Callable[[BaseException], int], exc: Exception) -> None:
+    """End the process as a run ends on any other failure (Bytewax 0.21 would abort it with a
+    panic): ``report`` says why and gives the exit code. Nothing of the epoch is recorded."""
+    code = report(exc)
     sys.stderr.flush()
     logging.shutdown()
     os._exit(code)
@@ -42,11 +49,13 @@ def run_dataflow(
     metrics_addr: str = "127.0.0.1",
     process_id: int | None = None,
     addresses: list[str] | None = None,
+    report: Callable[[BaseException], int] = say_failure,
 ) -> None:
     """Run ``flow`` in this process with Bytewax's runner: recovery store (``prepare_store``),
     snapshot interval and the public metrics endpoint (``serve_metrics`` on
     ``metrics_addr:metrics_port``, stopped when the run ends) as asked; ``process_id`` of
-    ``addresses`` makes it one process of a Bytewax cluster."""
+    ``addresses`` makes it one process of a Bytewax cluster; ``report`` says why an epoch's
+    delivery failed and gives the exit code (a cluster member records it for its launcher)."""
     from bytewax.recovery import RecoveryConfig
     from bytewax.run import cli_main
 
@@ -64,7 +73,7 @@ def run_dataflow(
         log.warning("ignoring BYTEWAX_DATAFLOW_API_ENABLED: its server can hang the exit")
     from privstream.connectors.kafka_sink import on_epoch_failure
 
-    on_epoch_failure(_end_on_epoch_failure)
+    on_epoch_failure(functools.partial(_end_on_epoch_failure, report))
     interval = timedelta(seconds=snapshot_interval) if snapshot_interval else None
     server = None if metrics_port is None else serve(metrics_port, metrics_addr)
     try:

@@ -201,8 +201,7 @@ class EventBatch:
 
     def row_line(self, i: int) -> tuple[str, bytes | Located | None]:
         """Row ``i`` for a dead letter: ``(text, source)`` (``RowSources.line``)."""
-        value = self.values[i]
-        return self.row_sources.line(i, self.users[i], int(self.slots[i]), value)
+        return self.row_sources.line(i, self.users[i], int(self.slots[i]), self.values[i])
 
     @functools.cached_property
     def row_sources(self) -> RowSources:
