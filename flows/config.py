@@ -62,6 +62,7 @@ from privstream.mechanisms.ledger import budget_limit
 from privstream.mechanisms.tasks import BallTask, EstimationTask, FrequencyTask, MeanTask
 from privstream.mechanisms.validation import MAX_WINDOW, check_fraction, check_requirement
 from privstream.operators.registration import Preferences, check_closed_population
+from privstream.operators.user_shards import MAX_SHARDS
 from privstream.schema.events import MAX_EVENT_BYTES
 
 Task = int | tuple[float, float] | tuple[tuple[float, ...], float] | EstimationTask
@@ -158,6 +159,9 @@ class StreamSection:
     registered_only: bool = False
     """An LDP stream's closed population: only ``population.registrations``' users enrol
     (a central-DP stream always counts exactly them)."""
+    shards: int | None = None
+    """User shards of a central-DP stream (``operators.sharded``): its per-user work on that
+    many Bytewax keys, its releases byte-identical to none (None: the stream is one key)."""
 
 
 @dataclass(frozen=True)
@@ -186,6 +190,7 @@ _STREAM_KEYS: Final = (
     "budget_split",
     "lateness",
     "registered_only",
+    "shards",
 )
 
 
@@ -349,6 +354,13 @@ def load(path: str | Path) -> FlowConfig:
     run = _run(top.table("run", required=False))
     streams = _streams(top, population)
     _check_trust(top.table("kafka"), kafka, streams)
+    sharded = [s.name for s in streams if s.shards is not None]
+    if sharded and kafka.clock != "markers":
+        raise top.table("kafka").error(
+            "clock",
+            f"stream(s) {sharded} set shards: user shards need the markers clock (a row's "
+            "lateness on the data clock depends on every earlier row of its partition)",
+        )
     live = sorted({s.name for s in streams} & set(population.retired))
     if live:
         raise population_table.error("retired", f"names configured stream(s) {live}")
@@ -688,8 +700,24 @@ def _stream(
         t.integer("lateness", 0, default=1),
         _options(t, family, share, population),
         _registered_only(t, family),
+        _shards(t, family),
     )
     return stream, _check_guarantee(t, family, stream, split, population)
+
+
+def _shards(t: _Table, family: Family) -> int | None:
+    """``shards``: user shards of a central-DP stream (1..``MAX_SHARDS``; absent: none)."""
+    if "shards" not in t.data:
+        return None
+    shards = t.integer("shards", 1, MAX_SHARDS)
+    if not family.needs_registration:
+        raise t.error(
+            "shards",
+            f"user shards are for central-DP families (a registration table); {family.name} "
+            "seats a slot's newcomers in one keyed order over all of them, so it runs on one "
+            "key per stream",
+        )
+    return shards
 
 
 def _registered_only(t: _Table, family: Family) -> bool:

@@ -38,6 +38,7 @@ from privstream.operators.family import family_mechanisms
 from privstream.operators.metrics import BOARD
 from privstream.operators.registration import Preferences
 from privstream.operators.slotting import MechanismOut
+from privstream.operators.user_shards import SHARD_MARK, ShardCut
 from privstream.runtime.republish import StreamPlan
 from privstream.schema.events import EventBatch
 
@@ -83,7 +84,12 @@ def build_streams(
     names = [s.name for s in config.streams]
     shapes = {s.name: estimation_task(s.task).value_shape for s in config.streams}
     batches, parse_errors = kafka_events(flow, kafka, names, stop, shapes)
-    keyed = op.key_on("by_stream", batches, lambda b: b.stream)
+    sharded = {s.name: s.shards for s in config.streams if s.shards is not None}
+    keyed = (
+        op.flat_map("by_stream", batches, ShardCut(sharded))  # on the parsing worker
+        if sharded
+        else op.key_on("by_stream", batches, lambda b: b.stream)
+    )
     outs = [_stream_operator(spec, keyed, config, kafka, secret) for spec in config.streams]
     merged = MechanismOut(
         op.merge("releases", *(o.releases for o in outs)),
@@ -148,13 +154,17 @@ def _stream_operator(
     """``spec``'s family operator over its own events (the batches keyed by its name)."""
     setup = _setup(spec, config)
     entry = setup.entry
-    mine: Any = op.filter(f"stream_{spec.name}", keyed, functools.partial(_is, spec.name))
+    mine: Any = op.filter(
+        f"stream_{spec.name}",
+        keyed,
+        functools.partial(_is, spec.name if spec.shards is None else spec.name + SHARD_MARK),
+    )
     step = f"{entry.name.replace('-', '_')}_{spec.name}"
     return family_mechanisms(
         step, mine, family=entry, mechanism=spec.mechanisms, config=setup.config,
         secret=secret, slotting=slotting_for(kafka, spec.lateness, setup.client_path),
         split=BudgetSplit.parse(spec.budget_split, len(spec.mechanisms)),
-        registration=setup.registration,
+        registration=setup.registration, shards=spec.shards,
     )  # fmt: skip
 
 
@@ -168,5 +178,7 @@ def registration_for(spec: StreamSection, config: FlowConfig) -> Preferences:
     return Preferences(by_user=dict(table), share=spec.share)
 
 
-def _is(name: str, item: tuple[str, EventBatch]) -> bool:
-    return item[0] == name
+def _is(key: str, item: tuple[str, Any]) -> bool:
+    """An item of the stream ``key`` names, or of one of its shards (``key`` ends with
+    ``SHARD_MARK``: stream names hold no ``/``)."""
+    return item[0] == key or (key.endswith(SHARD_MARK) and item[0].startswith(key))

@@ -459,11 +459,7 @@ class SimulatedCurator:
         found = self._memo.get(key)
         if found is None:
             found = self._memo[key] = self._histogram(*key)
-        if share == 1.0:
-            return found
-        epsilons = found.epsilons * share
-        epsilons.flags.writeable = False
-        return dataclasses.replace(found, epsilons=epsilons)
+        return _at_share(found, share)
 
     def _histogram(self, default_epsilon: float, default_window: int) -> ClassHistogram:
         classes = self._requirements.classes(default_epsilon, default_window)
@@ -479,6 +475,60 @@ class SimulatedCurator:
         return ClassHistogram(
             classes.windows, classes.epsilons, classes.sizes, counts, classes.digest
         )
+
+
+def _at_share(found: ClassHistogram, share: float) -> ClassHistogram:
+    """``found`` with every class budget multiplied by ``share`` (a mechanism's part)."""
+    if share == 1.0:
+        return found
+    epsilons = found.epsilons * share
+    epsilons.flags.writeable = False
+    return dataclasses.replace(found, epsilons=epsilons)
+
+
+class GroupedCurator:
+    """The trusted curator of one slot over counts per requirement group, summed over a
+    stream's user shards (``operators.user_shards``): ``counts[g, j]`` registered users of
+    group ``g`` (the users registered with one requirement) whose current value is bin ``j``.
+
+    ``representatives[g]`` is the dense index of one user of group ``g``; every member of a
+    group resolves to the same class under any default, so a class's histogram is the sum of
+    its groups' counts: the same integers ``SimulatedCurator`` counts user by user, hence the
+    same releases whatever the number of shards. Nothing per user crosses this port.
+    """
+
+    def __init__(
+        self,
+        counts: NDArray[np.int64],
+        representatives: NDArray[np.intp],
+        requirements: Requirements,
+    ) -> None:
+        if counts.ndim != 2 or counts.shape[0] != representatives.shape[0]:
+            raise ValueError(
+                f"counts of shape {counts.shape} for {representatives.shape[0]} groups"
+            )
+        self._counts = counts
+        self._representatives = representatives
+        self._requirements = requirements
+        self._memo: dict[tuple[float, int], ClassHistogram] = {}
+
+    @property
+    def population(self) -> int:
+        return self._requirements.population
+
+    def class_histogram(
+        self, default_epsilon: float, default_window: int, share: float = 1.0
+    ) -> ClassHistogram:
+        key = (float(default_epsilon), int(default_window))
+        found = self._memo.get(key)
+        if found is None:
+            classes = self._requirements.classes(*key)
+            counts = np.zeros((classes.count, self._counts.shape[1]), dtype=np.int64)
+            np.add.at(counts, classes.members[self._representatives], self._counts)
+            found = self._memo[key] = ClassHistogram(
+                classes.windows, classes.epsilons, classes.sizes, counts, classes.digest
+            )
+        return _at_share(found, share)
 
 
 def slot_port(

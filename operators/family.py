@@ -28,6 +28,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from bytewax.dataflow import operator
 from bytewax.operators import KeyedStream
@@ -37,7 +38,13 @@ from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.seeding import NoiseKey
 from privstream.mechanisms.stages import pre_server
 from privstream.operators.registration import Preferences, check_closed_population
-from privstream.operators.slotting import MechanismOut, SlottingConfig, slotted_mechanism
+from privstream.operators.sharded import sharded_mechanism
+from privstream.operators.slotting import (
+    MechanismOut,
+    SlottingConfig,
+    make_plan,
+    slotted_mechanism,
+)
 from privstream.operators.stages import chain_events
 from privstream.schema.events import EventBatch
 
@@ -54,6 +61,7 @@ def family_mechanisms(
     slotting: SlottingConfig | None = None,
     split: BudgetSplit | None = None,
     registration: Preferences | None = None,
+    shards: int | None = None,
 ) -> MechanismOut:
     """Publish the family's ``mechanism`` releases for every stream of ``up`` (keyed by stream).
 
@@ -70,6 +78,8 @@ def family_mechanisms(
     A mechanism that declares stages before its server stage (``Mechanism.stages()``) has them
     wired between ``up`` and the slotted operator (``operators.stages.chain_events``), each keyed
     by its own key with its own snapshotted state; a one-stage family adds no step.
+    ``shards``: run the per-user work on that many user shards of each stream
+    (``operators.sharded``; ``up`` then holds ``ShardCut``'s pieces), byte-identical releases.
     """
     entry = _family(family)
     names = entry.names(mechanism)
@@ -81,6 +91,13 @@ def family_mechanisms(
         check_closed_population(registration, config.epsilon, cost, config.population)
     mechanisms = entry.build_shared(names, config, split.shares)
     stages = pre_server(mechanisms)
+    if shards is not None:
+        if stages:
+            raise ValueError(f"step {step_id!r}: user shards run no stages before the server")
+        plan = make_plan(step_id, mechanisms, config.task, config.population, secret, slotting,
+                         registration, split, budget)  # fmt: skip
+        pieces: Any = up  # ShardCut's pieces, keyed by shard
+        return sharded_mechanism("mechanism", pieces, plan=plan, shards=shards)
     if stages:  # devices, a shuffler ...: keyed by their own keys, then by stream again
         up = chain_events(up, stages)
     return slotted_mechanism(

@@ -49,7 +49,12 @@ class Windower:
     _marks: NDArray[np.int32] | None = None  # scratch of ``_repeats``, one entry per user
 
     def __init__(
-        self, cfg: SlottingConfig, task: EstimationTask, population: Population, carry: int
+        self,
+        cfg: SlottingConfig,
+        task: EstimationTask,
+        population: Population,
+        carry: int,
+        stream_population: int | None = None,
     ) -> None:
         self.cfg = cfg
         self.task = task
@@ -57,6 +62,8 @@ class Windower:
         self.trust = population.trust
         self.n = population.n
         self.carry = carry
+        self.stream_population = population.n if stream_population is None else stream_population
+        """The stream's ``n`` that dead letters name (a user shard holds part of it)."""
 
     def _shaped(self, values: NDArray[np.float64]) -> bool:
         """Values of the task's shape: one number per row, or a row of ``d`` for vectors."""
@@ -230,13 +237,14 @@ class Windower:
             f"partition beyond the lateness of {self.cfg.lateness}, or an end-of-slot marker)"
         )
         return {
-            OUT_OF_DOMAIN: f"value or user outside the domain (d={self.task.d}, n={self.n}; "
+            OUT_OF_DOMAIN: f"value or user outside the domain (d={self.task.d}, "
+            f"n={self.stream_population}; "
             f"{'a list of d numbers' if self.task.kind == 'vector' else 'one number'} per event)",
             LATE: late,
             FAR_FUTURE: f"slot more than {self.cfg.max_slot_gap} slots ahead of the stream"
             + (" clock" if self.cfg.clock == "markers" else ""),
             DUPLICATE: "user already reported in this slot (first report wins)",
-            POPULATION_FULL: f"the stream's population of {self.n} users is full",
+            POPULATION_FULL: f"the stream's population of {self.stream_population} users is full",
             REQUIREMENT_CHANGED: "the user registered with another privacy requirement "
             "(epsilon, window); it cannot change within a stream",
             USER_ID_KIND: "user ids must be all strings or all dense indices within a stream",

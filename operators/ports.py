@@ -100,6 +100,11 @@ class TrustedCurator(Ports):
         randomness: SlotRandomness,
         client_state: Any = None,
     ) -> CuratorPort:
+        return SimulatedCurator(values, self.task, self.requirements(state))
+
+    def requirements(self, state: StreamState) -> Requirements:
+        """The registered users' requirements of ``state``'s stream (built once per stream
+        and registration)."""
         key = (len(state.directory), state.id_kind)
         cached = self._cache.get(state.stream)
         if cached is None or cached[0] != key:
@@ -110,7 +115,7 @@ class TrustedCurator(Ports):
                 registered=state.registered(),
             )
             cached = self._cache[state.stream] = (key, requirements)
-        return SimulatedCurator(values, self.task, cached[1])
+        return cached[1]
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ them after the call (``SlottedLogic.publish``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from privstream.mechanisms.accountant import ClassKey
@@ -45,11 +46,28 @@ class Runner:
         what it emitted to ``state`` and ``out``."""
         self.population.admit_newcomers(state, slot, out)
         values = self.windower.slot_values(state, slot)
-        state.last_closed = slot
         trust = self.plan.ports
 
-        def port_for(name: str, randomness: SlotRandomness, clients: Any) -> Any:
+        def port(randomness: SlotRandomness, clients: Any) -> Any:
             return trust.port(state, values, randomness, clients)
+
+        self.step_with(state, slot, port, out, notes)
+
+    def step_with(
+        self,
+        state: StreamState,
+        slot: int,
+        port: Callable[[SlotRandomness, Any], Any],
+        out: list[Output],
+        notes: Notes,
+    ) -> None:
+        """Step the slot through ``port(randomness, devices' state)`` (a decision stage's
+        port over its shards' aggregates: ``operators.user_shards``) and apply what it
+        emitted."""
+        state.last_closed = slot
+
+        def port_for(name: str, randomness: SlotRandomness, clients: Any) -> Any:
+            return port(randomness, clients)
 
         def randomness_for(name: str) -> SlotRandomness:
             return SlotRandomness(self.plan.key, state.stream, slot, scope=name)

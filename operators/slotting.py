@@ -304,29 +304,12 @@ class SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
 
     def publish(self, notes: Notes) -> None:
         """Put what a call did (``notes``) and the stream's accounts on the metrics board."""
-        for stream, why in notes.markers:
-            MARKERS_IGNORED.labels(stream, why).inc()
-        for stream, accepted in notes.events:
-            EVENTS.labels(stream).inc(accepted)
-        for stream, name, seconds in notes.steps:
-            STEP_SECONDS.labels(stream, name).observe(seconds)
-        measure = next(iter(self.mechanisms.values())).privacy_cost.measure.kind
-        for stream, budget, scope, spent in notes.populations:
-            BOARD.update_population(stream, budget, scope, spent, len(self.mechanisms), measure)
-        for stream, last_closed, advance in notes.clocks:
-            BOARD.update_clock(stream, last_closed, advance)
+        show_notes(notes, self.mechanisms)
         if self.state is not None:
             self._show_accounts(self.state)
 
     def _show_accounts(self, state: StreamState) -> None:
-        """Show every mechanism's ledger on ``state`` and how full the population is."""
-        enrolment = self.population.enrolment(state)
-        if enrolment is not None:
-            BOARD.update_enrolment(state.stream, *enrolment)
-        for name, mechanism in self.mechanisms.items():
-            BOARD.update(state.stream, name, mechanism.privacy_cost, self.n,
-                         state.tallies[name], name in state.halted,
-                         division=mechanism.division)  # fmt: skip
+        show_accounts(state, self.population, self.mechanisms, self.n)
 
     # -- closing slots -------------------------------------------------------------------------
 
@@ -351,6 +334,37 @@ class SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
             self.runner.step(state, slot, out, notes)
         if target >= start:
             notes.clocks.append((state.stream, state.last_closed, target - start + 1))
+
+
+def show_notes(notes: Notes, mechanisms: dict[str, Mechanism[Any, Any]]) -> None:
+    """Put what one call did (``notes``) on the metrics board."""
+    for stream, why in notes.markers:
+        MARKERS_IGNORED.labels(stream, why).inc()
+    for stream, accepted in notes.events:
+        EVENTS.labels(stream).inc(accepted)
+    for stream, name, seconds in notes.steps:
+        STEP_SECONDS.labels(stream, name).observe(seconds)
+    measure = next(iter(mechanisms.values())).privacy_cost.measure.kind
+    for stream, budget, scope, spent in notes.populations:
+        BOARD.update_population(stream, budget, scope, spent, len(mechanisms), measure)
+    for stream, last_closed, advance in notes.clocks:
+        BOARD.update_clock(stream, last_closed, advance)
+
+
+def show_accounts(
+    state: StreamState,
+    population: Population,
+    mechanisms: dict[str, Mechanism[Any, Any]],
+    n: int,
+) -> None:
+    """Show every mechanism's ledger on ``state`` and how full the population is."""
+    enrolment = population.enrolment(state)
+    if enrolment is not None:
+        BOARD.update_enrolment(state.stream, *enrolment)
+    for name, mechanism in mechanisms.items():
+        BOARD.update(state.stream, name, mechanism.privacy_cost, n,
+                     state.tallies[name], name in state.halted,
+                     division=mechanism.division)  # fmt: skip
 
 
 def _partitions_in(slotting: str) -> int | None:

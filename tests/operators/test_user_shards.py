@@ -1,0 +1,214 @@
+"""User shards of one stream (issue 26, ``operators.user_shards``): the per-user work of a
+central-DP stream on ``k`` Bytewax keys, the mechanisms on one decision key.
+
+The releases, ledger entries and dead letters must be the one-key operator's, byte for byte,
+for every shard count — over several partitions, personal requirements in several classes,
+carried values, late, duplicate, unregistered and out-of-domain rows and a forged marker —
+and what crosses from a shard to the decision must hold no user id and no value.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import bytewax.operators as op
+import numpy as np
+import pytest
+from bytewax.dataflow import Dataflow
+from bytewax.testing import TestingSink, TestingSource, run_main
+
+from privstream.connectors.jsonl import to_json
+from privstream.families.registry import LDP_IDS, PERSONALIZED
+from privstream.mechanisms.accountant import BudgetSplit
+from privstream.mechanisms.errors import IncompatibleState
+from privstream.mechanisms.ldp_ids import LdpIdsConfig
+from privstream.mechanisms.personalized import PersonalizedConfig
+from privstream.mechanisms.seeding import NoiseKey
+from privstream.mechanisms.stages import shard_of
+from privstream.mechanisms.tasks import FrequencyTask
+from privstream.operators import ingest
+from privstream.operators.family import family_mechanisms
+from privstream.operators.registration import Preferences
+from privstream.operators.shard_slots import ShardLogic, ShardPlan
+from privstream.operators.sharded import check_shardable
+from privstream.operators.slotting import SlottingConfig, make_plan
+from privstream.operators.user_shards import ShardCut, ShardPiece, ShardSlots
+from privstream.schema.events import STREAM_HALTED, EventBatch, marker_tag
+
+KEY = NoiseKey.from_text("3f9a1c7e5b2d8f406a1e9c3b7d5f2a8e1c6b9d4f7a2e5c8b3d6f9a1c4e7b2d5f")
+N, D, PARTITIONS, SLOTS = 300, 4, 3, 12
+USERS = [f"u{i}" for i in range(N)]
+TABLE = Preferences(
+    by_user={u: (1.0 if i % 3 else 2.0, 4 if i % 2 else 6) for i, u in enumerate(USERS)},
+    share=0.5,
+)
+CLOCK = SlottingConfig(clock="markers", partitions=PARTITIONS)
+Outputs = dict[str, list[Any]]
+
+
+def _marker(t: int, partition: int, tag: str | None = None) -> EventBatch:
+    empty = np.zeros(0, dtype=np.int64)
+    tag = marker_tag(KEY.clock_key(), "s", t) if tag is None else tag
+    return EventBatch("s", empty, np.zeros(0, dtype=object), np.zeros(0), None, t,
+                      partition=partition, marker_tag=tag)  # fmt: skip
+
+
+def hostile_input() -> list[EventBatch]:
+    """Twelve slots over three partitions: 70 % of the users report each slot, each batch
+    repeats a user (duplicate) and names a stranger (unregistered); slot 5 has a value out of
+    the domain, slot 7 a late pair; a forged marker comes last."""
+    rng = np.random.default_rng(1)
+    items = []
+    for t in range(1, SLOTS + 1):
+        for p in range(PARTITIONS):
+            users = [u for i, u in enumerate(USERS) if i % PARTITIONS == p and rng.random() < 0.7]
+            users += ["stranger", users[0]]
+            values = rng.integers(0, D, len(users)).astype(float)
+            if t == 5 and p == 1:
+                values[0] = 99.0
+            items.append(EventBatch("s", np.full(len(users), t), np.array(users, dtype=object),
+                                    values, partition=p))  # fmt: skip
+            if t == 7 and p == 2:
+                late = np.array(users[:2], dtype=object)
+                items.append(EventBatch("s", np.full(2, 3), late, np.zeros(2), partition=p))
+        items += [_marker(t, p) for p in range(PARTITIONS)]
+    return [*items, _marker(SLOTS + 1, 0, tag="00" * 16)]
+
+
+def run(items: list[EventBatch], shards: int | None, family: Any = PERSONALIZED) -> Outputs:
+    """The outputs of ``family``'s two mechanisms over ``items``: one key per stream (None) or
+    ``shards`` user shards."""
+    if family is PERSONALIZED:
+        config: Any = PersonalizedConfig(population=N + 10, epsilon=2.0, window=6,
+                                         task=FrequencyTask(D))  # fmt: skip
+        names, registration = ["PBD", "PBA"], TABLE
+    else:
+        config = LdpIdsConfig(population=N + 10, epsilon=2.0, window=6, task=FrequencyTask(D))
+        names, registration = ["LBU", "LBD"], None
+    flow = Dataflow("shards")
+    source = op.input("in", flow, TestingSource(items))
+    keyed: Any = (
+        op.key_on("key", source, lambda b: b.stream)
+        if shards is None
+        else op.flat_map("key", source, ShardCut({"s": shards}))
+    )
+    out = family_mechanisms(
+        "p", keyed, family=family, mechanism=names, config=config, secret=KEY, slotting=CLOCK,
+        registration=registration, shards=shards, split=BudgetSplit.parse("equal", 2),
+    )  # fmt: skip
+    found: Outputs = {"releases": [], "ledger": [], "dead_letters": []}
+    op.output("r", op.map("rj", out.releases, to_json), TestingSink(found["releases"]))
+    op.output("l", op.map("lj", out.ledger, to_json), TestingSink(found["ledger"]))
+    op.output("d", op.map("dj", out.dead_letters, repr), TestingSink(found["dead_letters"]))
+    run_main(flow)
+    return {kind: sorted(items) for kind, items in found.items()}
+
+
+@pytest.fixture(scope="module")
+def one_key() -> Outputs:
+    return run(hostile_input(), None)
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3, 8])
+def test_every_shard_count_releases_what_one_key_releases(one_key: Outputs, shards: int) -> None:
+    assert len(one_key["releases"]) == 2 * SLOTS
+    reasons = {r.split("reason='")[1].split("'")[0] for r in one_key["dead_letters"]}
+    assert reasons == {"duplicate_report", "unregistered_user", "out_of_domain", "late_event",
+                       "unauthenticated_marker"}  # fmt: skip
+    assert run(hostile_input(), shards) == one_key
+
+
+def test_a_cut_keeps_every_row_once_in_order_and_sends_markers_to_every_shard() -> None:
+    users = np.array([f"u{i}" for i in range(50)], dtype=object)
+    batch = EventBatch("s", np.arange(50), users, np.arange(50.0), [f"line{i}" for i in range(50)],
+                       9, partition=2, marker_tag="ab")  # fmt: skip
+    cut = ShardCut({"s": 4})
+    pieces = cut(batch)
+    assert [key for key, _ in pieces] == [f"s/shard-{i}" for i in range(4)]
+    seen = []
+    for key, piece in pieces:
+        assert isinstance(piece, ShardPiece) and key == f"s/shard-{piece.shard}"
+        assert piece.batch.complete_through == 9 and piece.batch.marker_tag == "ab"
+        assert piece.batch.partition == 2
+        rows = piece.batch.slots.tolist()
+        assert rows == sorted(rows)  # the partition's order
+        assert {shard_of(u, 4) for u in piece.batch.users.tolist()} <= {piece.shard}
+        assert list(piece.batch.raw or []) == [f"line{r}" for r in rows]
+        seen += rows
+    assert sorted(seen) == list(range(50))
+    other = EventBatch("t", np.arange(3), users[:3], np.zeros(3))
+    assert cut(other) == [("t", other)]  # a stream without shards goes on whole
+    no_marker = EventBatch("s", np.arange(1), users[:1], np.zeros(1))
+    assert len(cut(no_marker)) == 1  # only the shard with rows
+
+
+def test_what_crosses_to_the_decision_holds_no_user_and_no_value() -> None:
+    plan = ShardPlan(make_plan("p", _personalized(), FrequencyTask(D), N + 10, KEY, CLOCK, TABLE,
+                               BudgetSplit.parse("equal", 2)), 2)  # fmt: skip
+    logic = ShardLogic("p", plan, None)
+    batch = next(b for b in hostile_input() if len(b) and b.partition == 0)
+    mine = ShardCut({"s": 2}).cut(batch, 2)
+    out: list[Any] = []
+    for t in (1, 2):
+        for p in range(PARTITIONS):
+            out += logic.on_batch([*(m for m in mine if t == 1 and p == 0), *ShardCut({"s": 2})
+                                   .cut(_marker(t, p), 2)[:1]])[0]  # fmt: skip
+    shares = [item for kind, item in out if kind == "share"]
+    assert shares and all(isinstance(s, ShardSlots) for s in shares)
+    wire = pickle.dumps(shares)
+    assert not any(u.encode() in wire for u in ("u0", "u3", "u6", "stranger"))
+    assert all(s.counts.dtype == np.int64 for s in shares)
+
+
+def _personalized() -> list[Any]:
+    config = PersonalizedConfig(population=N + 10, epsilon=2.0, window=6, task=FrequencyTask(D))
+    return PERSONALIZED.build_shared(["PBD", "PBA"], config, (0.5, 0.5))
+
+
+def test_a_store_of_another_shard_count_is_refused() -> None:
+    split = BudgetSplit.parse("equal", 2)
+    plan = make_plan("p", _personalized(), FrequencyTask(D), N + 10, KEY, CLOCK, TABLE, split)
+    logic = ShardLogic("p", ShardPlan(plan, 2), None)
+    logic.on_batch([ShardCut({"s": 2}).cut(_marker(1, 0), 2)[1]])
+    with pytest.raises(IncompatibleState, match="user shards: stored 2, now 4"):
+        ShardLogic("p", ShardPlan(plan, 4), logic.snapshot())
+
+
+def test_only_central_dp_streams_on_the_markers_clock_shard() -> None:
+    split = BudgetSplit.parse("equal", 2)
+    ldp = LDP_IDS.build_shared(
+        ["LBU", "LBD"], LdpIdsConfig(population=N, epsilon=2.0, window=6, task=FrequencyTask(D)),
+        split.shares,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="central-DP streams"):
+        check_shardable(make_plan("p", ldp, FrequencyTask(D), N, KEY, CLOCK, None, split), 2, "s")
+    data = SlottingConfig(clock="data", partitions=PARTITIONS)
+    plan = make_plan("p", _personalized(), FrequencyTask(D), N + 10, KEY, data, TABLE, split)
+    with pytest.raises(ValueError, match="markers clock"):
+        check_shardable(plan, 2, "s")
+    marked = make_plan("p", _personalized(), FrequencyTask(D), N + 10, KEY, CLOCK, TABLE, split)
+    for bad in (0, 257, True):
+        with pytest.raises(ValueError, match="shards must be"):
+            check_shardable(marked, bad, "s")  # type: ignore[arg-type]
+
+
+def test_a_failing_shard_halts_the_stream_and_the_rest_becomes_dead_letters(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    original = ingest.Windower.ingest
+    calls = {"n": 0}
+
+    def flaky(self: ingest.Windower, state: Any, batch: EventBatch, notes: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 40:  # some shard, mid-stream
+            raise RuntimeError("user u1 broke it")
+        return original(self, state, batch, notes)
+
+    monkeypatch.setattr(ingest.Windower, "ingest", flaky)
+    out = run(hostile_input(), 3)
+    halts = [line for line in out["ledger"] if '"kind":"halt"' in line]
+    assert len(halts) == 2 and all("user shard" in line for line in halts)
+    assert all("u1 broke" not in line for line in out["ledger"])  # the reason names no data
+    assert any(STREAM_HALTED in d for d in out["dead_letters"])
+    assert 0 < len(out["releases"]) < 2 * SLOTS
