@@ -1,0 +1,138 @@
+"""One hot stream on user shards over Kafka (issue 26): a personalized stream over four
+partitions, on the markers clock, run by ``privstream run --config`` with ``shards = 8``.
+
+It must release byte for byte what the same stream on one key releases — as one process, as a
+cluster of two, and after one of the cluster's processes is SIGKILLed mid-stream and the
+cluster is restarted from its recovery store.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from privstream.connectors.kafka import (
+    RELEASE_TOPIC_CONFIG,
+    KafkaSettings,
+    TopicSpec,
+    create_topics,
+    wait_for_messages,
+)
+
+from .conftest import PRIVSTREAM, cli_env, run_cli, same_incarnation, write_secret
+from .test_cluster import _children, _outputs, _run
+
+USERS, LAST = 1200, 10
+
+
+def _config(
+    directory: Path, kafka: KafkaSettings, events: str, tag: str, shards: int | None
+) -> Path:
+    """A flow file of one personalized stream over ``events`` (``shards``: None for one key),
+    writing to topics named after ``tag`` (created here)."""
+    outputs = {"output_topic": f"releases-{tag}", "ledger_topic": f"ledger-{tag}",
+               "dead_letter_topic": f"dlq-{tag}"}  # fmt: skip
+    create_topics(kafka, [TopicSpec(t, config=RELEASE_TOPIC_CONFIG) for t in outputs.values()])
+    (directory / "registrations.csv").write_text("user,epsilon,window\n" + "".join(
+        f"u{u},{2.0 if u % 3 else 1.0},{5 if u % 2 else 6}\n" for u in range(USERS)))  # fmt: skip
+    topics = "".join(f'{key} = "{name}"\n' for key, name in outputs.items())
+    sharding = "" if shards is None else f"shards = {shards}\n"
+    path = directory / f"flow-{tag}.toml"
+    path.write_text(
+        f"""
+[kafka]
+bootstrap = "{kafka.bootstrap}"
+input_topic = "{events}"
+{topics}
+[population]
+users = {USERS}
+epsilon = 2.0
+window = 5
+registrations = "registrations.csv"
+
+[[streams]]
+name = "visits"
+family = "personalized"
+mechanisms = ["PBD", "PBA"]
+budget_split = "equal"
+domain = 4
+share = 1.0
+{sharding}"""
+    )
+    return path
+
+
+def _produce(kafka: KafkaSettings, topic: str, key: str, first: int, last: int) -> None:
+    run_cli("produce", "--bootstrap", kafka.bootstrap, "--topic", topic, "--dataset", "sin",
+            "--stream", "visits", "--users", str(USERS), "--first-slot", str(first),
+            "--last-slot", str(last), "--spread", "--no-progress", "--secret-file", key)  # fmt: skip
+
+
+@pytest.fixture
+def topic(kafka: KafkaSettings) -> str:
+    name = f"events-{uuid.uuid4().hex[:8]}"
+    create_topics(kafka, [TopicSpec(name, partitions=4)])
+    return name
+
+
+def test_shards_and_processes_release_what_one_key_releases(
+    kafka: KafkaSettings, topic: str, tmp_path: Path
+) -> None:
+    key = str(write_secret(tmp_path / "noise.key"))
+    _produce(kafka, topic, key, 1, LAST + 1)
+    one = _run(_config(tmp_path, kafka, topic, "one", None), "--slots", str(LAST),
+               "--secret-file", key, "--recovery-dir", str(tmp_path / "store"))  # fmt: skip
+    assert one.returncode == 0, one.stderr[-3000:]
+    alone = _outputs(kafka, "one")
+    assert {f"visits/{m}/{t}".encode() for m in ("PBD", "PBA") for t in range(1, LAST + 1)} <= (
+        alone["releases"].keys()
+    )
+    for tag, processes in (("sharded", "1"), ("cluster", "2")):
+        store = same_incarnation(tmp_path / "store", tmp_path / f"store-{tag}")  # the same noise
+        run = _run(_config(tmp_path, kafka, topic, tag, 8), "--slots", str(LAST),
+                   "--secret-file", key, "--processes", processes,
+                   "--recovery-dir", str(store))  # fmt: skip
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert _outputs(kafka, tag) == alone, tag
+
+
+def test_a_killed_process_of_a_sharded_cluster_restarts_to_the_same_releases(
+    kafka: KafkaSettings, topic: str, tmp_path: Path
+) -> None:
+    key = str(write_secret(tmp_path / "noise.key"))
+    _produce(kafka, topic, key, 1, 5)
+    config = _config(tmp_path, kafka, topic, "killed", 8)
+    store = str(tmp_path / "store")
+    with open(tmp_path / "launcher.stderr", "wb") as err:
+        launcher = subprocess.Popen(
+            [*PRIVSTREAM, "run", "--config", str(config), "--secret-file", key, "--processes",
+             "2", "--recovery-dir", store, "--snapshot-interval", "0.5"],
+            stdout=subprocess.DEVNULL, stderr=err, env=cli_env(), cwd=tmp_path,
+        )  # fmt: skip
+    try:
+        wait_for_messages(kafka, "releases-killed",
+                          lambda got: {m.key() for m in got} >= {b"visits/PBA/3"}, 120)  # fmt: skip
+        time.sleep(1.0)  # a snapshot or two
+        children = _children(launcher.pid)
+        assert len(children) == 2, children
+        os.kill(children[1], signal.SIGKILL)
+        code = launcher.wait(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert code != 0, "a cluster that lost a process must not report success"
+    _produce(kafka, topic, key, 6, LAST + 1)
+    restarted = _run(config, "--slots", str(LAST), "--secret-file", key, "--processes", "2",
+                     "--recovery-dir", store)  # fmt: skip
+    assert restarted.returncode == 0, restarted.stderr[-3000:]
+    alone_store = same_incarnation(Path(store), tmp_path / "alone-store")
+    alone = _run(_config(tmp_path, kafka, topic, "alone", None), "--slots", str(LAST),
+                 "--secret-file", key, "--recovery-dir", str(alone_store))  # fmt: skip
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert _outputs(kafka, "killed") == _outputs(kafka, "alone")
