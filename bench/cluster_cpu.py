@@ -2,6 +2,7 @@
 
     python bench/cluster_cpu.py [--trees DIR1,DIR2] [--processes 1,2] [--runs 3] [--streams 8]
                                 [--partitions 8] [--users 20000] [--slots 20] [--fixed-users 100]
+                                [--hot SHARDS]
 
 Produces ``streams`` synthetic streams over ``partitions`` partitions of one topic of an
 embedded broker once (``privstream bench kafka --streams``' data and flow file), then runs
@@ -13,7 +14,8 @@ are reaped); the broker is another process and is not counted. The same runs ove
 ``fixed_users`` users per stream measure the fixed part (interpreters, imports, the dataflow's
 start and end: about 1.7 CPU-s at one process, 4.4 at two here), which is subtracted for the
 CPU per message of the flow's work. Prints one JSON line per run and the medians per tree and
-P.
+P. ``--hot K``: one hot personalized stream of ``users`` users instead (markers clock, a
+registration table), run on one key and on ``K`` user shards (issue 26 item 2).
 """
 
 from __future__ import annotations
@@ -74,6 +76,45 @@ def _topic(settings: Any, args: argparse.Namespace, users: int) -> tuple[str, in
     return topic, sum(per_partition)
 
 
+def _hot_topic(settings: Any, args: argparse.Namespace, users: int, key: Path) -> tuple[str, int]:
+    """A fresh topic holding one stream ``hot`` of ``users`` users, spread over the partitions,
+    its markers tagged with ``key``'s clock key; (topic, messages)."""
+    from privstream.connectors.datasets import synthetic_dataset
+    from privstream.connectors.kafka import TopicSpec, create_topics
+    from privstream.connectors.producer import produce_synthetic
+    from privstream.mechanisms.seeding import NoiseKey
+
+    topic = f"bench-hot-{uuid.uuid4().hex[:8]}"
+    create_topics(settings, [TopicSpec(topic, partitions=args.partitions)])
+    clock = NoiseKey.from_text(key.read_text()).clock_key()
+    events = produce_synthetic(settings, topic, synthetic_dataset("sin", users, args.slots, 1),
+                               name="hot", spread=True, clock_key=clock)  # fmt: skip
+    return topic, events
+
+
+def _hot_flow(directory: Path, settings: Any, topic: str, users: int, shards: int | None) -> Path:
+    """A flow file of the one personalized stream ``hot`` (on ``shards`` user shards, or one
+    key) over the registration of its users, on the markers clock."""
+    from privstream.connectors.kafka import RELEASE_TOPIC_CONFIG, TopicSpec, create_topics
+
+    tag = uuid.uuid4().hex[:8]
+    create_topics(settings, [TopicSpec(f"bench-releases-{tag}", config=RELEASE_TOPIC_CONFIG)])
+    table = directory / f"registrations-{users}.csv"
+    if not table.exists():
+        table.write_text("user,epsilon,window\n" + "".join(
+            f"u{u},{1.0 if u % 3 else 0.5},20\n" for u in range(users)))  # fmt: skip
+    path = directory / f"hot-{tag}.toml"
+    path.write_text(
+        f'[kafka]\nbootstrap = "{settings.bootstrap}"\ninput_topic = "{topic}"\n'
+        f'output_topic = "bench-releases-{tag}"\n'
+        f'[population]\nusers = {users}\nepsilon = 1.0\nwindow = 20\n'
+        f'registrations = "{table}"\n'
+        '[[streams]]\nname = "hot"\nfamily = "personalized"\nmechanisms = ["PBD"]\n'
+        "domain = 2\nshare = 1.0\n" + ("" if shards is None else f"shards = {shards}\n")
+    )  # fmt: skip
+    return path
+
+
 def _medians(runs: list[dict[str, Any]], tree: str, p: int, data: str) -> tuple[float, float]:
     mine = [r for r in runs if r["tree"] == tree and r["processes"] == p and r["data"] == data]
     return (statistics.median(r["cpu_s"] for r in mine),
@@ -95,6 +136,13 @@ def main() -> int:
         default=100,
         help="users per stream of the runs that measure the fixed part (0: none)",
     )
+    parser.add_argument(
+        "--hot",
+        type=int,
+        default=0,
+        help="instead of the streams: one hot personalized stream, on one key and on this "
+        "many user shards (each a 'tree' of the report)",
+    )
     args = parser.parse_args()
     from privstream.connectors.broker import EmbeddedBroker
     from privstream.connectors.kafka import KafkaSettings
@@ -103,21 +151,34 @@ def main() -> int:
     trees = [str(Path(t).resolve()) for t in args.trees.split(",")]
     for tree in trees:
         _check_tree(tree)
+    variants = [(t, None) for t in trees]
+    if args.hot:
+        variants = [(trees[0], None), (trees[0], args.hot)]
     counts = [int(p) for p in args.processes.split(",")]
     runs: list[dict[str, Any]] = []
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as work:
         settings = KafkaSettings((broker.bootstrap,))
-        data = {"full": (args.users, *_topic(settings, args, args.users))}
-        if args.fixed_users:
-            data["fixed"] = (args.fixed_users, *_topic(settings, args, args.fixed_users))
         key = Path(work) / "noise.key"
         key.write_text(secrets.token_hex(32))
+
+        def topic(users: int) -> tuple[str, int]:
+            return _hot_topic(settings, args, users, key) if args.hot else _topic(
+                settings, args, users)  # fmt: skip
+
+        data = {"full": (args.users, *topic(args.users))}
+        if args.fixed_users:
+            data["fixed"] = (args.fixed_users, *topic(args.fixed_users))
         for _ in range(args.runs):
             for p in counts:
-                for tree in trees:
-                    for name, (users, topic, messages) in data.items():
-                        flow = _flow_file(Path(work), settings, topic, args.streams, users)
+                for tree, shards in variants:
+                    for name, (users, topic_name, messages) in data.items():
+                        flow = (
+                            _hot_flow(Path(work), settings, topic_name, users, shards)
+                            if args.hot
+                            else _flow_file(Path(work), settings, topic_name, args.streams, users)
+                        )
                         run = run_once(tree, flow, p, args.slots, key)
+                        run["tree"] = tree if shards is None else f"{tree} shards={shards}"
                         run.update(
                             data=name,
                             messages=messages,
@@ -125,7 +186,7 @@ def main() -> int:
                         )
                         print(json.dumps(run), flush=True)
                         runs.append(run)
-    _report(runs, trees, counts, data)
+    _report(runs, sorted({r["tree"] for r in runs}), counts, data)
     return 0
 
 
