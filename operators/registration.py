@@ -85,6 +85,15 @@ class Preferences:
             for win in np.unique(self.windows[self.windows != 0]).tolist():
                 check_requirement(MIN_EPSILON, win, "a registered requirement")
 
+    def part(self, by_user: dict[str, tuple[float, int]]) -> Preferences:
+        """Some of this table's named users (a user shard's), at its share: entries already
+        checked here are not checked again."""
+        new = object.__new__(Preferences)
+        for name, value in (("by_user", by_user), ("epsilons", None), ("windows", None),
+                            ("share", self.share)):  # fmt: skip
+            object.__setattr__(new, name, value)
+        return new
+
 
 class Population:
     """Who a stream counts, one part of the slotted operator: the registered table of a

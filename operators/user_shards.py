@@ -19,6 +19,7 @@ for every shard count and process count (``tests/operators/test_user_shards.py``
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -122,12 +123,11 @@ class ShardCut:
         known = self._of.setdefault(k, {})
         if len(known) > CACHED_USERS:
             known.clear()
-        out = np.empty(users.shape[0], dtype=np.int64)
-        for i, user in enumerate(users.tolist()):
-            found = known.get(user)
-            if found is None:
-                found = known[user] = shard_of(str(user), k)
-            out[i] = found
+        ids = users.tolist()
+        out = np.fromiter(map(known.get, ids, itertools.repeat(-1)), dtype=np.int64,
+                          count=len(ids))  # fmt: skip
+        for i in np.flatnonzero(out < 0).tolist():  # first seen by this process
+            out[i] = known[ids[i]] = shard_of(str(ids[i]), k)
         return out
 
 
@@ -147,4 +147,4 @@ def shard_tables(prefs: Preferences, shards: int) -> list[Preferences]:
     tables: list[dict[str, tuple[float, int]]] = [{} for _ in range(shards)]
     for user, requirement in prefs.by_user.items():
         tables[shard_of(user, shards)][user] = requirement
-    return [Preferences(by_user=t, share=prefs.share) for t in tables]
+    return [prefs.part(t) for t in tables]
