@@ -964,6 +964,7 @@ def describe(config: FlowConfig) -> list[str]:
             else ""
         )
         each += " (registered users only)" if s.registered_only else ""
+        each += f" (on {s.shards} user shards)" if s.shards is not None else ""
         lines.append(
             f"stream {s.name}: {s.family} {', '.join(s.mechanisms)}{split}; "
             f"{_task_text(s)}; ε = {s.share:g} × {pop.epsilon:g} = "

@@ -14,7 +14,13 @@ from typing import Any
 import pytest
 
 from privstream.cli.commands import main
-from privstream.flows.config import ConfigError, estimation_task, load, task_keywords
+from privstream.flows.config import (
+    ConfigError,
+    describe,
+    estimation_task,
+    load,
+    task_keywords,
+)
 from privstream.mechanisms.cgm_math import agm_mu
 from privstream.mechanisms.guarantees import GaussianDP
 from privstream.mechanisms.tasks import BallTask, FrequencyTask, MeanTask
@@ -357,6 +363,31 @@ def test_a_registered_only_ldp_stream_is_a_closed_population(tmp_path: Path) -> 
     assert "always counts only registered users" in _error(
         tmp_path, lambda d: d["streams"].append(visits)
     )
+
+
+def test_user_shards_are_for_central_dp_streams_on_the_markers_clock(tmp_path: Path) -> None:
+    """Issue 26: ``shards = k`` runs a central-DP stream's per-user work on k user shards;
+    an LDP stream, the data clock and a count outside 1..256 are refused with the reason."""
+    _registrations(tmp_path, "u1,1.0,20", "u2,2.0,40")
+    data = copy.deepcopy(BASE)
+    data["population"]["registrations"] = "registrations.csv"
+    data["streams"].append(dict(VISITS, shards=8))
+    config = load(_write(tmp_path, data))
+    assert [s.shards for s in config.streams] == [None, 8]
+    assert "(on 8 user shards)" in describe(config)[1]
+    with_registrations = _set("population", registrations="registrations.csv")
+    for bad in (0, 257, "8", True):
+        message = _error(tmp_path, lambda d, bad=bad: (
+            with_registrations(d), d["streams"].append(dict(VISITS, shards=bad))))  # fmt: skip
+        assert 'streams["visits"].shards: must be an integer in [1, 256]' in message, message
+    assert "user shards are for central-DP families" in _error(tmp_path, _stream(shards=2))
+    message = _error(tmp_path, lambda d: (
+        with_registrations(d), d["streams"].append(dict(VISITS, shards=2)),
+        d["kafka"].update(clock="data", trust_input_clock=True),
+    ))  # fmt: skip
+    assert "kafka.clock: stream(s) ['visits'] set shards: user shards need the markers clock" in (
+        message
+    ), message
 
 
 def test_a_property_value_is_never_shown(tmp_path: Path) -> None:
