@@ -19,8 +19,9 @@ from bytewax.dataflow import Dataflow
 from bytewax.testing import TestingSink, TestingSource, run_main
 
 from privstream.connectors.jsonl import to_json
-from privstream.families.registry import LDP_IDS, PERSONALIZED
+from privstream.families.registry import LDP_IDS, PERSONALIZED, family
 from privstream.mechanisms.accountant import BudgetSplit
+from privstream.mechanisms.dpi import DpiConfig
 from privstream.mechanisms.errors import IncompatibleState
 from privstream.mechanisms.ldp_ids import LdpIdsConfig
 from privstream.mechanisms.personalized import PersonalizedConfig
@@ -76,16 +77,18 @@ def hostile_input() -> list[EventBatch]:
     return [*items, _marker(SLOTS + 1, 0, tag="00" * 16)]
 
 
-def run(items: list[EventBatch], shards: int | None, family: Any = PERSONALIZED) -> Outputs:
-    """The outputs of ``family``'s two mechanisms over ``items``: one key per stream (None) or
-    ``shards`` user shards."""
-    if family is PERSONALIZED:
+def run(items: list[EventBatch], shards: int | None, name: str = "personalized") -> Outputs:
+    """The outputs of family ``name``'s two mechanisms over ``items``: one key per stream (None)
+    or ``shards`` user shards."""
+    if name == "personalized":
         config: Any = PersonalizedConfig(population=N + 10, epsilon=2.0, window=6,
                                          task=FrequencyTask(D))  # fmt: skip
         names, registration = ["PBD", "PBA"], TABLE
-    else:
-        config = LdpIdsConfig(population=N + 10, epsilon=2.0, window=6, task=FrequencyTask(D))
-        names, registration = ["LBU", "LBD"], None
+    else:  # DPI: a lifetime guarantee, every registered user at the stream's default
+        config = DpiConfig(epsilon=2.0, window=1, population=N + 10, task=FrequencyTask(D),
+                           pool_size=200, synopses=4)  # fmt: skip
+        names = ["DPI", "DPI-uniform"]
+        registration = Preferences(by_user={u: (2.0, 1) for u in USERS})
     flow = Dataflow("shards")
     source = op.input("in", flow, TestingSource(items))
     keyed: Any = (
@@ -94,7 +97,7 @@ def run(items: list[EventBatch], shards: int | None, family: Any = PERSONALIZED)
         else op.flat_map("key", source, ShardCut({"s": shards}))
     )
     out = family_mechanisms(
-        "p", keyed, family=family, mechanism=names, config=config, secret=KEY, slotting=CLOCK,
+        "p", keyed, family=family(name), mechanism=names, config=config, secret=KEY, slotting=CLOCK,
         registration=registration, shards=shards, split=BudgetSplit.parse("equal", 2),
     )  # fmt: skip
     found: Outputs = {"releases": [], "ledger": [], "dead_letters": []}
@@ -110,13 +113,20 @@ def one_key() -> Outputs:
     return run(hostile_input(), None)
 
 
-@pytest.mark.parametrize("shards", [1, 2, 3, 8])
+@pytest.mark.parametrize("shards", [1, 2, 3, 8, 256])
 def test_every_shard_count_releases_what_one_key_releases(one_key: Outputs, shards: int) -> None:
     assert len(one_key["releases"]) == 2 * SLOTS
     reasons = {r.split("reason='")[1].split("'")[0] for r in one_key["dead_letters"]}
     assert reasons == {"duplicate_report", "unregistered_user", "out_of_domain", "late_event",
                        "unauthenticated_marker"}  # fmt: skip
     assert run(hostile_input(), shards) == one_key
+
+
+def test_a_dpi_stream_on_shards_releases_what_it_releases_on_one_key() -> None:
+    items = hostile_input()
+    one = run(items, None, "dpi")
+    assert len(one["releases"]) >= 2 * SLOTS
+    assert run(items, 4, "dpi") == one
 
 
 def test_a_cut_keeps_every_row_once_in_order_and_sends_markers_to_every_shard() -> None:
