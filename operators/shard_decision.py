@@ -29,7 +29,6 @@ import numpy as np
 from bytewax.operators import StatefulBatchLogic
 from numpy.typing import NDArray
 
-from privstream.mechanisms.accountant import PopulationAccountant
 from privstream.mechanisms.client import GroupedCurator
 from privstream.mechanisms.driver import failure
 from privstream.mechanisms.errors import IncompatibleState
@@ -42,10 +41,11 @@ from privstream.operators.runner import Runner
 from privstream.operators.shard_slots import ShardPlan
 from privstream.operators.slotting import show_accounts, show_notes
 from privstream.operators.stream_state import (
-    STREAM_STATE_VERSION,
     StreamState,
     Tally,
     check_binding,
+    check_version,
+    fresh_state,
 )
 from privstream.operators.user_shards import ShardHalt, ShardSlots, requirement_pairs
 
@@ -111,15 +111,7 @@ class DecisionLogic(StatefulBatchLogic[Any, Output, DecisionState]):
             self._check(resume.stream)
 
     def _check(self, resume: StreamState) -> None:
-        if (
-            resume.version != STREAM_STATE_VERSION
-            or resume.mechanisms.keys() != self.mechanisms.keys()
-        ):
-            raise IncompatibleState(
-                f"step {self.step_id!r}: snapshot of stream {resume.stream!r} has version "
-                f"{resume.version} for mechanisms {sorted(resume.mechanisms)}; this code runs "
-                f"version {STREAM_STATE_VERSION} of {sorted(self.mechanisms)}"
-            )
+        check_version(self.step_id, resume, self.mechanisms)
         check_binding(self.step_id, resume, self.plan.binding())
         for name, mechanism in self.mechanisms.items():
             mechanism.check_state(resume.mechanisms[name])
@@ -156,16 +148,8 @@ class DecisionLogic(StatefulBatchLogic[Any, Output, DecisionState]):
 
     def _state_for(self, stream: str) -> DecisionState:
         if self.state is None:
-            base = self.plan.plan
-            state = StreamState(
-                stream=stream,
-                mechanisms={name: m.initial_state() for name, m in self.mechanisms.items()},
-                current=self.population.blank(),
-                tallies={name: Tally() for name in self.mechanisms},
-                clients={name: m.client_state() for name, m in self.mechanisms.items()},
-                binding=self.plan.binding(),
-                accountant=PopulationAccountant(evaluation=base.split.evaluation),
-            )
+            state = fresh_state(stream, self.mechanisms, self.population.blank(),
+                                self.plan.binding(), self.plan.plan.split.evaluation)  # fmt: skip
             self.population.register(state, self.plan.registration)
             self.state = DecisionState(state)
         return self.state
@@ -206,15 +190,14 @@ class DecisionLogic(StatefulBatchLogic[Any, Output, DecisionState]):
         """The slot's curator over the counts every shard sent."""
         keys = sorted(close.counts)
         at = slot - close.start
-        counts = np.stack([close.counts[k][at] for k in keys]) if keys else None
+        counts = np.zeros((len(keys), self.plan.plan.task.d), dtype=np.int64)
+        for row, key in enumerate(keys):
+            counts[row] = close.counts[key][at]
+        found = self.representatives(stream)
         trust = self.plan.plan.ports
         assert isinstance(trust, TrustedCurator)
-        requirements = trust.requirements(stream)
-        if counts is None:
-            counts = np.zeros((0, self.plan.plan.task.d), dtype=np.int64)
-        found = self.representatives(stream)
         curator = GroupedCurator(counts, np.asarray([found[k] for k in keys], dtype=np.intp),
-                                 requirements)  # fmt: skip
+                                 trust.requirements(stream))  # fmt: skip
         return lambda randomness, clients: curator
 
     def representatives(self, stream: StreamState) -> dict[Requirement, int]:

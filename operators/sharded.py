@@ -15,8 +15,6 @@ lateness on every row of a partition (docs/decisions.md, "User shards"). Those a
 
 from __future__ import annotations
 
-from typing import Any
-
 from bytewax import operators as op
 from bytewax.dataflow import operator
 from bytewax.operators import KeyedStream
@@ -25,7 +23,7 @@ from privstream.operators.metrics import BOARD
 from privstream.operators.ports import TrustedCurator
 from privstream.operators.shard_decision import DecisionLogic
 from privstream.operators.shard_slots import ShardLogic, ShardPlan
-from privstream.operators.slotting import MechanismOut, SlottedPlan
+from privstream.operators.slotting import MechanismOut, SlottedPlan, _pick
 from privstream.operators.user_shards import MAX_SHARDS, ShardPiece
 
 
@@ -46,13 +44,6 @@ def check_shardable(plan: SlottedPlan, shards: int, where: str) -> None:
             f'{where}: user shards need the markers clock (kafka.clock = "markers"): with the '
             "data clock a row's lateness depends on every earlier row of its partition"
         )
-
-
-def _pick(kind: str) -> Any:
-    def pick(item: tuple[str, Any]) -> Any:
-        return item[1] if item[0] == kind else None
-
-    return pick
 
 
 @operator

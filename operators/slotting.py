@@ -36,7 +36,6 @@ from bytewax.operators import KeyedStream, StatefulBatchLogic
 
 from privstream.mechanisms.accountant import (
     BudgetSplit,
-    PopulationAccountant,
     check_shares,
 )
 from privstream.mechanisms.contract import ExtraRecord, Halt, LedgerEntry, Mechanism, Release
@@ -57,10 +56,11 @@ from privstream.operators.reasons import Notes, Output
 from privstream.operators.registration import Population, Preferences
 from privstream.operators.runner import Runner
 from privstream.operators.stream_state import (
-    STREAM_STATE_VERSION,
     StreamState,
     Tally,
     check_binding,
+    check_version,
+    fresh_state,
 )
 from privstream.operators.watermark import PartitionWatermarks
 from privstream.schema.events import (
@@ -144,15 +144,7 @@ class SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
         self.windower = Windower(plan.config, plan.task, self.population, plan.carry)
         self.runner = Runner(step_id, plan, self.population, self.windower)
         if resume is not None:
-            if (
-                resume.version != STREAM_STATE_VERSION
-                or resume.mechanisms.keys() != self.mechanisms.keys()
-            ):
-                raise IncompatibleState(
-                    f"step {step_id!r}: snapshot of stream {resume.stream!r} has slotting version "
-                    f"{resume.version} for mechanisms {sorted(resume.mechanisms)}; this code runs "
-                    f"version {STREAM_STATE_VERSION} of {sorted(self.mechanisms)}"
-                )
+            check_version(step_id, resume, self.mechanisms)
             self._grow_partitions(resume)
             check_binding(step_id, resume, self.binding)
             for name, mechanism in self.mechanisms.items():
@@ -286,15 +278,8 @@ class SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
 
     def _state_for(self, stream: str) -> StreamState:
         if self.state is None:
-            self.state = StreamState(
-                stream=stream,
-                mechanisms={name: m.initial_state() for name, m in self.mechanisms.items()},
-                current=self.population.blank(),
-                tallies={name: Tally() for name in self.mechanisms},
-                clients={name: m.client_state() for name, m in self.mechanisms.items()},
-                binding=dict(self.binding),
-                accountant=PopulationAccountant(evaluation=self.plan.split.evaluation),
-            )
+            self.state = fresh_state(stream, self.mechanisms, self.population.blank(),
+                                     self.binding, self.plan.split.evaluation)  # fmt: skip
             if isinstance(self.trust, TrustedCurator):
                 self.population.register(self.state, self.trust.preferences)
             self._show_accounts(self.state)

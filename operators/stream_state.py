@@ -168,3 +168,33 @@ def check_binding(step_id: str, resume: StreamState, expected: dict[str, str]) -
         + ". Resume with the same secret and configuration, or start a new recovery directory "
         "(a new store starts every budget afresh: only do that for a new stream)."
     )
+
+
+def fresh_state(
+    stream: str,
+    mechanisms: dict[str, Any],
+    current: NDArray[np.float64],
+    binding: dict[str, str],
+    evaluation: bool,
+) -> StreamState:
+    """A stream's first state: each mechanism's initial and devices' state, empty tallies,
+    ``binding`` and a population accountant (``evaluation``: the split is an evaluation)."""
+    return StreamState(
+        stream=stream,
+        mechanisms={name: m.initial_state() for name, m in mechanisms.items()},
+        current=current,
+        tallies={name: Tally() for name in mechanisms},
+        clients={name: m.client_state() for name, m in mechanisms.items()},
+        binding=dict(binding),
+        accountant=PopulationAccountant(evaluation=evaluation),
+    )
+
+
+def check_version(step_id: str, resume: StreamState, mechanisms: dict[str, Any]) -> None:
+    """Refuse a snapshot of another state version or of other mechanisms."""
+    if resume.version != STREAM_STATE_VERSION or resume.mechanisms.keys() != mechanisms.keys():
+        raise IncompatibleState(
+            f"step {step_id!r}: snapshot of stream {resume.stream!r} has slotting version "
+            f"{resume.version} for mechanisms {sorted(resume.mechanisms)}; this code runs "
+            f"version {STREAM_STATE_VERSION} of {sorted(mechanisms)}"
+        )
