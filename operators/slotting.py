@@ -329,9 +329,10 @@ def show_notes(notes: Notes, mechanisms: dict[str, Mechanism[Any, Any]]) -> None
         EVENTS.labels(stream).inc(accepted)
     for stream, name, seconds in notes.steps:
         STEP_SECONDS.labels(stream, name).observe(seconds)
-    measure = next(iter(mechanisms.values())).privacy_cost.measure.kind
-    for stream, budget, scope, spent in notes.populations:
-        BOARD.update_population(stream, budget, scope, spent, len(mechanisms), measure)
+    if notes.populations:
+        measure = next(iter(mechanisms.values())).privacy_cost.measure.kind
+        for stream, budget, scope, spent in notes.populations:
+            BOARD.update_population(stream, budget, scope, spent, len(mechanisms), measure)
     for stream, last_closed, advance in notes.clocks:
         BOARD.update_clock(stream, last_closed, advance)
 
