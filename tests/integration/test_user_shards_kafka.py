@@ -35,7 +35,9 @@ def _config(
     directory: Path, kafka: KafkaSettings, events: str, tag: str, shards: int | None
 ) -> Path:
     """A flow file of one personalized stream over ``events`` (``shards``: None for one key),
-    writing to topics named after ``tag`` (created here)."""
+    writing to topics named after ``tag`` and ``events`` (created here: a release topic of
+    another test holds another incarnation's releases, and a run waits out its cooldown)."""
+    tag = f"{tag}-{events}"
     outputs = {"output_topic": f"releases-{tag}", "ledger_topic": f"ledger-{tag}",
                "dead_letter_topic": f"dlq-{tag}"}  # fmt: skip
     create_topics(kafka, [TopicSpec(t, config=RELEASE_TOPIC_CONFIG) for t in outputs.values()])
@@ -89,7 +91,7 @@ def test_shards_and_processes_release_what_one_key_releases(
     one = _run(_config(tmp_path, kafka, topic, "one", None), "--slots", str(LAST),
                "--secret-file", key, "--recovery-dir", str(tmp_path / "store"))  # fmt: skip
     assert one.returncode == 0, one.stderr[-3000:]
-    alone = _outputs(kafka, "one")
+    alone = _outputs(kafka, f"one-{topic}")
     assert {f"visits/{m}/{t}".encode() for m in ("PBD", "PBA") for t in range(1, LAST + 1)} <= (
         alone["releases"].keys()
     )
@@ -99,7 +101,7 @@ def test_shards_and_processes_release_what_one_key_releases(
                    "--secret-file", key, "--processes", processes,
                    "--recovery-dir", str(store))  # fmt: skip
         assert run.returncode == 0, run.stderr[-3000:]
-        assert _outputs(kafka, tag) == alone, tag
+        assert _outputs(kafka, f"{tag}-{topic}") == alone, tag
 
 
 def test_a_killed_process_of_a_sharded_cluster_restarts_to_the_same_releases(
@@ -116,7 +118,7 @@ def test_a_killed_process_of_a_sharded_cluster_restarts_to_the_same_releases(
             stdout=subprocess.DEVNULL, stderr=err, env=cli_env(), cwd=tmp_path,
         )  # fmt: skip
     try:
-        wait_for_messages(kafka, "releases-killed",
+        wait_for_messages(kafka, f"releases-killed-{topic}",
                           lambda got: {m.key() for m in got} >= {b"visits/PBA/3"}, 120)  # fmt: skip
         time.sleep(1.0)  # a snapshot or two
         children = _children(launcher.pid)
@@ -135,4 +137,4 @@ def test_a_killed_process_of_a_sharded_cluster_restarts_to_the_same_releases(
     alone = _run(_config(tmp_path, kafka, topic, "alone", None), "--slots", str(LAST),
                  "--secret-file", key, "--recovery-dir", str(alone_store))  # fmt: skip
     assert alone.returncode == 0, alone.stderr[-3000:]
-    assert _outputs(kafka, "killed") == _outputs(kafka, "alone")
+    assert _outputs(kafka, f"killed-{topic}") == _outputs(kafka, f"alone-{topic}")
