@@ -7,6 +7,13 @@ registration table), over a ``StreamState`` of its own users. When the markers c
 counts each closed slot's current values per requirement group and bin and hands the counts
 to the stream's decision (``ShardSlots``) instead of stepping mechanisms.
 
+A shard holds the rows of its pieces until the next marker (or ``HOLD_ROWS`` rows) and then
+ingests them as one batch per partition and run of like pieces: a shard gets a ``k``-th of
+each poll, and the ingest's fixed cost per call would otherwise be paid ``k`` times per poll.
+On the markers clock rows never move the clock, and each partition's rows keep their order, so
+the verdicts after the first marker are the ones of ingesting piece by piece; held rows are
+part of the snapshot.
+
 Every shard sees every end-of-slot marker of every partition in that partition's order
 (``ShardCut``), so all of them close the same slots; shard 0 alone reports what the clock
 refused (a forged or far-future marker is one dead letter, not ``k``). A shard starts at its
@@ -23,9 +30,11 @@ writes them) and integer counts — never a user id or a value. An exception hal
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Final
 
 import numpy as np
 from bytewax.operators import StatefulBatchLogic
@@ -49,12 +58,14 @@ from privstream.operators.user_shards import (
     requirement_pairs,
     shard_tables,
 )
-from privstream.schema.events import STREAM_HALTED, EventBatch
+from privstream.schema.events import STREAM_HALTED, EventBatch, concat, mergeable
 
 log = logging.getLogger(__name__)
 
 HALTED: str = "shard"
 """The key of a shard's halt reason in its state's ``halted``."""
+HOLD_ROWS: Final = 8192
+"""Rows a shard holds before it ingests them without waiting for the next marker."""
 
 
 @dataclass
@@ -113,10 +124,20 @@ class _Parts:
         return self._groups[1], self._groups[2]
 
 
-class ShardLogic(StatefulBatchLogic[ShardPiece, Output, StreamState]):
+@dataclass
+class ShardState:
+    """A shard's snapshot: its slotting state, and the rows it holds until the next marker
+    (or ``HOLD_ROWS`` of them), in their order of arrival."""
+
+    stream: StreamState
+    held: list[EventBatch] = field(default_factory=list)
+    rows: int = 0
+
+
+class ShardLogic(StatefulBatchLogic[ShardPiece, Output, ShardState]):
     """The logic of one user shard (module docstring)."""
 
-    def __init__(self, step_id: str, plan: ShardPlan, resume: StreamState | None) -> None:
+    def __init__(self, step_id: str, plan: ShardPlan, resume: ShardState | None) -> None:
         self.step_id = step_id
         self.plan = plan
         base = plan.plan
@@ -125,37 +146,57 @@ class ShardLogic(StatefulBatchLogic[ShardPiece, Output, StreamState]):
         self.state = resume
         self.parts: _Parts | None = None
         if resume is not None:
-            shard = int(resume.binding.get("shard", "-1"))
-            check_binding(step_id, resume, plan.binding(shard))
-            self.parts = _Parts(plan, shard, resume.current.shape[0])
-            self.parts.population.withdraw(resume, step_id)
+            stream = resume.stream
+            shard = int(stream.binding.get("shard", "-1"))
+            check_binding(step_id, stream, plan.binding(shard))
+            self.parts = _Parts(plan, shard, stream.current.shape[0])
+            self.parts.population.withdraw(stream, step_id)
 
     def on_batch(self, values: list[ShardPiece]) -> tuple[Iterable[Output], bool]:
         out: list[Output] = []
         notes = Notes()
         for piece in values:
-            state, parts = self._state_for(piece)
+            shard, parts = self._state_for(piece)
             batch = piece.batch
-            if state.halted:
-                detail = "; ".join(state.halted.values())
+            if shard.stream.halted:
+                detail = "; ".join(shard.stream.halted.values())
                 out.extend(parts.windower.reject_all(batch, STREAM_HALTED, detail))
                 continue
+            marker = batch.complete_through is not None
+            if len(batch):
+                shard.held.append(
+                    dataclasses.replace(batch, complete_through=None, marker_tag=None)
+                    if marker
+                    else batch
+                )
+                shard.rows += len(batch)
             try:
-                self._take(state, parts, batch, out, notes)
+                if marker or shard.rows >= HOLD_ROWS:
+                    self._ingest_held(shard, parts, out, notes)
+                if marker:
+                    self._mark(shard.stream, parts, batch, out, notes)
             except Exception as exc:  # a broken shard halts its stream; the process goes on
-                reason = f"user shard {parts.shard} failed: {failure(exc)}"
-                state.halted[HALTED] = reason
-                log.error("step %s: stream %r: %s", self.step_id, state.stream, reason)
-                out.append(("share", ShardHalt(state.stream, parts.shard, reason)))
-                out.extend(parts.windower.reject_all(batch, STREAM_HALTED, reason))
+                self._halt(shard, parts, failure(exc), out)
         show_notes(notes, self.plan.plan.mechanisms)
         return out, StatefulBatchLogic.RETAIN
 
-    def snapshot(self) -> StreamState:
+    def on_eof(self) -> tuple[Iterable[Output], bool]:
+        """A bounded input ended: ingest what is held (its dead letters go out now)."""
+        out: list[Output] = []
+        if self.state is not None and self.parts is not None and not self.state.stream.halted:
+            notes = Notes()
+            try:
+                self._ingest_held(self.state, self.parts, out, notes)
+            except Exception as exc:
+                self._halt(self.state, self.parts, failure(exc), out)
+            show_notes(notes, self.plan.plan.mechanisms)
+        return out, StatefulBatchLogic.RETAIN
+
+    def snapshot(self) -> ShardState:
         assert self.state is not None, "snapshot before the first piece"
         return copy.deepcopy(self.state)
 
-    def _state_for(self, piece: ShardPiece) -> tuple[StreamState, _Parts]:
+    def _state_for(self, piece: ShardPiece) -> tuple[ShardState, _Parts]:
         if piece.shards != self.plan.shards:
             raise IncompatibleState(
                 f"step {self.step_id!r}: a piece cut for {piece.shards} shards reached an "
@@ -164,15 +205,42 @@ class ShardLogic(StatefulBatchLogic[ShardPiece, Output, StreamState]):
         if self.state is None:
             table = self.plan.table(piece.shard)
             self.parts = _Parts(self.plan, piece.shard, len(table.by_user))
-            self.state = StreamState(
+            stream = StreamState(
                 stream=piece.batch.stream, mechanisms={},
                 current=self.parts.population.blank(), binding=self.plan.binding(piece.shard),
             )  # fmt: skip
-            self.parts.population.register(self.state, table)
+            self.parts.population.register(stream, table)
+            self.state = ShardState(stream)
         assert self.parts is not None
         return self.state, self.parts
 
-    def _take(
+    def _halt(self, shard: ShardState, parts: _Parts, why: str, out: list[Output]) -> None:
+        """Halt the shard (and through the decision its stream): what it holds becomes
+        ``stream_halted`` dead letters, its later rows too."""
+        state = shard.stream
+        reason = f"user shard {parts.shard} failed: {why}"
+        state.halted[HALTED] = reason
+        log.error("step %s: stream %r: %s", self.step_id, state.stream, reason)
+        out.append(("share", ShardHalt(state.stream, parts.shard, reason)))
+        for batch in shard.held:
+            out.extend(parts.windower.reject_all(batch, STREAM_HALTED, reason))
+        shard.held, shard.rows = [], 0
+
+    def _ingest_held(
+        self, shard: ShardState, parts: _Parts, out: list[Output], notes: Notes
+    ) -> None:
+        """Ingest the held rows, one batch per partition and run of like pieces (each
+        partition's rows in their order; on the markers clock rows never move the clock, so
+        holding them until the next marker changes no verdict after the first marker)."""
+        shard.held, shard.rows = _runs(shard.held), 0
+        state = shard.stream
+        while shard.held:
+            batch = shard.held[0]
+            self.clock.watermarks(state, batch.partition)
+            out.extend(("dead_letter", d) for d in parts.windower.ingest(state, batch, notes))
+            shard.held.pop(0)
+
+    def _mark(
         self,
         state: StreamState,
         parts: _Parts,
@@ -180,10 +248,9 @@ class ShardLogic(StatefulBatchLogic[ShardPiece, Output, StreamState]):
         out: list[Output],
         notes: Notes,
     ) -> None:
-        """Ingest one piece and hand on the counts of every slot its marker closes; only
-        shard 0 reports the clock's refusals (every shard sees the same markers)."""
+        """Take a piece's end-of-slot marker and hand on the counts of every slot it closes;
+        only shard 0 reports the clock's refusals (every shard sees the same markers)."""
         marks = self.clock.watermarks(state, batch.partition)
-        out.extend(("dead_letter", d) for d in parts.windower.ingest(state, batch, notes))
         clock_out: list[Output] = []
         clock_notes = notes if parts.shard == 0 else Notes()
         targets = self.clock.targets(state, batch, marks, clock_out, clock_notes)
@@ -224,3 +291,22 @@ class ShardLogic(StatefulBatchLogic[ShardPiece, Output, StreamState]):
         bins = np.asarray(task.encode(values[keep]), dtype=np.int64)
         flat = np.bincount(of_user[keep] * task.d + bins, minlength=g * task.d)
         return flat.reshape(g, task.d)
+
+
+def _runs(held: list[EventBatch]) -> list[EventBatch]:
+    """``held`` as few batches as keep every partition's order: by partition (in order of
+    first arrival), consecutive ``mergeable`` pieces joined."""
+    by_partition: dict[int, list[EventBatch]] = {}
+    for batch in held:
+        by_partition.setdefault(batch.partition, []).append(batch)
+    runs: list[EventBatch] = []
+    for batches in by_partition.values():
+        current = [batches[0]]
+        for batch in batches[1:]:
+            if mergeable(current[-1], batch):
+                current.append(batch)
+            else:
+                runs.append(concat(current))
+                current = [batch]
+        runs.append(concat(current))
+    return runs

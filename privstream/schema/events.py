@@ -213,6 +213,44 @@ class EventBatch:
                           self.lengths, self.epsilons, self.windows)  # fmt: skip
 
 
+_OPTIONAL: Final = ("raw", "epsilons", "windows", "lines", "offsets", "lengths")
+"""An event batch's optional per-row columns."""
+
+
+def mergeable(first: EventBatch, then: EventBatch) -> bool:
+    """Whether ``then``'s rows may follow ``first``'s in one batch (``concat``): one stream,
+    partition and topic, the same optional columns, the same kind of user ids, and no marker
+    on ``first`` (a marker ends its rows)."""
+    return (
+        first.complete_through is None
+        and (first.stream, first.partition, first.topic)
+        == (then.stream, then.partition, then.topic)
+        and first.users.dtype.kind == then.users.dtype.kind
+        and all((getattr(first, c) is None) == (getattr(then, c) is None) for c in _OPTIONAL)
+    )
+
+
+def concat(batches: Sequence[EventBatch]) -> EventBatch:
+    """One batch of ``batches``' rows in their order (each ``mergeable`` with the next), with
+    the last one's marker."""
+    if len(batches) == 1:
+        return batches[0]
+    first, last = batches[0], batches[-1]
+
+    def joined(column: str) -> Any:
+        if getattr(first, column) is None:
+            return None
+        return np.concatenate([getattr(b, column) for b in batches])
+
+    raw = None if first.raw is None else [line for b in batches for line in b.raw or ()]
+    return dataclasses.replace(
+        first, slots=joined("slots"), users=joined("users"), values=joined("values"), raw=raw,
+        complete_through=last.complete_through, epsilons=joined("epsilons"),
+        windows=joined("windows"), marker_tag=last.marker_tag, lines=joined("lines"),
+        offsets=joined("offsets"), lengths=joined("lengths"),
+    )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class RowSources:
     """Where a batch's rows came from, for their dead letters (``EventBatch.row_sources``):

@@ -9,6 +9,7 @@ and what crosses from a shard to the decision must hold no user id and no value.
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from typing import Any
 
@@ -31,11 +32,11 @@ from privstream.mechanisms.tasks import FrequencyTask
 from privstream.operators import ingest
 from privstream.operators.family import family_mechanisms
 from privstream.operators.registration import Preferences
-from privstream.operators.shard_slots import ShardLogic, ShardPlan
+from privstream.operators.shard_slots import HOLD_ROWS, ShardLogic, ShardPlan
 from privstream.operators.sharded import check_shardable
 from privstream.operators.slotting import SlottingConfig, make_plan
 from privstream.operators.user_shards import ShardCut, ShardPiece, ShardSlots
-from privstream.schema.events import STREAM_HALTED, EventBatch, marker_tag
+from privstream.schema.events import STREAM_HALTED, EventBatch, concat, marker_tag, mergeable
 
 KEY = NoiseKey.from_text("3f9a1c7e5b2d8f406a1e9c3b7d5f2a8e1c6b9d4f7a2e5c8b3d6f9a1c4e7b2d5f")
 N, D, PARTITIONS, SLOTS = 300, 4, 3, 12
@@ -222,3 +223,61 @@ def test_a_failing_shard_halts_the_stream_and_the_rest_becomes_dead_letters(
     assert all("u1 broke" not in line for line in out["ledger"])  # the reason names no data
     assert any(STREAM_HALTED in d for d in out["dead_letters"])
     assert 0 < len(out["releases"]) < 2 * SLOTS
+
+
+def _shard_outputs(pieces: list[ShardPiece], resume_after: int | None = None) -> list[Any]:
+    """What one shard of two outputs for ``pieces``, resumed from a snapshot after
+    ``resume_after`` pieces (None: never)."""
+    split = BudgetSplit.parse("equal", 2)
+    plan = ShardPlan(make_plan("p", _personalized(), FrequencyTask(D), N + 10, KEY, CLOCK, TABLE,
+                               split), 2)  # fmt: skip
+    logic = ShardLogic("p", plan, None)
+    out: list[Any] = []
+    for k, piece in enumerate(pieces):
+        if k == resume_after:
+            logic = ShardLogic("p", plan, pickle.loads(pickle.dumps(logic.snapshot())))
+        out += logic.on_batch([piece])[0]
+    return [(kind, repr(item) if kind == "dead_letter" else item) for kind, item in out]
+
+
+def test_rows_held_until_the_marker_survive_a_snapshot_and_count_alike() -> None:
+    cut = ShardCut({"s": 2})
+    pieces = [p for b in hostile_input()[:40] for p in cut.cut(b, 2) if p.shard == 1]
+    straight = _shard_outputs(pieces)
+    shares = [item for kind, item in straight if kind == "share"]
+    assert shares and any(s.counts.sum() for s in shares)
+    for cut_at in (1, 5, len(pieces) // 2):
+        again = _shard_outputs(pieces, resume_after=cut_at)
+        assert [k for k, _ in again] == [k for k, _ in straight]
+        for (kind, a), (_, b) in zip(again, straight, strict=True):
+            if kind == "share":
+                assert (a.start, a.target, a.lowest) == (b.start, b.target, b.lowest)
+                assert np.array_equal(a.counts, b.counts)
+            else:
+                assert a == b
+
+
+def test_a_shard_ingests_what_it_holds_without_a_marker_past_hold_rows() -> None:
+    split = BudgetSplit.parse("equal", 2)
+    plan = make_plan("p", _personalized(), FrequencyTask(D), N + 10, KEY, CLOCK, TABLE, split)
+    logic = ShardLogic("p", ShardPlan(plan, 1), None)
+    stranger = np.array(["stranger"] * (HOLD_ROWS // 2), dtype=object)
+    batch = EventBatch("s", np.ones(stranger.shape[0], dtype=np.int64), stranger,
+                       np.zeros(stranger.shape[0]))  # fmt: skip
+    assert logic.on_batch([ShardPiece(0, 1, batch)])[0] == []  # held
+    letters = logic.on_batch([ShardPiece(0, 1, batch)])[0]  # HOLD_ROWS reached
+    assert len(letters) == HOLD_ROWS and {kind for kind, _ in letters} == {"dead_letter"}
+
+
+def test_concat_joins_only_like_pieces_in_order() -> None:
+    users = np.array(["a", "b", "c"], dtype=object)
+    one = EventBatch("s", np.arange(3), users, np.arange(3.0), ["x", "y", "z"], partition=1)
+    two = EventBatch("s", np.arange(3, 5), users[:2], np.arange(2.0), ["v", "w"], partition=1)
+    assert mergeable(one, two)
+    joined = concat([one, two])
+    assert joined.slots.tolist() == [0, 1, 2, 3, 4] and list(joined.raw or []) == list("xyzvw")
+    assert joined.users.tolist() == ["a", "b", "c", "a", "b"] and joined.partition == 1
+    assert not mergeable(one, dataclasses.replace(two, partition=2))
+    assert not mergeable(one, dataclasses.replace(two, raw=None))
+    assert not mergeable(one, dataclasses.replace(two, users=np.arange(2)))
+    assert not mergeable(dataclasses.replace(one, complete_through=3), two)
