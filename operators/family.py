@@ -101,17 +101,9 @@ def family_mechanisms(
     if stages:  # devices, a shuffler ...: keyed by their own keys, then by stream again
         up = chain_events(up, stages)
     return slotted_mechanism(
-        "mechanism",
-        up,
-        mechanisms=mechanisms,
-        task=config.task,
-        population=config.population,
-        secret=secret,
-        slotting=slotting,
-        split=split,
-        epsilon=budget,
-        registration=registration,
-    )
+        "mechanism", up, mechanisms=mechanisms, task=config.task, population=config.population,
+        secret=secret, slotting=slotting, split=split, epsilon=budget, registration=registration,
+    )  # fmt: skip
 
 
 def _family(entry: Family | str) -> Family:
