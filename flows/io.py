@@ -415,9 +415,19 @@ def _stop_at(
     kafka: KafkaIO, stop: StopSignal, pairs: Sequence[tuple[str, str]], progress_of: Any
 ) -> None:
     """Stop once every (stream, mechanism) of ``pairs`` released ``kafka.until_slot`` (or
-    another member of the cluster said so through the stop file)."""
+    another member of the cluster said so through the stop file). Slots an earlier incarnation
+    published (``kafka.published``) count as released: this incarnation skips them, and a run
+    told to stop at one of them would otherwise wait for ever."""
     last, stop_file = kafka.until_slot, kafka.stop_file
     assert last is not None
+    on_topic = {pair: kafka.published[pair[0]] for pair in pairs if pair[0] in kafka.published}
+    progress_of.update(on_topic)  # an earlier incarnation's releases: this one skips them
+    done = sorted({stream for (stream, _), slot in on_topic.items() if slot >= last})
+    if done:
+        logging.getLogger("privstream.status").info(  # shown without -v
+            "stream(s) %s: slot %d is already on the release topic (an earlier incarnation "
+            "published through it), so --slots %d is reached for them", done, last, last,
+        )  # fmt: skip
 
     def released() -> bool:
         if progress_of.through(pairs, last):
@@ -443,8 +453,10 @@ class ReleaseProgress:
         self._lock = threading.Lock()
 
     def update(self, last: Mapping[tuple[str, str], int]) -> None:
+        """Raise each pair's last slot to ``last``'s (it never goes back)."""
         with self._lock:
-            self._last.update(last)
+            for pair, slot in last.items():
+                self._last[pair] = max(slot, self._last.get(pair, slot))
 
     def through(self, pairs: Iterable[tuple[str, str]], slot: int) -> bool:
         """Every pair has released ``slot`` (or halted)."""

@@ -97,3 +97,20 @@ def test_a_window_never_holds_two_incarnations_and_the_audit_needs_the_gap_recor
     status, report = audit_files(release_file, ledger_file, tmp_path / "no-gap.json")
     assert status == 1
     assert report["counts"]["missing_slots"] == len(cooldown)
+
+
+def test_a_new_store_told_to_stop_at_a_published_slot_stops_at_once(
+    kafka: KafkaSettings, topics: Topics, tmp_path: Path, secret_file: Path
+) -> None:
+    """Found while adding user shards (issue 26): a new incarnation skips the slots an earlier
+    one published, so a run told to stop at one of them (``--slots T``, T at or below the
+    floor) waited for ever — a test's run hung for 590 s. Those slots now count as released,
+    and the run says so."""
+    produce_lines(kafka, topics.events, flipping(1, 12))
+    run_cli(*run_flags(topics, kafka, USERS, 12, "LPD", secret_file), "--recovery-dir",
+            str(tmp_path / "a"))  # fmt: skip
+    published = read_all(kafka, topics.releases)
+    again = run_cli(*run_flags(topics, kafka, USERS, 10, "LPD", secret_file), "--recovery-dir",
+                    str(tmp_path / "b"), timeout=120)  # fmt: skip
+    assert "slot 10 is already on the release topic" in again.stderr, again.stderr[-2000:]
+    assert len(read_all(kafka, topics.releases)) == len(published)
