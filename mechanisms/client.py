@@ -415,7 +415,31 @@ class CuratorPort(Protocol):
         ...
 
 
-class SimulatedCurator:
+class _MemoCurator:
+    """A curator port's ``class_histogram``: each default's histogram made once
+    (``_histogram``), every mechanism's share applied to a copy of its budgets."""
+
+    def __init__(self) -> None:
+        self._memo: dict[tuple[float, int], ClassHistogram] = {}
+
+    def class_histogram(
+        self, default_epsilon: float, default_window: int, share: float = 1.0
+    ) -> ClassHistogram:
+        key = (float(default_epsilon), int(default_window))
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = self._histogram(*key)
+        if share == 1.0:
+            return found
+        epsilons = found.epsilons * share
+        epsilons.flags.writeable = False
+        return dataclasses.replace(found, epsilons=epsilons)
+
+    def _histogram(self, default_epsilon: float, default_window: int) -> ClassHistogram:
+        raise NotImplementedError
+
+
+class SimulatedCurator(_MemoCurator):
     """The trusted curator over a dense per-user value array (``-1``/NaN: no current value).
 
     Built per slot exactly like ``SimulatedClientPort``, with the stream's ``Requirements`` in
@@ -437,11 +461,11 @@ class SimulatedCurator:
             raise ValueError(
                 f"values hold {values.shape[0]} users but the requirements describe {requirements.population}"
             )
+        super().__init__()
         self._values = values
         self._task = task
         self._requirements = requirements
         self._eligible = ~absent_mask(values)
-        self._memo: dict[tuple[float, int], ClassHistogram] = {}
 
     @property
     def population(self) -> int:
@@ -451,15 +475,6 @@ class SimulatedCurator:
         """Registered users holding a current value."""
         registered = self._requirements.registered
         return self._eligible if registered is None else self._eligible & registered
-
-    def class_histogram(
-        self, default_epsilon: float, default_window: int, share: float = 1.0
-    ) -> ClassHistogram:
-        key = (float(default_epsilon), int(default_window))
-        found = self._memo.get(key)
-        if found is None:
-            found = self._memo[key] = self._histogram(*key)
-        return _at_share(found, share)
 
     def _histogram(self, default_epsilon: float, default_window: int) -> ClassHistogram:
         classes = self._requirements.classes(default_epsilon, default_window)
@@ -477,16 +492,7 @@ class SimulatedCurator:
         )
 
 
-def _at_share(found: ClassHistogram, share: float) -> ClassHistogram:
-    """``found`` with every class budget multiplied by ``share`` (a mechanism's part)."""
-    if share == 1.0:
-        return found
-    epsilons = found.epsilons * share
-    epsilons.flags.writeable = False
-    return dataclasses.replace(found, epsilons=epsilons)
-
-
-class GroupedCurator:
+class GroupedCurator(_MemoCurator):
     """The trusted curator of one slot over counts per requirement group, summed over a
     stream's user shards (``operators.user_shards``): ``counts[g, j]`` registered users of
     group ``g`` (the users registered with one requirement) whose current value is bin ``j``.
@@ -507,28 +513,22 @@ class GroupedCurator:
             raise ValueError(
                 f"counts of shape {counts.shape} for {representatives.shape[0]} groups"
             )
+        super().__init__()
         self._counts = counts
         self._representatives = representatives
         self._requirements = requirements
-        self._memo: dict[tuple[float, int], ClassHistogram] = {}
 
     @property
     def population(self) -> int:
         return self._requirements.population
 
-    def class_histogram(
-        self, default_epsilon: float, default_window: int, share: float = 1.0
-    ) -> ClassHistogram:
-        key = (float(default_epsilon), int(default_window))
-        found = self._memo.get(key)
-        if found is None:
-            classes = self._requirements.classes(*key)
-            counts = np.zeros((classes.count, self._counts.shape[1]), dtype=np.int64)
-            np.add.at(counts, classes.members[self._representatives], self._counts)
-            found = self._memo[key] = ClassHistogram(
-                classes.windows, classes.epsilons, classes.sizes, counts, classes.digest
-            )
-        return _at_share(found, share)
+    def _histogram(self, default_epsilon: float, default_window: int) -> ClassHistogram:
+        classes = self._requirements.classes(default_epsilon, default_window)
+        counts = np.zeros((classes.count, self._counts.shape[1]), dtype=np.int64)
+        np.add.at(counts, classes.members[self._representatives], self._counts)
+        return ClassHistogram(
+            classes.windows, classes.epsilons, classes.sizes, counts, classes.digest
+        )
 
 
 def slot_port(

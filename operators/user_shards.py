@@ -40,6 +40,23 @@ CACHED_USERS: Final = 1 << 20
 """User ids whose shard a cut remembers (then it forgets them all and starts again)."""
 
 
+_KNOWN: Final[dict[int, dict[Any, int]]] = {}
+"""Per shard count, the users whose shard this process has hashed (``shards_of``)."""
+
+
+def shards_of(users: list[Any], k: int) -> NDArray[np.int64]:
+    """Each user's shard among ``k`` (ids hashed as text), remembered for the process: the
+    cut and the shard tables hash a user once between them."""
+    known = _KNOWN.setdefault(k, {})
+    if len(known) > CACHED_USERS:
+        known.clear()
+    out = np.fromiter(map(known.get, users, itertools.repeat(-1)), dtype=np.int64,
+                      count=len(users))  # fmt: skip
+    for i in np.flatnonzero(out < 0).tolist():  # first seen by this process
+        out[i] = known[users[i]] = shard_of(str(users[i]), k)
+    return out
+
+
 def shard_key(stream: str, shard: int) -> str:
     """The Bytewax key of ``stream``'s shard ``shard``."""
     return f"{stream}{SHARD_MARK}{shard}"
@@ -90,7 +107,6 @@ class ShardCut:
 
     def __init__(self, shards: Mapping[str, int]) -> None:
         self.shards = dict(shards)
-        self._of: dict[int, dict[Any, int]] = {}
 
     def __call__(self, batch: EventBatch) -> list[tuple[str, Any]]:
         k = self.shards.get(batch.stream)
@@ -104,7 +120,7 @@ class ShardCut:
         marker = batch.complete_through is not None
         if len(batch) == 0:
             return [ShardPiece(i, k, batch) for i in range(k)] if marker else []
-        which = self.shards_of(batch.users, k)
+        which = shards_of(batch.users.tolist(), k)
         order = np.argsort(which, kind="stable")
         bounds = np.searchsorted(which[order], np.arange(k + 1))
         pieces = []
@@ -117,18 +133,6 @@ class ShardCut:
                 ShardPiece(i, k, batch.select(rows, raw, batch.complete_through, batch.marker_tag))
             )
         return pieces
-
-    def shards_of(self, users: NDArray[Any], k: int) -> NDArray[np.int64]:
-        """Each row's shard (cached per user id; ids are hashed as text)."""
-        known = self._of.setdefault(k, {})
-        if len(known) > CACHED_USERS:
-            known.clear()
-        ids = users.tolist()
-        out = np.fromiter(map(known.get, ids, itertools.repeat(-1)), dtype=np.int64,
-                          count=len(ids))  # fmt: skip
-        for i in np.flatnonzero(out < 0).tolist():  # first seen by this process
-            out[i] = known[ids[i]] = shard_of(str(ids[i]), k)
-        return out
 
 
 def requirement_pairs(
@@ -145,6 +149,7 @@ def requirement_pairs(
 def shard_tables(prefs: Preferences, shards: int) -> list[Preferences]:
     """Each shard's registration: its users, in the table's order."""
     tables: list[dict[str, tuple[float, int]]] = [{} for _ in range(shards)]
-    for user, requirement in prefs.by_user.items():
-        tables[shard_of(user, shards)][user] = requirement
+    which = shards_of(list(prefs.by_user), shards).tolist()
+    for (user, requirement), shard in zip(prefs.by_user.items(), which, strict=True):
+        tables[shard][user] = requirement
     return [prefs.part(t) for t in tables]

@@ -139,6 +139,31 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def kill_a_member(
+    kafka: KafkaSettings, config: Path, key: str, store: str, releases: str, seen: bytes
+) -> tuple[int, str]:
+    """Start ``config`` as a cluster of two, SIGKILL one process once release ``seen`` is on
+    ``releases`` (and a snapshot or two later); the launcher's exit code and stderr."""
+    log = config.parent / "launcher.stderr"
+    with open(log, "wb") as err:
+        launcher = subprocess.Popen(
+            [*PRIVSTREAM, "run", "--config", str(config), "--secret-file", key, "--processes",
+             "2", "--recovery-dir", store, "--snapshot-interval", "0.5"],
+            stdout=subprocess.DEVNULL, stderr=err, env=cli_env(),
+        )  # fmt: skip
+    try:
+        wait_for_messages(kafka, releases, lambda got: {m.key() for m in got} >= {seen}, 120)
+        time.sleep(1.0)  # a snapshot or two
+        children = _children(launcher.pid)
+        assert len(children) == 2, children
+        os.kill(children[1], signal.SIGKILL)
+        code = launcher.wait(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    return code, log.read_text()
+
+
 def test_a_killed_process_and_a_restarted_cluster_release_what_one_process_releases(
     kafka: KafkaSettings, tmp_path: Path
 ) -> None:
@@ -149,24 +174,7 @@ def test_a_killed_process_and_a_restarted_cluster_release_what_one_process_relea
     key = str(write_secret(tmp_path / "noise.key"))
     config = _config(tmp_path, kafka, topic, "killed")
     store = str(tmp_path / "store")
-    with open(tmp_path / "launcher.stderr", "wb") as err:
-        launcher = subprocess.Popen(
-            [*PRIVSTREAM, "run", "--config", str(config), "--secret-file", key, "--processes",
-             "2", "--recovery-dir", store, "--snapshot-interval", "0.5"],
-            stdout=subprocess.DEVNULL, stderr=err, env=cli_env(),
-        )  # fmt: skip
-    try:
-        wait_for_messages(kafka, "releases-killed",
-                          lambda got: {m.key() for m in got} >= {b"visits/PBD/4"}, 120)  # fmt: skip
-        time.sleep(1.0)  # a snapshot or two
-        children = _children(launcher.pid)
-        assert len(children) == 2, children
-        os.kill(children[1], signal.SIGKILL)
-        code = launcher.wait(timeout=120)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-    stderr = (tmp_path / "launcher.stderr").read_text()
+    code, stderr = kill_a_member(kafka, config, key, store, "releases-killed", b"visits/PBD/4")
     assert code != 0, "a cluster that lost a process must not report success"
     assert "restart the cluster" in stderr and "Traceback" not in stderr, stderr[-3000:]
     for stream, dataset in STREAMS:

@@ -8,10 +8,6 @@ cluster is restarted from its recovery store.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -22,11 +18,10 @@ from privstream.connectors.kafka import (
     KafkaSettings,
     TopicSpec,
     create_topics,
-    wait_for_messages,
 )
 
-from .conftest import PRIVSTREAM, cli_env, run_cli, same_incarnation, write_secret
-from .test_cluster import _children, _outputs, _run
+from .conftest import run_cli, same_incarnation, write_secret
+from .test_cluster import _outputs, _run, kill_a_member
 
 USERS, LAST = 1200, 10
 
@@ -111,23 +106,7 @@ def test_a_killed_process_of_a_sharded_cluster_restarts_to_the_same_releases(
     _produce(kafka, topic, key, 1, 5)
     config = _config(tmp_path, kafka, topic, "killed", 8)
     store = str(tmp_path / "store")
-    with open(tmp_path / "launcher.stderr", "wb") as err:
-        launcher = subprocess.Popen(
-            [*PRIVSTREAM, "run", "--config", str(config), "--secret-file", key, "--processes",
-             "2", "--recovery-dir", store, "--snapshot-interval", "0.5"],
-            stdout=subprocess.DEVNULL, stderr=err, env=cli_env(), cwd=tmp_path,
-        )  # fmt: skip
-    try:
-        wait_for_messages(kafka, f"releases-killed-{topic}",
-                          lambda got: {m.key() for m in got} >= {b"visits/PBA/3"}, 120)  # fmt: skip
-        time.sleep(1.0)  # a snapshot or two
-        children = _children(launcher.pid)
-        assert len(children) == 2, children
-        os.kill(children[1], signal.SIGKILL)
-        code = launcher.wait(timeout=120)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
+    code, _ = kill_a_member(kafka, config, key, store, f"releases-killed-{topic}", b"visits/PBA/3")
     assert code != 0, "a cluster that lost a process must not report success"
     _produce(kafka, topic, key, 6, LAST + 1)
     restarted = _run(config, "--slots", str(LAST), "--secret-file", key, "--processes", "2",
