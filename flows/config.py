@@ -61,6 +61,7 @@ from privstream.mechanisms.guarantees import (
 from privstream.mechanisms.ledger import budget_limit
 from privstream.mechanisms.tasks import BallTask, EstimationTask, FrequencyTask, MeanTask
 from privstream.mechanisms.validation import MAX_WINDOW, check_fraction, check_requirement
+from privstream.operators.ports import DeviceReports, ports_for
 from privstream.operators.registration import Preferences, check_closed_population
 from privstream.operators.user_shards import MAX_SHARDS
 from privstream.schema.events import MAX_EVENT_BYTES
@@ -160,8 +161,9 @@ class StreamSection:
     """An LDP stream's closed population: only ``population.registrations``' users enrol
     (a central-DP stream always counts exactly them)."""
     shards: int | None = None
-    """User shards of a central-DP stream (``operators.sharded``): its per-user work on that
-    many Bytewax keys, its releases byte-identical to none (None: the stream is one key)."""
+    """User shards of the stream (``operators.sharded``: central DP, or a closed LDP
+    population asking every user every slot): its per-user work on that many Bytewax keys,
+    its releases byte-identical to none (None: the stream is one key)."""
 
 
 @dataclass(frozen=True)
@@ -352,7 +354,7 @@ def load(path: str | Path) -> FlowConfig:
     population_table = top.table("population")
     population = _population(population_table)
     run = _run(top.table("run", required=False))
-    streams = _streams(top, population)
+    streams = _streams(top, population, kafka.trust)
     _check_trust(top.table("kafka"), kafka, streams)
     sharded = [s.name for s in streams if s.shards is not None]
     if sharded and kafka.clock != "markers":
@@ -575,7 +577,9 @@ def _run(t: _Table) -> RunSection:
     )
 
 
-def _streams(top: _Table, population: PopulationSection) -> tuple[StreamSection, ...]:
+def _streams(
+    top: _Table, population: PopulationSection, trust: str = "default"
+) -> tuple[StreamSection, ...]:
     """Every ``[[streams]]`` table, named uniquely, whose shares sum to at most 1."""
     raw = top.get("streams", "one or more [[streams]] tables")
     if not (isinstance(raw, list) and raw):
@@ -592,7 +596,7 @@ def _streams(top: _Table, population: PopulationSection) -> tuple[StreamSection,
                 f"{_show(name)} is also the name of streams[{twin}]; stream names are unique",
             )
         t.where = f"streams[{_show(name)}]"
-        stream, scopes = _stream(t, name, population)
+        stream, scopes = _stream(t, name, population, trust)
         _check_scopes(t, stream, scopes, streams, scope_of)
         streams.append(stream)
         scope_of[name] = scopes[0]
@@ -659,7 +663,7 @@ def _probe(scope: Scope) -> Charge:
 
 
 def _stream(
-    t: _Table, name: str, population: PopulationSection
+    t: _Table, name: str, population: PopulationSection, trust: str = "default"
 ) -> tuple[StreamSection, tuple[Scope, ...]]:
     """One ``[[streams]]`` table (ε is its share of the population's budget) and the scopes
     of its mechanisms' guarantees."""
@@ -700,24 +704,17 @@ def _stream(
         t.integer("lateness", 0, default=1),
         _options(t, family, share, population),
         _registered_only(t, family),
-        _shards(t, family),
+        _shards(t),
     )
-    return stream, _check_guarantee(t, family, stream, split, population)
+    return stream, _check_guarantee(t, family, stream, split, population, trust)
 
 
-def _shards(t: _Table, family: Family) -> int | None:
-    """``shards``: user shards of a central-DP stream (1..``MAX_SHARDS``; absent: none)."""
+def _shards(t: _Table) -> int | None:
+    """``shards``: user shards of the stream (1..``MAX_SHARDS``; absent: none); which streams
+    may have them is checked on their mechanisms (``_check_shards``)."""
     if "shards" not in t.data:
         return None
-    shards = t.integer("shards", 1, MAX_SHARDS)
-    if not family.needs_registration:
-        raise t.error(
-            "shards",
-            f"user shards are for central-DP families (a registration table); {family.name} "
-            "seats a slot's newcomers in one keyed order over all of them, so it runs on one "
-            "key per stream",
-        )
-    return shards
+    return t.integer("shards", 1, MAX_SHARDS)
 
 
 def _registered_only(t: _Table, family: Family) -> bool:
@@ -835,6 +832,7 @@ def _check_guarantee(
     stream: StreamSection,
     split: BudgetSplit,
     population: PopulationSection,
+    trust: str = "default",
 ) -> tuple[Scope, ...]:
     """Build the stream's mechanisms as the run does (``Family.make_config``: the family's own
     limits of ε, w, n, the task and the options; each mechanism its share of the stream's ε)
@@ -849,6 +847,7 @@ def _check_guarantee(
             f"{stream.share:g} × {population.epsilon:g} = {stream.epsilon:g}, "
             f"w = {stream.window}: {exc}",
         ) from None
+    _check_shards(t, family, stream, mechanisms, config.task, trust)
     for mechanism in mechanisms:
         scope = mechanism.privacy_cost.scope
         renews = scope.length if isinstance(scope, PeriodScope) else None
@@ -861,6 +860,34 @@ def _check_guarantee(
                 "one population window could spend more than the stream's share",
             )
     return tuple(m.privacy_cost.scope for m in mechanisms)
+
+
+REGISTERED: Final = Preferences(by_user={"a registered user": (1.0, 1)})
+"""A stand-in for a stream's registration table: its users are read when the flow starts."""
+
+
+def _check_shards(
+    t: _Table,
+    family: Family,
+    stream: StreamSection,
+    mechanisms: list[Any],
+    task: Any,
+    trust: str = "default",
+) -> None:
+    """Refuse ``shards`` where splitting the stream's users would change a release, with the
+    reason ``check_shardable`` gives at start (``Ports.shard_refusal``)."""
+    if stream.shards is None:
+        return
+    closed = family.needs_registration or stream.registered_only
+    path = stream.options.get("client_path", "aggregate")
+    ports = (
+        DeviceReports()
+        if trust == "ldp-reports"
+        else ports_for(mechanisms, task, path, REGISTERED if closed else None)
+    )
+    why = ports.shard_refusal(mechanisms)
+    if why is not None:
+        raise t.error("shards", f"{why}, so {stream.name} runs on one key")
 
 
 def _family_config(family: Family, stream: StreamSection, population: PopulationSection) -> Any:

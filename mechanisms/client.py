@@ -188,8 +188,70 @@ class SimulatedClientPort:
         if support is None:
             reports = oracle.perturb(self._task.encode(self._raw(users)), eps, rng)
             support = oracle.support(reports, eps)
-        estimate = self._task.decode(oracle.estimate(support, eps, m))
-        return Aggregate(estimate, m, m * oracle.report_bits(eps), oracle.name)
+        return _aggregate(self._task, support, eps, m)
+
+
+def _aggregate(task: EstimationTask, support: NDArray[np.float64], eps: float, m: int) -> Aggregate:
+    """The server's estimate from the support counts of ``m`` reports made with ``eps``."""
+    oracle = task.select(eps)
+    estimate = task.decode(oracle.estimate(support, eps, m))
+    return Aggregate(estimate, m, m * oracle.report_bits(eps), oracle.name)
+
+
+class CountedClients:
+    """The simulated devices of one slot over the counts of their current values, summed over
+    a stream's user shards (``operators.user_shards``): ``counts[j]`` users hold bin ``j``.
+
+    Every eligible user reporting once with ``ε`` (budget division) is answered as
+    ``SimulatedClientPort``'s aggregate path answers it: the support counts drawn from their
+    exact distribution given these counts, with the same randomness (``{purpose}/client``), so
+    the same numbers whatever the number of shards. The seats are not kept: ``eligible`` has
+    the right number of users, not the right ones, and a request naming users (population
+    division) or a protocol run on the devices (``respond``) is refused. Nothing per user
+    crosses this port. Guarantee: each report is ε-LDP, as on ``SimulatedClientPort``.
+    """
+
+    def __init__(
+        self,
+        counts: NDArray[np.int64],
+        population: int,
+        task: EstimationTask,
+        randomness: SlotRandomness,
+    ) -> None:
+        if counts.shape != (task.d,):
+            raise ValueError(f"counts of shape {counts.shape} for a task of d={task.d}")
+        self._counts = counts
+        self._population = population
+        self._task = task
+        self._randomness = randomness
+        self._eligible = np.zeros(population, dtype=bool)
+        self._eligible[: int(counts.sum())] = True
+
+    @property
+    def population(self) -> int:
+        return self._population
+
+    def eligible(self) -> NDArray[np.bool_]:
+        """As many eligible users as hold a value (the seats are not kept: see the class)."""
+        return self._eligible
+
+    def collect(self, users: NDArray[np.int64] | None, eps: float, purpose: str) -> Aggregate:
+        if users is not None:
+            raise ValueError(
+                "a stream on user shards asks every eligible user only (budget division); "
+                "this mechanism named its reporting users"
+            )
+        support = self._task.select(eps).sample_support(
+            self._counts, eps, self._randomness(f"{purpose}/client")
+        )
+        if support is None:
+            raise ValueError(f"{self._task.select(eps).name} has no aggregate path")
+        return _aggregate(self._task, support, eps, int(self._counts.sum()))
+
+    def respond(
+        self, protocol: ClientProtocol, asked: NDArray[np.bool_], purpose: str
+    ) -> NDArray[np.float64]:
+        raise ValueError("a stream on user shards runs no protocol on its devices")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 import numpy as np
 from numpy.typing import NDArray
@@ -37,6 +37,9 @@ class Oracle(ABC):
 
     name: str
     d: int
+    exact_aggregate: ClassVar[bool] = False
+    """``sample_support`` draws the support counts from the true counts alone (no per-user
+    path needed)."""
 
     @abstractmethod
     def variance(self, eps: float, m: int) -> float:
@@ -96,6 +99,7 @@ class GRR(FrequencyOracle):
     """Generalised randomised response (spec §2.1): keep the value w.p. ``p = e^ε/(e^ε+d−1)``."""
 
     name = "GRR"
+    exact_aggregate = True
 
     def pq(self, eps: float) -> tuple[float, float]:
         _check_budget(eps)
@@ -146,6 +150,7 @@ class OUE(FrequencyOracle):
     w.p. ``q = 1/(e^ε+1)``."""
 
     name = "OUE"
+    exact_aggregate = True
 
     def pq(self, eps: float) -> tuple[float, float]:
         _check_budget(eps)

@@ -32,6 +32,12 @@ class EstimationTask(ABC):
     def select(self, eps: float) -> Oracle:
         """The randomiser every report made with budget ``ε`` uses."""
 
+    @property
+    def counts_suffice(self) -> bool:
+        """The aggregate of every report can be drawn from the true counts per bin alone, so
+        the simulated devices need no user's value (``mechanisms.client.CountedClients``)."""
+        return False
+
     def variance(self, eps: float, m: int) -> float:
         """d-averaged variance of one estimate from ``m`` reports, in release units."""
         return self.select(eps).variance(eps, m) * self.scale**2
@@ -85,6 +91,14 @@ class FrequencyTask(EstimationTask):
         if self.oracle == "ada":
             return oracles["grr"] if self.d < ada_threshold(eps) else oracles["oue"]
         return oracles[self.oracle]
+
+    @property
+    def counts_suffice(self) -> bool:
+        """Every oracle this task may pick draws its reports' aggregate from the true counts of
+        the reported values alone (GRR, OUE; not OLH)."""
+        oracles: dict[str, FrequencyOracle] = getattr(self, "_oracles")  # noqa: B009
+        picks = ("grr", "oue") if self.oracle == "ada" else (self.oracle,)
+        return all(oracles[name].exact_aggregate for name in picks)
 
     def in_domain(self, values: NDArray[np.float64]) -> NDArray[np.bool_]:
         v = np.asarray(values, dtype=np.float64)

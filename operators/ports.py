@@ -20,7 +20,9 @@ from numpy.typing import NDArray
 from privstream.mechanisms.client import (
     ClientPath,
     ClientPort,
+    CountedClients,
     CuratorPort,
+    GroupedCurator,
     ReportPort,
     Requirements,
     SimulatedClientPort,
@@ -32,6 +34,7 @@ from privstream.mechanisms.tasks import EstimationTask
 from privstream.mechanisms.trust import TrustMode
 from privstream.operators.registration import Preferences
 from privstream.operators.stream_state import StreamState
+from privstream.operators.user_shards import requirement_pairs
 
 
 class Ports:
@@ -57,6 +60,34 @@ class Ports:
     ) -> ClientPort | CuratorPort | ReportPort:
         raise NotImplementedError
 
+    # User shards (``operators.user_shards``): a port over counts summed across shards.
+
+    @property
+    def table(self) -> Preferences | None:
+        """The registration table naming the stream's users, which user shards split."""
+        return None
+
+    def shard_refusal(self, mechanisms: Sequence[Mechanism[Any, Any]]) -> str | None:
+        """Why splitting this stream's users over shards would change a release (None: it
+        would not): the port must be computable from counts per registered requirement and
+        bin, the only thing a shard hands on."""
+        return f"user shards are not built for {self.mode} streams"
+
+    def part(self, table: Preferences) -> Ports:
+        """These ports over ``table``, a part of the registration (one shard's users)."""
+        raise NotImplementedError
+
+    def grouped(
+        self,
+        state: StreamState,
+        groups: Sequence[tuple[float, float]],
+        counts: NDArray[np.int64],
+        randomness: SlotRandomness,
+    ) -> ClientPort | CuratorPort:
+        """The slot's port over ``counts[g, j]``: the users of requirement ``groups[g]``
+        (``user_shards.requirement_pairs``) holding bin ``j``, summed over the shards."""
+        raise NotImplementedError
+
 
 @dataclass(frozen=True)
 class SimulatedClients(Ports):
@@ -68,6 +99,8 @@ class SimulatedClients(Ports):
     task: EstimationTask
     path: ClientPath = "aggregate"
     members: frozenset[str] | None = None
+    registration: Preferences | None = None
+    """The registration table whose users are ``members``."""
 
     def port(
         self,
@@ -77,6 +110,46 @@ class SimulatedClients(Ports):
         client_state: Any = None,
     ) -> ClientPort:
         return SimulatedClientPort(values, self.task, randomness, self.path, client_state)
+
+    @property
+    def table(self) -> Preferences | None:
+        return self.registration
+
+    def shard_refusal(self, mechanisms: Sequence[Mechanism[Any, Any]]) -> str | None:
+        """Shards hand on counts, so the devices' answers must follow from counts: a closed
+        population (an open one seats a slot's newcomers in one keyed order over all of
+        them), every user asked every slot (population division picks its reporters after the
+        slot's first round: a round trip from the decision to the shards), an oracle with an
+        exact aggregate on the aggregate path, and no state on the devices."""
+        if self.registration is None:
+            return ("an open LDP population seats each slot's newcomers in one keyed order over "
+                    "all of them: give the stream a registration table (a closed population)")  # fmt: skip
+        picking = sorted(m.name for m in mechanisms if m.division != "budget")
+        if picking:
+            return (f"{', '.join(picking)} divide the population: the decision picks each "
+                    "slot's reporters after its first round, which the shards would need "
+                    "back (an acyclic dataflow has no way back)")  # fmt: skip
+        if self.path != "aggregate" or not self.task.counts_suffice:
+            return ("the simulated devices must answer from counts: the aggregate client path "
+                    "and an oracle with an exact aggregate (GRR, OUE or ada)")  # fmt: skip
+        keeping = sorted(m.name for m in mechanisms if m.client_state() is not None)
+        if keeping:
+            return f"{', '.join(keeping)} keep state on each device across slots"
+        return None
+
+    def part(self, table: Preferences) -> SimulatedClients:
+        return SimulatedClients(self.task, self.path, frozenset(table.by_user), table)
+
+    def grouped(
+        self,
+        state: StreamState,
+        groups: Sequence[tuple[float, float]],
+        counts: NDArray[np.int64],
+        randomness: SlotRandomness,
+    ) -> ClientPort:
+        """Every group reports alike under LDP: the devices over the bins' totals."""
+        totals = counts.sum(axis=0, dtype=np.int64)
+        return CountedClients(totals, int(state.current.shape[0]), self.task, randomness)
 
 
 class TrustedCurator(Ports):
@@ -92,6 +165,7 @@ class TrustedCurator(Ports):
         self.task = task
         self.preferences = preferences or Preferences()
         self._cache: dict[str, tuple[tuple[int, str | None], Requirements]] = {}
+        self._firsts: dict[str, dict[tuple[float, float], int]] = {}
 
     def port(
         self,
@@ -101,6 +175,45 @@ class TrustedCurator(Ports):
         client_state: Any = None,
     ) -> CuratorPort:
         return SimulatedCurator(values, self.task, self.requirements(state))
+
+    @property
+    def table(self) -> Preferences | None:
+        return self.preferences if self.preferences.by_user else None
+
+    def shard_refusal(self, mechanisms: Sequence[Mechanism[Any, Any]]) -> str | None:
+        """A curator's port is its class histograms, sums over users: shardable once a
+        registration table names the users to split."""
+        if not self.preferences.by_user:
+            return "user shards need a registration table naming the stream's users"
+        return None
+
+    def part(self, table: Preferences) -> TrustedCurator:
+        return TrustedCurator(self.task, table)
+
+    def grouped(
+        self,
+        state: StreamState,
+        groups: Sequence[tuple[float, float]],
+        counts: NDArray[np.int64],
+        randomness: SlotRandomness,
+    ) -> CuratorPort:
+        """The curator over each group's counts, every group resolved through its first
+        registered user (the registration is fixed: once per stream)."""
+        found = self._representatives(state)
+        first = np.asarray([found[g] for g in groups], dtype=np.intp)
+        return GroupedCurator(counts, first, self.requirements(state))
+
+    def _representatives(self, state: StreamState) -> dict[tuple[float, float], int]:
+        cached = self._firsts.get(state.stream)
+        if cached is None:
+            n = len(state.directory)
+            pairs = requirement_pairs(state.epsilons, state.windows, n)
+            rows, first = np.unique(pairs, axis=0, return_index=True)
+            cached = self._firsts[state.stream] = {
+                (float(r[0]), float(r[1])): int(i)
+                for r, i in zip(rows.tolist(), first.tolist(), strict=True)
+            }
+        return cached
 
     def requirements(self, state: StreamState) -> Requirements:
         """The registered users' requirements of ``state``'s stream (built once per stream
@@ -124,6 +237,11 @@ class DeviceReports(Ports):
     stage randomised them); the port hands them over as they are."""
 
     mode: ClassVar[TrustMode] = "ldp-reports"
+
+    def shard_refusal(self, mechanisms: Sequence[Mechanism[Any, Any]]) -> str | None:
+        return ("an ldp-reports server's shards would have to check each report against the "
+                "requests the decision publishes every round: a way back from the decision "
+                "to the shards that an acyclic dataflow does not have")  # fmt: skip
 
     def port(
         self,
@@ -159,7 +277,7 @@ def ports_for(
         if registration is not None and not registration.by_user:
             raise ValueError("an LDP stream's registration table must name its users (user ids)")
         members = None if registration is None else frozenset(registration.by_user)
-        return SimulatedClients(task, path, members)
+        return SimulatedClients(task, path, members, registration)
     if registration is not None:
         raise ValueError(f"a registration table is for cdp and ldp-simulated; these run {mode}")
     return DeviceReports()

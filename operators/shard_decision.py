@@ -29,12 +29,10 @@ import numpy as np
 from bytewax.operators import StatefulBatchLogic
 from numpy.typing import NDArray
 
-from privstream.mechanisms.client import GroupedCurator
 from privstream.mechanisms.driver import failure
 from privstream.mechanisms.errors import IncompatibleState
 from privstream.mechanisms.seeding import EnrolmentOrder, SlotRandomness
 from privstream.operators.ingest import Windower
-from privstream.operators.ports import TrustedCurator
 from privstream.operators.reasons import Notes, Output
 from privstream.operators.registration import Population
 from privstream.operators.runner import Runner
@@ -47,7 +45,7 @@ from privstream.operators.stream_state import (
     check_version,
     fresh_state,
 )
-from privstream.operators.user_shards import ShardHalt, ShardSlots, requirement_pairs
+from privstream.operators.user_shards import ShardHalt, ShardSlots
 
 Requirement = tuple[float, float]
 """A registered requirement ``(ε_i, w_i)`` as ``requirement_pairs`` writes it."""
@@ -88,6 +86,8 @@ class DecisionState:
 
     stream: StreamState
     waiting: dict[int, Close] = field(default_factory=dict)
+    enrolled: dict[int, int] = field(default_factory=dict)
+    """Each shard's seated users at its last close (the population gauge)."""
 
 
 class DecisionLogic(StatefulBatchLogic[Any, Output, DecisionState]):
@@ -105,7 +105,6 @@ class DecisionLogic(StatefulBatchLogic[Any, Output, DecisionState]):
             step_id, base, self.population,
             Windower(base.config, base.task, self.population, base.carry),
         )  # fmt: skip
-        self._representatives: dict[Requirement, int] | None = None
         self.state = resume
         if resume is not None:
             self._check(resume.stream)
@@ -131,6 +130,7 @@ class DecisionLogic(StatefulBatchLogic[Any, Output, DecisionState]):
             close = state.waiting.get(message.target)
             if close is None:
                 close = state.waiting[message.target] = Close(message.start, message.lowest)
+            state.enrolled[message.shard] = message.enrolled
             try:
                 close.add(message)
                 self._step_complete(state, out, notes)
@@ -138,8 +138,9 @@ class DecisionLogic(StatefulBatchLogic[Any, Output, DecisionState]):
                 self._halt_all(stream, f"deciding failed: {failure(exc)}", out)
         show_notes(notes, self.mechanisms)
         if self.state is not None:
-            show_accounts(self.state.stream, self.population, self.mechanisms,
-                          self.plan.plan.population)  # fmt: skip
+            enrolled = sum(self.state.enrolled.values())
+            show_accounts(self.state.stream, (enrolled, self.plan.plan.population),
+                          self.mechanisms, self.plan.plan.population)  # fmt: skip
         return out, StatefulBatchLogic.RETAIN
 
     def snapshot(self) -> DecisionState:
@@ -150,7 +151,8 @@ class DecisionLogic(StatefulBatchLogic[Any, Output, DecisionState]):
         if self.state is None:
             state = fresh_state(stream, self.mechanisms, self.population.blank(),
                                 self.plan.binding(), self.plan.plan.split.evaluation)  # fmt: skip
-            self.population.register(state, self.plan.registration)
+            if self.plan.plan.ports.fixed_population:
+                self.population.register(state, self.plan.registration)
             self.state = DecisionState(state)
         return self.state
 
@@ -187,29 +189,14 @@ class DecisionLogic(StatefulBatchLogic[Any, Output, DecisionState]):
     def _port(
         self, stream: StreamState, close: Close, slot: int
     ) -> Callable[[SlotRandomness, Any], Any]:
-        """The slot's curator over the counts every shard sent."""
+        """The slot's port (``Ports.grouped``) over the counts every shard sent."""
         keys = sorted(close.counts)
         at = slot - close.start
         counts = np.zeros((len(keys), self.plan.plan.task.d), dtype=np.int64)
         for row, key in enumerate(keys):
             counts[row] = close.counts[key][at]
-        found = self.representatives(stream)
         trust = self.plan.plan.ports
-        assert isinstance(trust, TrustedCurator)
-        curator = GroupedCurator(counts, np.asarray([found[k] for k in keys], dtype=np.intp),
-                                 trust.requirements(stream))  # fmt: skip
-        return lambda randomness, clients: curator
-
-    def representatives(self, stream: StreamState) -> dict[Requirement, int]:
-        """The first registered user of each requirement (the registration is fixed)."""
-        if self._representatives is None:
-            pairs = requirement_pairs(stream.epsilons, stream.windows, len(stream.directory))
-            rows, first = np.unique(pairs, axis=0, return_index=True)
-            self._representatives = {
-                (float(r[0]), float(r[1])): int(i)
-                for r, i in zip(rows.tolist(), first.tolist(), strict=True)
-            }
-        return self._representatives
+        return lambda randomness, clients: trust.grouped(stream, keys, counts, randomness)
 
     def _halt_all(self, stream: StreamState, reason: str, out: list[Output]) -> None:
         """Halt every live mechanism of the stream at its next slot."""

@@ -46,7 +46,6 @@ from privstream.mechanisms.errors import IncompatibleState
 from privstream.mechanisms.seeding import EnrolmentOrder
 from privstream.operators.clock import SlotClock
 from privstream.operators.ingest import Windower
-from privstream.operators.ports import TrustedCurator
 from privstream.operators.reasons import Notes, Output
 from privstream.operators.registration import Population, Preferences
 from privstream.operators.slotting import SlottedPlan, show_notes
@@ -87,9 +86,9 @@ class ShardPlan:
 
     @property
     def registration(self) -> Preferences:
-        trust = self.plan.ports
-        assert isinstance(trust, TrustedCurator)
-        return trust.preferences
+        table = self.plan.ports.table
+        assert table is not None, "check_shardable refuses a stream without a table"
+        return table
 
     def table(self, shard: int) -> Preferences:
         """Shard ``shard``'s part of the registration table (cut once per process)."""
@@ -104,7 +103,7 @@ class _Parts:
     def __init__(self, plan: ShardPlan, shard: int, n: int) -> None:
         self.shard = shard
         base = plan.plan
-        self.trust = TrustedCurator(base.task, plan.table(shard))
+        self.trust = base.ports.part(plan.table(shard))
         self.population = Population(
             n, base.task, self.trust, EnrolmentOrder.of(base.key), base.config
         )
@@ -209,7 +208,8 @@ class ShardLogic(StatefulBatchLogic[ShardPiece, Output, ShardState]):
                 stream=piece.batch.stream, mechanisms={},
                 current=self.parts.population.blank(), binding=self.plan.binding(piece.shard),
             )  # fmt: skip
-            self.parts.population.register(stream, table)
+            if self.parts.trust.fixed_population:
+                self.parts.population.register(stream, table)
             self.state = ShardState(stream)
         assert self.parts is not None
         return self.state, self.parts
@@ -272,14 +272,16 @@ class ShardLogic(StatefulBatchLogic[ShardPiece, Output, ShardState]):
             start = state.last_closed + 1
         if start > target:
             return
-        groups, of_user = parts.groups(state)
-        counts = np.stack(
-            [self._counts(state, parts, slot, of_user, groups.shape[0])
-             for slot in range(start, target + 1)]
-        )  # fmt: skip
+        per_slot = []
+        for slot in range(start, target + 1):
+            parts.population.admit_newcomers(state, slot, out)  # an LDP closed population's
+            groups, of_user = parts.groups(state)
+            per_slot.append(self._counts(state, parts, slot, of_user, groups.shape[0]))
+        counts = np.stack(per_slot)
         state.last_closed = target
         out.append(("share", ShardSlots(state.stream, parts.shard, self.plan.shards, start,
-                                        target, lowest, groups, counts)))  # fmt: skip
+                                        target, lowest, groups, counts,
+                                        len(state.directory))))  # fmt: skip
 
     def _counts(
         self, state: StreamState, parts: _Parts, slot: int, of_user: NDArray[np.intp], g: int

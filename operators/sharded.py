@@ -5,12 +5,14 @@
 own Bytewax state (``operators.shard_slots``), then the stream's mechanisms in one decision
 state keyed by stream (``operators.shard_decision``). The outputs are the slotted operator's.
 
-Only what can be split without changing a release is sharded: a central-DP stream (its
-port reads class histograms, sums over users) with a registration table naming its users, on
-the ``markers`` clock. An LDP stream enrols a slot's newcomers in one keyed order over all of
-them and its simulated devices draw over the whole population; the ``data`` clock judges
-lateness on every row of a partition (docs/decisions.md, "User shards"). Those are refused by
-``check_shardable`` with the reason.
+Only what can be split without changing a release is sharded: a stream whose every port
+follows from counts per registered requirement and bin (``Ports.shard_refusal``) — a
+central-DP stream (class histograms, sums over users) or an ``ldp-simulated`` stream of a
+closed population asking every user every slot with an oracle whose aggregate is drawn from
+the counts (budget division) — with a registration table naming its users, on the
+``markers`` clock. Open LDP populations, population division, device state and the ``data``
+clock (lateness judged on every row of a partition) are refused by ``check_shardable`` with
+the reason (docs/decisions.md, "User shards").
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from bytewax.dataflow import operator
 from bytewax.operators import KeyedStream
 
 from privstream.operators.metrics import BOARD
-from privstream.operators.ports import TrustedCurator
 from privstream.operators.shard_decision import DecisionLogic
 from privstream.operators.shard_slots import ShardLogic, ShardPlan
 from privstream.operators.slotting import MechanismOut, SlottedPlan, _pick
@@ -31,14 +32,10 @@ def check_shardable(plan: SlottedPlan, shards: int, where: str) -> None:
     """Refuse user shards where they would change a release (module docstring)."""
     if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
         raise ValueError(f"{where}: shards must be an integer 1..{MAX_SHARDS}, got {shards!r}")
-    trust = plan.ports
-    if not isinstance(trust, TrustedCurator) or not trust.preferences.by_user:
-        raise ValueError(
-            f"{where}: user shards are for central-DP streams with a registration table naming "
-            f"their users; this stream runs {trust.mode}. An LDP stream seats each slot's "
-            "newcomers in one keyed order and its simulated devices draw over the whole "
-            "population, so splitting its users would change its releases"
-        )
+    why = plan.ports.shard_refusal(list(plan.mechanisms.values()))
+    if why is not None:
+        raise ValueError(f"{where}: {why}; splitting its users over shards would change its "
+                         "releases")  # fmt: skip
     if plan.config.clock != "markers":
         raise ValueError(
             f'{where}: user shards need the markers clock (kafka.clock = "markers"): with the '

@@ -294,7 +294,7 @@ class SlottedLogic(StatefulBatchLogic[EventBatch, Output, StreamState]):
             self._show_accounts(self.state)
 
     def _show_accounts(self, state: StreamState) -> None:
-        show_accounts(state, self.population, self.mechanisms, self.n)
+        show_accounts(state, self.population.enrolment(state), self.mechanisms, self.n)
 
     # -- closing slots -------------------------------------------------------------------------
 
@@ -339,12 +339,12 @@ def show_notes(notes: Notes, mechanisms: dict[str, Mechanism[Any, Any]]) -> None
 
 def show_accounts(
     state: StreamState,
-    population: Population,
+    enrolment: tuple[int, int] | None,
     mechanisms: dict[str, Mechanism[Any, Any]],
     n: int,
 ) -> None:
-    """Show every mechanism's ledger on ``state`` and how full the population is."""
-    enrolment = population.enrolment(state)
+    """Show every mechanism's ledger on ``state`` and how full the population is
+    (``enrolment``: enrolled users and n, as ``Population.enrolment`` gives them)."""
     if enrolment is not None:
         BOARD.update_enrolment(state.stream, *enrolment)
     for name, mechanism in mechanisms.items():

@@ -89,6 +89,9 @@ class ShardSlots:
     lowest: int | None
     groups: NDArray[np.float64]
     counts: NDArray[np.int64]
+    enrolled: int = 0
+    """How many of its users hold a seat (a count, public like every report count: the
+    population gauge)."""
 
 
 @dataclass(frozen=True)

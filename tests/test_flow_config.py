@@ -365,9 +365,11 @@ def test_a_registered_only_ldp_stream_is_a_closed_population(tmp_path: Path) -> 
     )
 
 
-def test_user_shards_are_for_central_dp_streams_on_the_markers_clock(tmp_path: Path) -> None:
-    """Issue 26: ``shards = k`` runs a central-DP stream's per-user work on k user shards;
-    an LDP stream, the data clock and a count outside 1..256 are refused with the reason."""
+def test_user_shards_are_for_streams_whose_ports_follow_from_counts(tmp_path: Path) -> None:
+    """Issue 26: ``shards = k`` runs a central-DP stream's, or a closed LDP population's
+    budget-division, per-user work on k user shards; an open LDP population, population
+    division, an ldp-reports server, the data clock and a count outside 1..256 are refused
+    with the reason."""
     _registrations(tmp_path, "u1,1.0,20", "u2,2.0,40")
     data = copy.deepcopy(BASE)
     data["population"]["registrations"] = "registrations.csv"
@@ -380,7 +382,21 @@ def test_user_shards_are_for_central_dp_streams_on_the_markers_clock(tmp_path: P
         message = _error(tmp_path, lambda d, bad=bad: (
             with_registrations(d), d["streams"].append(dict(VISITS, shards=bad))))  # fmt: skip
         assert 'streams["visits"].shards: must be an integer in [1, 256]' in message, message
-    assert "user shards are for central-DP families" in _error(tmp_path, _stream(shards=2))
+    assert "an open LDP population seats each slot's newcomers" in _error(
+        tmp_path, _stream(shards=2)
+    )
+    closed = _stream(shards=2, registered_only=True)
+    assert 'streams["country"].shards: LPA divide the population' in _error(
+        tmp_path, lambda d: (with_registrations(d), closed(d))
+    )
+    data = copy.deepcopy(BASE)
+    data["population"]["registrations"] = "registrations.csv"
+    data["streams"][0].update(mechanisms=["LBU", "LBA"], budget_split="equal", registered_only=True,
+                              shards=4)  # fmt: skip
+    assert "(on 4 user shards)" in describe(load(_write(tmp_path, data)))[0]
+    data["kafka"] = dict(REPORTS_KAFKA)
+    del data["streams"][0]["registered_only"]
+    assert "requests the decision publishes" in _error(tmp_path, lambda d: d.update(data))
     message = _error(tmp_path, lambda d: (
         with_registrations(d), d["streams"].append(dict(VISITS, shards=2)),
         d["kafka"].update(clock="data", trust_input_clock=True),

@@ -22,15 +22,17 @@ from bytewax.testing import TestingSink, TestingSource, run_main
 from privstream.connectors.jsonl import to_json
 from privstream.families.registry import LDP_IDS, PERSONALIZED, family
 from privstream.mechanisms.accountant import BudgetSplit
+from privstream.mechanisms.client import CountedClients, SimulatedClientPort
 from privstream.mechanisms.dpi import DpiConfig
 from privstream.mechanisms.errors import IncompatibleState
-from privstream.mechanisms.ldp_ids import LdpIdsConfig
+from privstream.mechanisms.ldp_ids import LBU, LdpIdsConfig
 from privstream.mechanisms.personalized import PersonalizedConfig
-from privstream.mechanisms.seeding import NoiseKey
+from privstream.mechanisms.seeding import NoiseKey, SlotRandomness
 from privstream.mechanisms.stages import shard_of
 from privstream.mechanisms.tasks import FrequencyTask
 from privstream.operators import ingest
 from privstream.operators.family import family_mechanisms
+from privstream.operators.ports import DeviceReports
 from privstream.operators.registration import Preferences
 from privstream.operators.shard_slots import HOLD_ROWS, ShardLogic, ShardPlan
 from privstream.operators.sharded import check_shardable
@@ -46,6 +48,8 @@ TABLE = Preferences(
     share=0.5,
 )
 CLOCK = SlottingConfig(clock="markers", partitions=PARTITIONS)
+LDP_BUDGET = ("LBU", "LBD", "LBA", "LB-DSAT", "LB-RescueDP")
+"""The LDP-IDS mechanisms that ask every user every slot (budget division)."""
 Outputs = dict[str, list[Any]]
 
 
@@ -85,11 +89,15 @@ def run(items: list[EventBatch], shards: int | None, name: str = "personalized")
         config: Any = PersonalizedConfig(population=N + 10, epsilon=2.0, window=6,
                                          task=FrequencyTask(D))  # fmt: skip
         names, registration = ["PBD", "PBA"], TABLE
-    else:  # DPI: a lifetime guarantee, every registered user at the stream's default
+    elif name == "dpi":  # a lifetime guarantee, every registered user at the stream's default
         config = DpiConfig(epsilon=2.0, window=1, population=N + 10, task=FrequencyTask(D),
                            pool_size=200, synopses=4)  # fmt: skip
         names = ["DPI", "DPI-uniform"]
         registration = Preferences(by_user={u: (2.0, 1) for u in USERS})
+    else:  # LDP-IDS, simulated devices, a closed population: every budget-division mechanism
+        config = LdpIdsConfig(population=N + 10, epsilon=1.0, window=4, task=FrequencyTask(D))
+        names = list(LDP_BUDGET)
+        registration = Preferences(by_user={u: (2.0, 4) for u in USERS})
     flow = Dataflow("shards")
     source = op.input("in", flow, TestingSource(items))
     keyed: Any = (
@@ -99,7 +107,8 @@ def run(items: list[EventBatch], shards: int | None, name: str = "personalized")
     )
     out = family_mechanisms(
         "p", keyed, family=family(name), mechanism=names, config=config, secret=KEY, slotting=CLOCK,
-        registration=registration, shards=shards, split=BudgetSplit.parse("equal", 2),
+        registration=registration, shards=shards,
+        split=BudgetSplit.parse("equal", len(names)),
     )  # fmt: skip
     found: Outputs = {"releases": [], "ledger": [], "dead_letters": []}
     op.output("r", op.map("rj", out.releases, to_json), TestingSink(found["releases"]))
@@ -128,6 +137,20 @@ def test_a_dpi_stream_on_shards_releases_what_it_releases_on_one_key() -> None:
     one = run(items, None, "dpi")
     assert len(one["releases"]) >= 2 * SLOTS
     assert run(items, 4, "dpi") == one
+
+
+@pytest.mark.parametrize("shards", [1, 3, 8])
+def test_an_ldp_stream_of_a_closed_population_on_shards_releases_what_one_key_releases(
+    shards: int,
+) -> None:
+    """The simulated devices answer from the shards' summed counts with the one-key stream's
+    randomness: the same estimates, ledgers and dead letters, byte for byte."""
+    items = hostile_input()
+    one = run(items, None, "ldp-ids")
+    assert len(one["releases"]) == len(LDP_BUDGET) * SLOTS
+    assert {r.split("reason='")[1].split("'")[0] for r in one["dead_letters"]} >= {
+        "duplicate_report", "unregistered_user", "out_of_domain", "late_event"}  # fmt: skip
+    assert run(items, shards, "ldp-ids") == one
 
 
 def test_a_cut_keeps_every_row_once_in_order_and_sends_markers_to_every_shard() -> None:
@@ -186,14 +209,63 @@ def test_a_store_of_another_shard_count_is_refused() -> None:
         ShardLogic("p", ShardPlan(plan, 4), logic.snapshot())
 
 
-def test_only_central_dp_streams_on_the_markers_clock_shard() -> None:
+def test_the_counted_devices_answer_every_user_or_nobody() -> None:
+    """``CountedClients`` answers a budget-division request as the one-key devices' aggregate
+    path does (same counts, same randomness: the same estimate) and refuses a request that
+    names its users or runs a protocol on the devices: it holds no seat to name."""
+    task, eps = FrequencyTask(D), 1.0
+    values = np.array([0, 1, 1, 3, -1, 2, 1], dtype=np.int64)
+    randomness = SlotRandomness(KEY, "s", 4, scope="LBU")
+    one = SimulatedClientPort(values, task, randomness).collect(None, eps, "m2")
+    counts = np.bincount(values[values >= 0], minlength=D)
+    counted = CountedClients(counts, values.shape[0], task, randomness)
+    answer = counted.collect(None, eps, "m2")
+    assert answer.estimate.tobytes() == one.estimate.tobytes()
+    assert (answer.reports, answer.report_bits, answer.oracle) == (6, 12, "GRR")
+    assert int(counted.eligible().sum()) == 6 and counted.population == 7
+    with pytest.raises(ValueError, match="asks every eligible user only"):
+        counted.collect(np.array([0, 1]), eps, "m2")
+    with pytest.raises(ValueError, match="runs no protocol"):
+        counted.respond(None, counted.eligible(), "report")  # type: ignore[arg-type]
+
+
+class _KeepsDeviceState(LBU):
+    """LBU with a state on each device (as CGM's and SaO2's clients keep)."""
+
+    def client_state(self) -> Any:
+        return {}
+
+
+def test_only_streams_whose_ports_follow_from_counts_shard() -> None:
+    """Each refusal names its reason: an open LDP population, population division, an oracle
+    without an exact aggregate, the per-user client path, devices keeping state, an
+    ldp-reports server, the data clock, a bad shard count."""
     split = BudgetSplit.parse("equal", 2)
-    ldp = LDP_IDS.build_shared(
-        ["LBU", "LBD"], LdpIdsConfig(population=N, epsilon=2.0, window=6, task=FrequencyTask(D)),
-        split.shares,
-    )  # fmt: skip
-    with pytest.raises(ValueError, match="central-DP streams"):
-        check_shardable(make_plan("p", ldp, FrequencyTask(D), N, KEY, CLOCK, None, split), 2, "s")
+    closed = Preferences(by_user={u: (2.0, 6) for u in USERS})
+
+    def ldp(names: list[str], task: FrequencyTask | None = None, **clock: Any) -> Any:
+        task = task or FrequencyTask(D)
+        config = LdpIdsConfig(population=N, epsilon=2.0, window=6, task=task)
+        built = LDP_IDS.build_shared(names, config, split.shares)
+        return built, task, SlottingConfig(clock="markers", partitions=PARTITIONS, **clock)
+
+    cases = [
+        (ldp(["LBU", "LBD"]), None, "open LDP population"),
+        (ldp(["LBU", "LPD"]), closed, "LPD divide the population"),
+        (ldp(["LBU", "LBA"], FrequencyTask(D, oracle="olh")), closed, "exact aggregate"),
+        (ldp(["LBU", "LBA"], client_path="per-user"), closed, "aggregate client path"),
+    ]
+    for (mechanisms, task, clock), table, why in cases:
+        plan = make_plan("p", mechanisms, task, N, KEY, clock, table, split)
+        with pytest.raises(ValueError, match=why):
+            check_shardable(plan, 2, "s")
+    ok, task, clock = ldp(["LBU", "LBA"])
+    check_shardable(make_plan("p", ok, task, N, KEY, clock, closed, split), 2, "s")
+    keeping = [_KeepsDeviceState(ok[0].config), ok[1]]
+    plan = make_plan("p", keeping, task, N, KEY, clock, closed, split)
+    with pytest.raises(ValueError, match="keep state on each device"):
+        check_shardable(plan, 2, "s")
+    assert "requests the decision publishes" in str(DeviceReports().shard_refusal([]))
     data = SlottingConfig(clock="data", partitions=PARTITIONS)
     plan = make_plan("p", _personalized(), FrequencyTask(D), N + 10, KEY, data, TABLE, split)
     with pytest.raises(ValueError, match="markers clock"):
