@@ -2,7 +2,7 @@
 
     python bench/cluster_cpu.py [--trees DIR1,DIR2] [--processes 1,2] [--runs 3] [--streams 8]
                                 [--partitions 8] [--users 20000] [--slots 20] [--fixed-users 100]
-                                [--hot SHARDS]
+                                [--hot SHARDS] [--hot-family personalized|ldp-ids]
 
 Produces ``streams`` synthetic streams over ``partitions`` partitions of one topic of an
 embedded broker once (``privstream bench kafka --streams``' data and flow file), then runs
@@ -15,7 +15,10 @@ are reaped); the broker is another process and is not counted. The same runs ove
 start and end: about 1.7 CPU-s at one process, 4.4 at two here), which is subtracted for the
 CPU per message of the flow's work. Prints one JSON line per run and the medians per tree and
 P. ``--hot K``: one hot personalized stream of ``users`` users instead (markers clock, a
-registration table), run on one key and on ``K`` user shards (issue 26 item 2).
+registration table), run on one key and on ``K`` user shards (issue 26 item 2);
+``--hot-family ldp-ids``: the hot stream is LDP-IDS's LBU over a closed population. Its fixed
+part runs over the same registration table of ``users`` users (loading and checking it is a
+start cost of every process, not a cost per message), with events of ``fixed_users`` of them.
 """
 
 from __future__ import annotations
@@ -92,24 +95,39 @@ def _hot_topic(settings: Any, args: argparse.Namespace, users: int, key: Path) -
     return topic, events
 
 
-def _hot_flow(directory: Path, settings: Any, topic: str, users: int, shards: int | None) -> Path:
-    """A flow file of the one personalized stream ``hot`` (on ``shards`` user shards, or one
+HOT = {
+    "personalized": ('mechanisms = ["PBD"]\n', lambda u: f"{1.0 if u % 3 else 0.5},20"),
+    "ldp-ids": ('mechanisms = ["LBU"]\nregistered_only = true\n', lambda u: "1.0,20"),
+}
+"""The hot stream's family: its table's lines and each user's registered (ε_i, w_i)."""
+
+
+def _hot_flow(
+    directory: Path,
+    settings: Any,
+    topic: str,
+    users: int,
+    shards: int | None,
+    family: str = "personalized",
+) -> Path:
+    """A flow file of the one stream ``hot`` of ``family`` (on ``shards`` user shards, or one
     key) over the registration of its users, on the markers clock."""
     from privstream.connectors.kafka import RELEASE_TOPIC_CONFIG, TopicSpec, create_topics
 
     tag = uuid.uuid4().hex[:8]
     create_topics(settings, [TopicSpec(f"bench-releases-{tag}", config=RELEASE_TOPIC_CONFIG)])
-    table = directory / f"registrations-{users}.csv"
+    lines, requirement = HOT[family]
+    table = directory / f"registrations-{family}-{users}.csv"
     if not table.exists():
         table.write_text("user,epsilon,window\n" + "".join(
-            f"u{u},{1.0 if u % 3 else 0.5},20\n" for u in range(users)))  # fmt: skip
+            f"u{u},{requirement(u)}\n" for u in range(users)))  # fmt: skip
     path = directory / f"hot-{tag}.toml"
     path.write_text(
         f'[kafka]\nbootstrap = "{settings.bootstrap}"\ninput_topic = "{topic}"\n'
         f'output_topic = "bench-releases-{tag}"\n'
         f'[population]\nusers = {users}\nepsilon = 1.0\nwindow = 20\n'
         f'registrations = "{table}"\n'
-        '[[streams]]\nname = "hot"\nfamily = "personalized"\nmechanisms = ["PBD"]\n'
+        f'[[streams]]\nname = "hot"\nfamily = "{family}"\n{lines}'
         "domain = 2\nshare = 1.0\n" + ("" if shards is None else f"shards = {shards}\n")
     )  # fmt: skip
     return path
@@ -143,6 +161,7 @@ def main() -> int:
         help="instead of the streams: one hot personalized stream, on one key and on this "
         "many user shards (each a 'tree' of the report)",
     )
+    parser.add_argument("--hot-family", choices=sorted(HOT), default="personalized")
     args = parser.parse_args()
     from privstream.connectors.broker import EmbeddedBroker
     from privstream.connectors.kafka import KafkaSettings
@@ -173,7 +192,14 @@ def main() -> int:
                 for tree, shards in variants:
                     for name, (users, topic_name, messages) in data.items():
                         flow = (
-                            _hot_flow(Path(work), settings, topic_name, users, shards)
+                            _hot_flow(  # the whole table: its start cost is fixed
+                                Path(work),
+                                settings,
+                                topic_name,
+                                args.users,
+                                shards,
+                                args.hot_family,
+                            )
                             if args.hot
                             else _flow_file(Path(work), settings, topic_name, args.streams, users)
                         )

@@ -31,7 +31,8 @@ def load_preferences(path: str | Path) -> dict[str, tuple[float, int]]:
             continue
         try:
             if csv_file:
-                fields = [x.strip() for x in next(csv.reader([text]))]
+                cells = text.split(",") if '"' not in text else next(csv.reader([text]))
+                fields = [x.strip() for x in cells]  # unquoted: csv would split the same
                 if fields == ["user", "epsilon", "window"]:
                     continue
                 user, eps_text, win_text = fields

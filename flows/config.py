@@ -60,7 +60,12 @@ from privstream.mechanisms.guarantees import (
 )
 from privstream.mechanisms.ledger import budget_limit
 from privstream.mechanisms.tasks import BallTask, EstimationTask, FrequencyTask, MeanTask
-from privstream.mechanisms.validation import MAX_WINDOW, check_fraction, check_requirement
+from privstream.mechanisms.validation import (
+    MAX_WINDOW,
+    check_fraction,
+    check_requirement,
+    distinct_requirements,
+)
 from privstream.operators.ports import DeviceReports, ports_for
 from privstream.operators.registration import Preferences, check_closed_population
 from privstream.operators.user_shards import MAX_SHARDS
@@ -941,7 +946,7 @@ def _registrations(
             f"the table registers {len(table)} users, more than "
             f"population.users = {population.users}",
         )
-    for k, (epsilon, window) in enumerate(table.values(), start=1):
+    for k, (epsilon, window) in distinct_requirements(table.values()):
         try:
             check_requirement(epsilon, window, f"entry {k}")
         except ValueError as exc:

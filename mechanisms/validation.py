@@ -5,7 +5,8 @@ thing and has the same limits in every family."""
 from __future__ import annotations
 
 import math
-from typing import Final
+from collections.abc import Collection
+from typing import Any, Final
 
 import numpy as np
 
@@ -29,6 +30,25 @@ def check_requirement(epsilon: float, window: int, what: str) -> None:
         or not (1 <= window <= MAX_WINDOW)
     ):
         raise ValueError(f"{what}: window must be an integer in [1, {MAX_WINDOW}], got {window!r}")
+
+
+def distinct_requirements(
+    values: Collection[tuple[Any, Any]],
+) -> list[tuple[int, tuple[Any, Any]]]:
+    """Each distinct ``(ε_i, w_i)`` of a registration with the number of its first entry
+    (from 1), in the table's order: a check of each pair names the same first failing entry
+    as a check of every entry would, at the cost of the distinct pairs (a table of 160,000
+    users has a handful). Pairs only compare equal across types (``True == 1``) when every
+    window is an ``int`` and every ε an ``int`` or ``float``; otherwise every entry is kept."""
+    if not values:
+        return []
+    epsilons, windows = zip(*values, strict=True)
+    if set(map(type, windows)) != {int} or not set(map(type, epsilons)) <= {int, float}:
+        return list(enumerate(values, start=1))
+    firsts: dict[tuple[Any, Any], int] = {}
+    for k, pair in enumerate(values, start=1):
+        firsts.setdefault(pair, k)
+    return [(k, pair) for pair, k in firsts.items()]
 
 
 def check_population(population: object) -> None:

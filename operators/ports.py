@@ -11,7 +11,7 @@ their own values, in a device stage before the server: ``mechanisms.stages``) ge
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -99,8 +99,8 @@ class SimulatedClients(Ports):
     task: EstimationTask
     path: ClientPath = "aggregate"
     members: frozenset[str] | None = None
-    registration: Preferences | None = None
-    """The registration table whose users are ``members``."""
+    registration: Preferences | None = field(default=None, hash=False, compare=False)
+    """The registration table whose users are ``members`` (its dict does not hash)."""
 
     def port(
         self,
@@ -119,16 +119,16 @@ class SimulatedClients(Ports):
         """Shards hand on counts, so the devices' answers must follow from counts: a closed
         population (an open one seats a slot's newcomers in one keyed order over all of
         them), every user asked every slot (population division picks its reporters after the
-        slot's first round: a round trip from the decision to the shards), an oracle with an
+        slot's first round: a way back from the decision to the shards), an oracle with an
         exact aggregate on the aggregate path, and no state on the devices."""
         if self.registration is None:
             return ("an open LDP population seats each slot's newcomers in one keyed order over "
                     "all of them: give the stream a registration table (a closed population)")  # fmt: skip
         picking = sorted(m.name for m in mechanisms if m.division != "budget")
         if picking:
-            return (f"{', '.join(picking)} divide the population: the decision picks each "
-                    "slot's reporters after its first round, which the shards would need "
-                    "back (an acyclic dataflow has no way back)")  # fmt: skip
+            return (f"{', '.join(picking)} divide the population: the mechanism draws each "
+                    "slot's reporters over every seat (LPD, LPA: after the slot's first "
+                    "round), which the shards would need back, and a dataflow is acyclic")  # fmt: skip
         if self.path != "aggregate" or not self.task.counts_suffice:
             return ("the simulated devices must answer from counts: the aggregate client path "
                     "and an oracle with an exact aggregate (GRR, OUE or ada)")  # fmt: skip

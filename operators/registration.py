@@ -32,7 +32,12 @@ from privstream.mechanisms.guarantees import Guarantee, PeriodScope
 from privstream.mechanisms.ledger import budget_limit
 from privstream.mechanisms.seeding import EnrolmentOrder
 from privstream.mechanisms.tasks import EstimationTask
-from privstream.mechanisms.validation import MIN_EPSILON, check_fraction, check_requirement
+from privstream.mechanisms.validation import (
+    MIN_EPSILON,
+    check_fraction,
+    check_requirement,
+    distinct_requirements,
+)
 from privstream.operators.reasons import CODE, Output
 from privstream.operators.stream_state import NOT_WITHDRAWN, StreamState
 from privstream.schema.events import (
@@ -75,7 +80,7 @@ class Preferences:
     def __post_init__(self) -> None:
         """Refuse requirements outside the limits at start (never naming a user)."""
         check_fraction("share", self.share, closed=True)
-        for k, (eps, win) in enumerate(self.by_user.values(), start=1):
+        for k, (eps, win) in distinct_requirements(self.by_user.values()):
             check_requirement(eps, win, f"registration entry {k}")
             check_requirement(eps * self.share, win, f"registration entry {k} at its share")
         if self.epsilons is not None:
@@ -352,7 +357,7 @@ def check_closed_population(
         )
     scope = cost.scope
     renews = cost.window or (scope.length if isinstance(scope, PeriodScope) else None)
-    for k, (eps, win) in enumerate(prefs.by_user.values(), start=1):
+    for k, (eps, win) in distinct_requirements(prefs.by_user.values()):
         spent = epsilon * (1 if renews is None else math.ceil(win / renews))
         if spent > budget_limit(eps):
             raise ValueError(

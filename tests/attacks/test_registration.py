@@ -18,6 +18,7 @@ import pytest
 from privstream.families.registry import PERSONALIZED
 from privstream.mechanisms.accountant import BudgetSplit
 from privstream.mechanisms.personalized import PersonalizedConfig
+from privstream.mechanisms.validation import distinct_requirements
 from privstream.operators.family import family_mechanisms
 from privstream.operators.registration import Preferences
 from privstream.schema.events import UNREGISTERED, EventBatch
@@ -120,6 +121,21 @@ def test_a_registration_outside_the_limits_is_refused_at_start() -> None:
         with pytest.raises(ValueError, match="registration entry 1") as err:
             Preferences(by_user=bad)
         assert "u1" not in str(err.value)
+
+
+def test_a_bad_entry_behind_many_good_ones_is_named_by_its_own_number() -> None:
+    """The table is checked per distinct requirement (``distinct_requirements``), and the
+    refusal still names the first bad entry; a window ``True`` equal to 1 is not taken for
+    the good entry ``(1.0, 1)`` before it."""
+    good = {f"u{i}": (1.0 if i % 2 else 0.5, 10) for i in range(1000)}
+    for bad, number in (((1.0, 2**62), 1001), ((1e-310, 10), 1001)):
+        table = {**good, "x": bad, "y": bad}
+        with pytest.raises(ValueError, match=f"registration entry {number}:"):
+            Preferences(by_user=table)
+    with pytest.raises(ValueError, match="registration entry 2: window must be an integer"):
+        Preferences(by_user={"a": (1.0, 1), "b": (1.0, True)})  # type: ignore[dict-item]
+    assert distinct_requirements([(1.0, 5), (2.0, 5), (1.0, 5), (3.0, 6)]) == [
+        (1, (1.0, 5)), (2, (2.0, 5)), (4, (3.0, 6))]  # fmt: skip
 
 
 def test_events_cannot_change_a_registered_requirement() -> None:
