@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection
+from operator import itemgetter
 from typing import Any, Final
 
 import numpy as np
@@ -42,8 +43,8 @@ def distinct_requirements(
     window is an ``int`` and every ε an ``int`` or ``float``; otherwise every entry is kept."""
     if not values:
         return []
-    epsilons, windows = zip(*values, strict=True)
-    if set(map(type, windows)) != {int} or not set(map(type, epsilons)) <= {int, float}:
+    windows = set(map(type, map(itemgetter(1), values)))
+    if windows != {int} or not set(map(type, map(itemgetter(0), values))) <= {int, float}:
         return list(enumerate(values, start=1))
     firsts: dict[tuple[Any, Any], int] = {}
     for k, pair in enumerate(values, start=1):
