@@ -2,9 +2,11 @@
 
 It collects each close's counts from every shard (``ShardSlots``), adds them per requirement
 group, and steps the stream's mechanisms through each closed slot with the shared runner
-(``Runner.step_with``) over a ``GroupedCurator`` port — the class histograms the one-shard
-operator's ``SimulatedCurator`` counts user by user, as the same integers. Ledgers, the
-population accountant, halts, releases and metrics are the one-shard operator's.
+(``Runner.step_with``) over the port its trust mode builds from them (``Ports.grouped``): a
+``GroupedCurator`` — the class histograms the one-shard operator's ``SimulatedCurator`` counts
+user by user, as the same integers — or ``CountedClients``, the simulated devices answering
+from the bins' totals with the one-shard randomness. Ledgers, the population accountant,
+halts, releases and metrics are the one-shard operator's.
 
 A close is stepped once every shard has sent it, in the order of the closes (every shard sends
 the same closes in order, so a complete close has every earlier one complete too). The stream's

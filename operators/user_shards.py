@@ -1,6 +1,8 @@
 """User shards of one stream (issue 26): the cut of its batches and what crosses to its decision.
 
-A stream configured with ``shards = k`` (a central-DP stream on the ``markers`` clock) does its
+A stream configured with ``shards = k`` (on the ``markers`` clock, whose trust mode's port
+follows from counts: ``Ports.shard_refusal``; central DP, or a closed LDP population asking
+every user every slot) does its
 per-user work — ingest, de-duplication, the registration lookup, carrying values forward and
 counting each closed slot's values — on ``k`` user shards, keyed ``<stream>/shard-<i>``; only
 each closed slot's counts per requirement group reach the stream's decision stage
