@@ -126,7 +126,8 @@ class SimulatedClients(Ports):
                     "all of them: give the stream a registration table (a closed population)")  # fmt: skip
         picking = sorted(m.name for m in mechanisms if m.division != "budget")
         if picking:
-            return (f"{', '.join(picking)} divide the population: the mechanism draws each "
+            verb = "divides" if len(picking) == 1 else "divide"
+            return (f"{', '.join(picking)} {verb} the population: the mechanism draws each "
                     "slot's reporters over every seat (LPD, LPA: after the slot's first "
                     "round), which the shards would need back, and a dataflow is acyclic")  # fmt: skip
         if self.path != "aggregate" or not self.task.counts_suffice:
@@ -134,7 +135,8 @@ class SimulatedClients(Ports):
                     "and an oracle with an exact aggregate (GRR, OUE or ada)")  # fmt: skip
         keeping = sorted(m.name for m in mechanisms if m.client_state() is not None)
         if keeping:
-            return f"{', '.join(keeping)} keep state on each device across slots"
+            verb = "keeps" if len(keeping) == 1 else "keep"
+            return f"{', '.join(keeping)} {verb} state on each device across slots"
         return None
 
     def part(self, table: Preferences) -> SimulatedClients:

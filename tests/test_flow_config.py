@@ -386,7 +386,7 @@ def test_user_shards_are_for_streams_whose_ports_follow_from_counts(tmp_path: Pa
         tmp_path, _stream(shards=2)
     )
     closed = _stream(shards=2, registered_only=True)
-    assert 'streams["country"].shards: LPA divide the population' in _error(
+    assert 'streams["country"].shards: LPA divides the population' in _error(
         tmp_path, lambda d: (with_registrations(d), closed(d))
     )
     data = copy.deepcopy(BASE)

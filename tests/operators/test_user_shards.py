@@ -251,7 +251,7 @@ def test_only_streams_whose_ports_follow_from_counts_shard() -> None:
 
     cases = [
         (ldp(["LBU", "LBD"]), None, "open LDP population"),
-        (ldp(["LBU", "LPD"]), closed, "LPD divide the population"),
+        (ldp(["LBU", "LPD"]), closed, "LPD divides the population"),
         (ldp(["LBU", "LBA"], FrequencyTask(D, oracle="olh")), closed, "exact aggregate"),
         (ldp(["LBU", "LBA"], client_path="per-user"), closed, "aggregate client path"),
     ]
@@ -263,7 +263,7 @@ def test_only_streams_whose_ports_follow_from_counts_shard() -> None:
     check_shardable(make_plan("p", ok, task, N, KEY, clock, closed, split), 2, "s")
     keeping = [_KeepsDeviceState(ok[0].config), ok[1]]
     plan = make_plan("p", keeping, task, N, KEY, clock, closed, split)
-    with pytest.raises(ValueError, match="keep state on each device"):
+    with pytest.raises(ValueError, match="keeps state on each device"):
         check_shardable(plan, 2, "s")
     assert "requests the decision publishes" in str(DeviceReports().shard_refusal([]))
     data = SlottingConfig(clock="data", partitions=PARTITIONS)
