@@ -98,9 +98,13 @@ class SimulatedClients(Ports):
     mode: ClassVar[TrustMode] = "ldp-simulated"
     task: EstimationTask
     path: ClientPath = "aggregate"
-    members: frozenset[str] | None = None
     registration: Preferences | None = field(default=None, hash=False, compare=False)
-    """The registration table whose users are ``members`` (its dict does not hash)."""
+    """The registration table of a closed population (its dict does not hash)."""
+    members: frozenset[str] | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.registration is not None:
+            object.__setattr__(self, "members", frozenset(self.registration.by_user))
 
     def port(
         self,
@@ -140,7 +144,7 @@ class SimulatedClients(Ports):
         return None
 
     def part(self, table: Preferences) -> SimulatedClients:
-        return SimulatedClients(self.task, self.path, frozenset(table.by_user), table)
+        return SimulatedClients(self.task, self.path, table)
 
     def grouped(
         self,
@@ -278,8 +282,7 @@ def ports_for(
     if mode == "ldp-simulated":
         if registration is not None and not registration.by_user:
             raise ValueError("an LDP stream's registration table must name its users (user ids)")
-        members = None if registration is None else frozenset(registration.by_user)
-        return SimulatedClients(task, path, members, registration)
+        return SimulatedClients(task, path, registration)
     if registration is not None:
         raise ValueError(f"a registration table is for cdp and ldp-simulated; these run {mode}")
     return DeviceReports()

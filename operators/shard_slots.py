@@ -272,10 +272,10 @@ class ShardLogic(StatefulBatchLogic[ShardPiece, Output, ShardState]):
             start = state.last_closed + 1
         if start > target:
             return
+        groups, of_user = parts.groups(state)
         per_slot = []
         for slot in range(start, target + 1):
             parts.population.admit_newcomers(state, slot, out)  # an LDP closed population's
-            groups, of_user = parts.groups(state)
             per_slot.append(self._counts(state, parts, slot, of_user, groups.shape[0]))
         counts = np.stack(per_slot)
         state.last_closed = target

@@ -82,6 +82,13 @@ def hostile_input() -> list[EventBatch]:
     return [*items, _marker(SLOTS + 1, 0, tag="00" * 16)]
 
 
+def keyed(source: Any, shards: int | None) -> Any:
+    """Stream ``s``'s batches keyed by stream (``shards`` None) or cut into user shards."""
+    if shards is None:
+        return op.key_on("key", source, lambda b: b.stream)
+    return op.flat_map("key", source, ShardCut({"s": shards}))
+
+
 def run(items: list[EventBatch], shards: int | None, name: str = "personalized") -> Outputs:
     """The outputs of family ``name``'s two mechanisms over ``items``: one key per stream (None)
     or ``shards`` user shards."""
@@ -99,14 +106,8 @@ def run(items: list[EventBatch], shards: int | None, name: str = "personalized")
         names = list(LDP_BUDGET)
         registration = Preferences(by_user={u: (2.0, 4) for u in USERS})
     flow = Dataflow("shards")
-    source = op.input("in", flow, TestingSource(items))
-    keyed: Any = (
-        op.key_on("key", source, lambda b: b.stream)
-        if shards is None
-        else op.flat_map("key", source, ShardCut({"s": shards}))
-    )
     out = family_mechanisms(
-        "p", keyed, family=family(name), mechanism=names, config=config, secret=KEY, slotting=CLOCK,
+        "p", keyed(op.input("in", flow, TestingSource(items)), shards), family=family(name), mechanism=names, config=config, secret=KEY, slotting=CLOCK,
         registration=registration, shards=shards,
         split=BudgetSplit.parse("equal", len(names)),
     )  # fmt: skip

@@ -28,10 +28,9 @@ from privstream.mechanisms.personalized import PersonalizedConfig
 from privstream.mechanisms.tasks import FrequencyTask
 from privstream.operators.family import family_mechanisms
 from privstream.operators.registration import Preferences
-from privstream.operators.user_shards import ShardCut
 from privstream.schema.events import WITHDRAWN, EventBatch
 
-from .test_user_shards import CLOCK, KEY, PARTITIONS, D, _marker
+from .test_user_shards import CLOCK, KEY, PARTITIONS, D, _marker, keyed
 
 USERS = [f"u{i}" for i in range(60)]
 VICTIM, SLOTS = "u7", 10
@@ -65,14 +64,8 @@ def _run(store: Path, items: list[Any], users: list[str], family: str, shards: i
         entry, names = PERSONALIZED, ["PBD"]
         config = PersonalizedConfig(population=70, epsilon=2.0, window=4, task=FrequencyTask(D))
     flow = Dataflow("withdraw")
-    source = op.input("in", flow, TestingSource(items))
-    keyed: Any = (
-        op.key_on("key", source, lambda b: b.stream)
-        if shards is None
-        else op.flat_map("key", source, ShardCut({"s": shards}))
-    )
     out = family_mechanisms(
-        "w", keyed, family=entry, mechanism=names, config=config, secret=KEY, slotting=CLOCK,
+        "w", keyed(op.input("in", flow, TestingSource(items)), shards), family=entry, mechanism=names, config=config, secret=KEY, slotting=CLOCK,
         registration=Preferences(by_user={u: (2.0, 4) for u in users}), shards=shards,
         split=BudgetSplit.parse("equal", 1),
     )  # fmt: skip
