@@ -15,7 +15,7 @@ are reaped); the broker is another process and is not counted. The same runs ove
 start and end: about 1.7 CPU-s at one process, 4.4 at two here), which is subtracted for the
 CPU per message of the flow's work. Prints one JSON line per run and the medians per tree and
 P. ``--hot K``: one hot personalized stream of ``users`` users instead (markers clock, a
-registration table), run on one key and on ``K`` user shards (issue 26 item 2);
+registration table), run on one key and on ``K`` user shards from every tree (issue 26 item 2);
 ``--hot-family ldp-ids``: the hot stream is LDP-IDS's LBU over a closed population. Its fixed
 part runs over the same registration table of ``users`` users (loading and checking it is a
 start cost of every process, not a cost per message), with events of ``fixed_users`` of them.
@@ -172,7 +172,7 @@ def main() -> int:
         _check_tree(tree)
     variants = [(t, None) for t in trees]
     if args.hot:
-        variants = [(trees[0], None), (trees[0], args.hot)]
+        variants = [(t, shards) for t in trees for shards in (None, args.hot)]
     counts = [int(p) for p in args.processes.split(",")]
     runs: list[dict[str, Any]] = []
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as work:

@@ -61,6 +61,7 @@ def run_dataflow(
 
     from privstream.runtime.recovery import prepare_store
     from privstream.runtime.store_lock import lock_store
+    from privstream.runtime.timer_slack import coarse_waiter, set_timer_slack
 
     recovery = None
     if recovery_dir:
@@ -76,12 +77,15 @@ def run_dataflow(
     on_epoch_failure(functools.partial(_end_on_epoch_failure, report))
     interval = timedelta(seconds=snapshot_interval) if snapshot_interval else None
     server = None if metrics_port is None else serve(metrics_port, metrics_addr)
+    waiter = coarse_waiter(flow) if process_id is not None or workers > 1 else None
     try:
         cli_main(
             flow, workers_per_process=workers, process_id=process_id, addresses=addresses,
             epoch_interval=interval, recovery_config=recovery,
         )  # fmt: skip
     finally:
+        if waiter is not None:
+            set_timer_slack(waiter)
         on_epoch_failure(None)
         if server is not None:
             server.close()
