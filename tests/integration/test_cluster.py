@@ -263,3 +263,44 @@ def _member_age(port: int, member: str) -> float:
     (line,) = [line for line in text.splitlines() if line.startswith(
         f'privstream_cluster_member_progress_age_seconds{{member="{member}"}}')]  # fmt: skip
     return float(line.split()[-1])
+
+
+def test_sigterm_to_the_launcher_drains_every_member_and_the_cluster_resumes(
+    kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    """SIGTERM reaches every member, each sees it on the thread that waits for its workers
+    (which sleeps with 20 ms of timer slack: ``runtime.timer_slack``), drains, snapshots and
+    exits 0; a restart from the store releases every slot."""
+    topic = f"events-{uuid.uuid4().hex[:8]}"
+    create_topics(kafka, [TopicSpec(topic, partitions=4)])
+    for stream, dataset in STREAMS:
+        _produce(kafka, topic, stream, dataset, 1, 6)
+    key = str(write_secret(tmp_path / "noise.key"))
+    config = _config(tmp_path, kafka, topic, "term")
+    store = str(tmp_path / "store")
+    with open(tmp_path / "launcher.stderr", "wb") as err:
+        launcher = subprocess.Popen(
+            [*PRIVSTREAM, "run", "--config", str(config), "--secret-file", key, "--processes",
+             "2", "--recovery-dir", store],
+            stdout=subprocess.DEVNULL, stderr=err, env=cli_env(), cwd=tmp_path,
+        )  # fmt: skip
+    try:
+        wait_for_messages(kafka, "releases-term",
+                          lambda got: {m.key() for m in got} >= {b"visits/PBD/4"}, 120)  # fmt: skip
+        started = time.monotonic()
+        launcher.send_signal(signal.SIGTERM)
+        code = launcher.wait(timeout=60)
+        stopped = time.monotonic() - started
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    log = (tmp_path / "launcher.stderr").read_text()
+    assert code == 0 and "Traceback" not in log, log[-3000:]
+    assert log.count("(received SIGTERM)") == 2, log[-3000:]  # each member's own summary line
+    assert stopped < 30, f"{stopped:.1f} s from SIGTERM to the launcher's exit"
+    for stream, dataset in STREAMS:
+        _produce(kafka, topic, stream, dataset, 7, SLOTS)
+    again = _run(config, "--slots", str(LAST), "--secret-file", key, "--processes", "2",
+                 "--recovery-dir", store)  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert _expected_keys() <= _outputs(kafka, "term")["releases"].keys()
