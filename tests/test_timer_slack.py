@@ -65,7 +65,7 @@ def test_a_single_worker_runs_on_the_calling_thread_unchanged() -> None:
     assert flow.substeps == steps  # no step added: Bytewax runs it on this thread
 
 
-def test_the_workers_step_is_built_first() -> None:
+def test_the_workers_step_is_built_first_and_added_once() -> None:
     flow = _observed_flow([])
     before = timer_slack.timer_slack()
     assert before is not None
@@ -74,12 +74,23 @@ def test_the_workers_step_is_built_first() -> None:
         assert timer_slack.timer_slack() == WAITER_SLACK_NS
         assert [s.step_id for s in flow.substeps][:2] == ["slack_probe.worker_timers",
                                                           "slack_probe.in"]  # fmt: skip
+        steps = list(flow.substeps)
+        coarse_waiter(flow)  # the same flow run again
+        assert flow.substeps == steps
     finally:
         set_timer_slack(before)
 
 
+def test_a_flow_runs_again_on_two_workers() -> None:
+    seen: list[tuple[str, int | None, int]] = []
+    flow = _observed_flow(seen)
+    run_dataflow(flow, workers=2, recovery_dir=None)
+    run_dataflow(flow, workers=2, recovery_dir=None)
+    assert len(seen) == 80
+
+
 def test_without_prctl_nothing_changes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(timer_slack, "_prctl", lambda: None)
+    monkeypatch.setattr(timer_slack, "_prctl", lambda: None)  # (the cached one is bypassed)
     flow = _observed_flow([])
     steps = list(flow.substeps)
     assert coarse_waiter(flow) is None

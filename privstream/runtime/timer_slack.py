@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import sys
 from datetime import datetime
@@ -39,6 +40,7 @@ WAITER_SLACK_NS: Final = 20_000_000
 STEP_ID: Final = "worker_timers"
 
 
+@functools.cache
 def _prctl() -> Any | None:
     if not sys.platform.startswith("linux"):
         return None
@@ -94,7 +96,8 @@ def coarse_waiter(flow: Dataflow) -> int | None:
     slack = timer_slack()
     if slack is None or not set_timer_slack(WAITER_SLACK_NS):
         return None
-    op.input(STEP_ID, flow, FineTimers(slack))
-    flow.substeps.insert(0, flow.substeps.pop())  # built first on every worker
+    if not any(step.step_id == f"{flow.flow_id}.{STEP_ID}" for step in flow.substeps):
+        op.input(STEP_ID, flow, FineTimers(slack))  # (once: a flow may be run again)
+        flow.substeps.insert(0, flow.substeps.pop())  # built first on every worker
     log.debug("waiting thread's timer slack %d ns, the workers' %d ns", WAITER_SLACK_NS, slack)
     return slack
