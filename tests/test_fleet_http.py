@@ -245,3 +245,57 @@ def test_devices_takes_exactly_one_transport(
     assert main(["devices", "--users", "10", "--idle-seconds", "0.1", *flags]) == 2
     err = capsys.readouterr().err
     assert err.startswith("privstream: error:") and refusal in err, err
+
+
+def test_a_fleet_started_with_sigint_ignored_still_stops_on_it() -> None:
+    """A script's background job (`privstream devices ... &`) inherits SIGINT ignored: the
+    fleet then polled until idle (120 s in the HTTP integration test, which timed out in a CI
+    started that way). It now stops on SIGINT as in a terminal and prints its counts."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    polled = threading.Event()
+
+    class NoRequests(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            polled.set()
+            body = b'{"requests": []}'
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):  # the fleet stopped mid-answer
+                pass
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NoRequests)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    fleet = subprocess.Popen(
+        [sys.executable, "-m", "privstream.cli", "devices", "--gateway", url, "--dataset", "sin",
+         "--users", "10", "--slots", "2", "--epsilon", "1", "--window", "2",
+         "--idle-seconds", "300", "--poll-seconds", "0.05"],
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # as `cmd &` does
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert polled.wait(60), "the fleet never polled"
+        started = time.monotonic()
+        fleet.send_signal(signal.SIGINT)
+        _, err = fleet.communicate(timeout=30)
+    finally:
+        if fleet.poll() is None:
+            fleet.kill()
+            fleet.communicate()
+        server.shutdown()
+        server.server_close()
+    assert fleet.returncode == 0, err[-2000:]
+    assert "gateway accepted 0 reports" in err and time.monotonic() - started < 30

@@ -5,6 +5,7 @@ HTTP through the gateway (``--gateway URL``, ``privstream.runtime.fleet_http``).
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -79,10 +80,13 @@ def check_transport(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Answer requests until idle; print the stats on stderr (counts only)."""
+    """Answer requests until idle or SIGINT; print the stats on stderr (counts only)."""
     from privstream.connectors.datasets import synthetic_dataset
     from privstream.runtime.fleet import Fleet, FleetConfig
 
+    # A fleet started in the background of a script (`cmd &`) inherits SIGINT ignored, and
+    # then neither `asyncio.run` nor the Kafka loop could be stopped by it: it ran until idle.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if args.sao2_tasks:
         return _sao2(args)
     check_transport(args)
