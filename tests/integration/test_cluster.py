@@ -164,16 +164,21 @@ def kill_a_member(
     return code, log.read_text()
 
 
-def test_a_killed_process_and_a_restarted_cluster_release_what_one_process_releases(
-    kafka: KafkaSettings, tmp_path: Path
-) -> None:
+def _six_slots(kafka: KafkaSettings, tmp_path: Path, tag: str) -> tuple[str, str, Path, str]:
+    """A 4-partition input topic holding slots 1..6 of every stream, a noise key, a flow file
+    writing to topics named after ``tag`` and a store path: (topic, key, config, store)."""
     topic = f"events-{uuid.uuid4().hex[:8]}"
     create_topics(kafka, [TopicSpec(topic, partitions=4)])
     for stream, dataset in STREAMS:
         _produce(kafka, topic, stream, dataset, 1, 6)
     key = str(write_secret(tmp_path / "noise.key"))
-    config = _config(tmp_path, kafka, topic, "killed")
-    store = str(tmp_path / "store")
+    return topic, key, _config(tmp_path, kafka, topic, tag), str(tmp_path / "store")
+
+
+def test_a_killed_process_and_a_restarted_cluster_release_what_one_process_releases(
+    kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    topic, key, config, store = _six_slots(kafka, tmp_path, "killed")
     code, stderr = kill_a_member(kafka, config, key, store, "releases-killed", b"visits/PBD/4")
     assert code != 0, "a cluster that lost a process must not report success"
     assert "restart the cluster" in stderr and "Traceback" not in stderr, stderr[-3000:]
@@ -271,13 +276,7 @@ def test_sigterm_to_the_launcher_drains_every_member_and_the_cluster_resumes(
     """SIGTERM reaches every member, each sees it on the thread that waits for its workers
     (which sleeps with 20 ms of timer slack: ``runtime.timer_slack``), drains, snapshots and
     exits 0; a restart from the store releases every slot."""
-    topic = f"events-{uuid.uuid4().hex[:8]}"
-    create_topics(kafka, [TopicSpec(topic, partitions=4)])
-    for stream, dataset in STREAMS:
-        _produce(kafka, topic, stream, dataset, 1, 6)
-    key = str(write_secret(tmp_path / "noise.key"))
-    config = _config(tmp_path, kafka, topic, "term")
-    store = str(tmp_path / "store")
+    topic, key, config, store = _six_slots(kafka, tmp_path, "term")
     with open(tmp_path / "launcher.stderr", "wb") as err:
         launcher = subprocess.Popen(
             [*PRIVSTREAM, "run", "--config", str(config), "--secret-file", key, "--processes",
