@@ -112,6 +112,15 @@ def consumer_buffers(partitions: int) -> dict[str, str]:
     }
 
 
+POLL_MESSAGES: Final = 20_000
+"""Most messages a Kafka source takes per poll (one ``RawBatch``) by default. A backlog is read
+in polls of this size; a live stream's polls are what arrived within 10 ms. At 5,000, a hot
+stream on 8 user shards at two processes spent about 15 % more CPU per message than at one:
+every poll is cut into a piece per shard, and each piece that crosses to the other process
+costs the engine a fixed amount besides its rows. Four times fewer, larger pieces took most of
+that away (``bench/README.md`` §3)."""
+
+
 RELEASE_TOPIC_CONFIG: Final[Mapping[str, str]] = {"cleanup.policy": "compact"}
 """Releases and ledger entries are keyed by release id: compaction keeps one copy of each."""
 
@@ -538,7 +547,7 @@ class KafkaEventSource(FixedPartitionedSource[RawBatch, SourceState]):
         topic: str,
         *,
         tail: bool = True,
-        batch_size: int = 5000,
+        batch_size: int = POLL_MESSAGES,
         stop: StopSignal | None = None,
         stall_seconds: float = DEFAULT_STALL_SECONDS,
         recreated: bool = False,

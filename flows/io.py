@@ -29,6 +29,7 @@ from privstream.connectors.datasets import SlotStream, synthetic_dataset
 from privstream.connectors.json_events import parse_json_lines
 from privstream.connectors.jsonl import jsonl_output
 from privstream.connectors.kafka import (
+    POLL_MESSAGES,
     KafkaEventSource,
     KafkaSettings,
     RawBatch,
@@ -171,7 +172,7 @@ class KafkaIO:
     dead_letter_topic: str | None = None
     ledger_topic: str | None = None
     until_slot: int | None = None
-    batch_size: int = 5000
+    batch_size: int = POLL_MESSAGES
     max_event_bytes: int = MAX_EVENT_BYTES
     partitions: int = 1
     stall_warning_seconds: float = 30.0
@@ -213,7 +214,7 @@ class KafkaIO:
 
 
 POLL_MAX_ENV: Final = "PRIVSTREAM_POLL_MAX"
-"""Most messages per poll of a Kafka source (default ``KafkaIO.batch_size``, 5000): a tuning
+"""Most messages per poll of a Kafka source (default ``KafkaIO.batch_size``, ``POLL_MESSAGES``): a tuning
 knob; the releases are the same whatever it is (``make chaos`` replays with another)."""
 
 

@@ -11,7 +11,12 @@ import pytest
 
 from privstream.cli import commands as cli
 from privstream.connectors import kafka
-from privstream.connectors.kafka import KafkaEventSource, KafkaSettings, consumer_config
+from privstream.connectors.kafka import (
+    POLL_MESSAGES,
+    KafkaEventSource,
+    KafkaSettings,
+    consumer_config,
+)
 from privstream.experiments.kafka import format_result
 
 USERS, SLOTS = 2000, 10
@@ -30,7 +35,7 @@ def test_bench_kafka_counts_every_message_for_both_readers(
     assert (result["events"], result["markers"]) == (USERS * SLOTS, SLOTS)
     assert result["params"] == {
         "dataset": "sin", "users": USERS, "slots": SLOTS, "mechanisms": ["LBU"], "repeats": 1,
-        "batch_size": 5000, "workers": 1, "partitions": 1,
+        "batch_size": POLL_MESSAGES, "workers": 1, "partitions": 1,
     }  # fmt: skip
     assert result["broker"].startswith("embedded Tansu")
     for reader in ("raw", "flow"):

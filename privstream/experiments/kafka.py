@@ -45,6 +45,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from privstream.connectors.broker import EmbeddedBroker
 from privstream.connectors.kafka import (
+    POLL_MESSAGES,
     RELEASE_TOPIC_CONFIG,
     KafkaSettings,
     RawBatch,
@@ -308,7 +309,7 @@ def bench_kafka(
     repeats: int,
     run_flow: RunFlow,
     *,
-    batch_size: int = 5000,
+    batch_size: int = POLL_MESSAGES,
     partitions: int = 1,
     progress: bool = True,
 ) -> dict[str, Any]:
