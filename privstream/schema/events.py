@@ -172,12 +172,7 @@ class EventBatch:
         packed = pack_users(self.users)
         if packed is not None:
             fields[2] = None
-        numeric = [getattr(self, name) for name in NUMERIC_COLUMNS]
-        layout, buffer = pack_columns(numeric)
-        for name, spec in zip(NUMERIC_COLUMNS, layout, strict=True):
-            if spec is not None:
-                fields[_FIELD_INDEX[name]] = None
-        return _unpickle, (tuple(fields), packed, layout, buffer)
+        return _unpickle, (tuple(fields), packed)
 
     def select(
         self,
@@ -324,75 +319,11 @@ def held_line(held: Held, user: str, slot: int) -> tuple[str, bytes | Located | 
     return sources, row
 
 
-NUMERIC_COLUMNS: Final = ("slots", "values", "epsilons", "windows", "lines", "offsets", "lengths")
-"""An event batch's numeric per-row columns: they cross a process as one buffer
-(``pack_columns``)."""
-_FIELD_INDEX: Final = {f.name: i for i, f in enumerate(dataclasses.fields(EventBatch))}
-_ALIGN: Final = 8
-"""Each column starts at a multiple of this in the buffer, so every view is aligned."""
-
-ColumnSpec = tuple[str, tuple[int, ...]]
-"""A column's dtype (``dtype.str``) and shape in a packed buffer."""
-
-
-def pack_columns(
-    columns: Sequence[NDArray[Any] | None],
-) -> tuple[tuple[ColumnSpec | None, ...], bytes]:
-    """Numeric columns as one buffer and their layout: one object to pickle instead of an
-    array reduction per column (a crossing piece pickled 7 arrays at about 5 µs each and
-    loaded them at 3 µs; ``bench/README.md`` §3). A column that is None, not an array or
-    holds Python objects gets None in the layout and is pickled as it is."""
-    layout: list[ColumnSpec | None] = []
-    parts: list[bytes] = []
-    for column in columns:
-        if not isinstance(column, np.ndarray) or column.dtype.hasobject:
-            layout.append(None)
-            continue
-        data = column.tobytes()
-        pad = -len(data) % _ALIGN
-        parts.append(data + bytes(pad) if pad else data)
-        layout.append((column.dtype.str, column.shape))
-    return tuple(layout), b"".join(parts)
-
-
-@functools.lru_cache(maxsize=64)
-def _dtype(code: str) -> np.dtype[Any]:
-    return np.dtype(code)
-
-
-def unpack_columns(layout: Sequence[ColumnSpec | None], buffer: bytes) -> list[NDArray[Any] | None]:
-    """The columns ``pack_columns`` packed (None where it left one out), writable views of
-    one copy of ``buffer``."""
-    memory = bytearray(buffer)
-    out: list[NDArray[Any] | None] = []
-    offset = 0
-    for spec in layout:
-        if spec is None:
-            out.append(None)
-            continue
-        dtype, shape = _dtype(spec[0]), spec[1]
-        count = math.prod(shape)
-        column = np.frombuffer(memory, dtype=dtype, count=count, offset=offset)
-        out.append(column if len(shape) == 1 else column.reshape(shape))
-        offset += count * dtype.itemsize
-        offset += -offset % _ALIGN
-    return out
-
-
-def _unpickle(
-    fields: tuple[Any, ...],
-    users: str | None,
-    layout: Sequence[ColumnSpec | None] = (),
-    buffer: bytes = b"",
-) -> EventBatch:
-    """An ``EventBatch`` from what ``EventBatch.__reduce__`` pickled (a batch pickled before
-    the columns were packed has no ``layout``)."""
+def _unpickle(fields: tuple[Any, ...], users: str | None) -> EventBatch:
+    """An ``EventBatch`` from what ``EventBatch.__reduce__`` pickled."""
     columns = list(fields)
     if users is not None:
         columns[2] = unpack_users(users)
-    for name, column in zip(NUMERIC_COLUMNS, unpack_columns(layout, buffer), strict=False):
-        if column is not None:
-            columns[_FIELD_INDEX[name]] = column
     return EventBatch(*columns)
 
 

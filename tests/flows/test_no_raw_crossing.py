@@ -12,7 +12,6 @@ releases, ledger entries and parse-time dead letters (which still carry the byte
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import pickle
 from collections import Counter
@@ -38,16 +37,12 @@ from privstream.schema.events import (
     ALREADY_PUBLISHED,
     DUPLICATE,
     LATE,
-    NUMERIC_COLUMNS,
     POPULATION_FULL,
     DeadLetter,
     EventBatch,
     Located,
     RowSources,
-    _unpickle,
     held_line,
-    pack_columns,
-    unpack_columns,
 )
 from tests.attacks.helpers import Outputs, run_operator
 
@@ -154,52 +149,6 @@ def test_a_crossing_batch_pickles_users_as_one_string_and_no_message_bytes() -> 
     for users in (["a\x00b", "c"], [1, 2], np.arange(2)):
         odd = EventBatch("s", np.arange(2), np.asarray(users, dtype=object), np.zeros(2))
         assert pickle.loads(pickle.dumps(odd)).users.tolist() == odd.users.tolist()
-
-
-def test_a_crossing_batch_packs_its_numeric_columns_into_one_buffer() -> None:
-    rng = np.random.default_rng(5)
-    n = 7
-    batch = EventBatch(
-        "s", rng.integers(0, 9, n), np.array([f"u{i}" for i in range(n)], dtype=object),
-        rng.random((n, 3)), None, 4, rng.random(n), rng.integers(1, 9, n), 2, "tag",
-        np.arange(n), "in", np.arange(n) + 10**9, np.full(n, 61, dtype=np.int32),
-    )  # fmt: skip
-    _, args = batch.__reduce__()
-    fields, _users, layout, buffer = args
-    assert [spec is not None for spec in layout] == [True] * len(NUMERIC_COLUMNS)
-    assert all(fields[i] is None for i, f in enumerate(dataclasses.fields(EventBatch))
-               if f.name in NUMERIC_COLUMNS)  # fmt: skip
-    assert isinstance(buffer, bytes) and len(buffer) % 8 == 0
-    back = pickle.loads(pickle.dumps(batch))
-    for name in (*NUMERIC_COLUMNS, "users"):
-        column, original = getattr(back, name), getattr(batch, name)
-        assert column.dtype == original.dtype and np.array_equal(column, original), name
-        if name != "users":
-            assert column.flags.aligned and column.flags.writeable, name
-    assert back.values.shape == (n, 3)  # a vector task's rows keep their shape
-    assert (back.complete_through, back.marker_tag, back.partition) == (4, "tag", 2)
-    back.values[0, 0] = -1.0  # writable, and its own copy
-    assert batch.values[0, 0] != -1.0
-
-
-def test_columns_that_are_not_plain_numbers_cross_as_they_are() -> None:
-    strided = np.arange(10)[::2]  # not contiguous
-    objects = np.array([1.0, "x", None, 2, 3], dtype=object)  # a malformed in-process batch
-    batch = EventBatch("s", strided, np.arange(5), objects)
-    layout, _ = pack_columns([batch.slots, batch.values, None])
-    assert layout[1:] == (None, None) and layout[0] is not None
-    back = pickle.loads(pickle.dumps(batch))
-    assert back.slots.tolist() == [0, 2, 4, 6, 8] and back.values.tolist() == objects.tolist()
-    assert back.users.dtype.kind == "i" and back.epsilons is None and back.lines is None
-
-
-def test_a_batch_pickled_before_the_columns_were_packed_still_loads() -> None:
-    """A store written by an earlier version holds batches reduced to ``(fields, users)``."""
-    batch = EventBatch("s", np.arange(3), np.array(["a", "b", "c"], dtype=object), np.ones(3))
-    fields = tuple(getattr(batch, f.name) for f in dataclasses.fields(EventBatch))
-    old = _unpickle(tuple(None if i == 2 else v for i, v in enumerate(fields)), "a\x00b\x00c")
-    assert old.users.tolist() == ["a", "b", "c"] and old.slots.tolist() == [0, 1, 2]
-    assert unpack_columns((), b"") == []
 
 
 def test_owner_decided_dead_letters_identify_their_message_and_hold_no_raw_line() -> None:
