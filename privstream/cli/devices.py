@@ -8,10 +8,13 @@ import argparse
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from privstream.runtime.fleet import Fleet
+
+READY: Final = "privstream devices: ready:"
+"""How the line starts that a Kafka fleet prints on stderr once it reads its request topic."""
 
 
 def add_parser(commands: Any, kafka_flags: Any) -> None:
@@ -107,9 +110,15 @@ def _over_kafka(args: argparse.Namespace, fleet: Fleet) -> list[str]:
 
     settings = KafkaSettings.from_options(args.bootstrap, args.kafka_config)
     require_topics(settings, [args.request_topic, args.report_topic])
+
+    def ready() -> None:  # a script waits for this line before it opens rounds
+        print(f"{READY} {args.users} devices answer the requests of {args.request_topic!r}",
+              file=sys.stderr, flush=True)  # fmt: skip
+
     try:
         stats = run_fleet(fleet, settings, args.request_topic, args.report_topic,
-                          idle_seconds=args.idle_seconds, max_requests=args.max_requests)  # fmt: skip
+                          idle_seconds=args.idle_seconds, max_requests=args.max_requests,
+                          on_ready=ready)  # fmt: skip
     except KeyboardInterrupt:
         stats = fleet.stats
     return stats.lines()

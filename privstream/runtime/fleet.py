@@ -459,16 +459,19 @@ def run_fleet(
     idle_seconds: float = 10.0,
     max_requests: int | None = None,
     flush_late: bool = True,
+    on_ready: Callable[[], None] | None = None,
 ) -> FleetStats:
     """Answer the requests of ``request_topic`` into ``report_topic`` until ``max_requests``
     were read or none came for ``idle_seconds``; held-back (late) reports are written before
     stopping unless ``flush_late`` is False (a later call goes on after the requests this
-    fleet already received). Returns the fleet's stats."""
+    fleet already received). ``on_ready`` is called once, when the request topic's partitions
+    are assigned and polled for the first time. Returns the fleet's stats."""
     from confluent_kafka import Producer
 
     producer = Producer(settings.client_config())
     try:
-        lines = _requests(settings, request_topic, idle_seconds, fleet.consumed, max_requests)
+        lines = _requests(settings, request_topic, idle_seconds, fleet.consumed, max_requests,
+                          on_ready)  # fmt: skip
         for line in lines:
             fleet.stats.messages += _write(producer, report_topic, fleet.receive(line))
         if flush_late:
@@ -489,16 +492,25 @@ def _write(producer: Any, topic: str, messages: list[Message]) -> int:
 
 
 def _requests(
-    settings: Any, topic: str, idle_seconds: float, skip: int, max_requests: int | None
+    settings: Any,
+    topic: str,
+    idle_seconds: float,
+    skip: int,
+    max_requests: int | None,
+    on_ready: Callable[[], None] | None = None,
 ) -> Iterator[bytes]:
     """The request topic's non-empty message values after the first ``skip``, at most
-    ``max_requests`` of them, read with the tools' one reader (from the topic's beginning)."""
+    ``max_requests`` of them, read with the tools' one reader (from the topic's beginning);
+    ``on_ready`` after its first poll."""
     from privstream.connectors.kafka import read_until_idle
 
     seen = 0
     reader = read_until_idle(settings, [topic], idle_seconds)
     try:
         for messages in reader:
+            if on_ready is not None:
+                on_ready()
+                on_ready = None
             for value in (m.value() for m in messages if m.value()):
                 if max_requests is not None and seen - skip >= max_requests:
                     return

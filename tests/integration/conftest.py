@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import select
 import subprocess
 import sys
 import time
@@ -126,6 +127,26 @@ def run_cli(*args: str, timeout: float = 300, **env: str) -> subprocess.Complete
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return done
+
+
+def wait_for_line(process: subprocess.Popen[str], prefix: str, timeout: float = 120) -> str:
+    """``process``'s stderr up to and including its first line that starts with ``prefix``
+    (read byte by byte from the pipe, so that ``communicate`` gets the rest); fails when the
+    process exits or ``timeout`` passes first. A script that must not race a service's start
+    waits for it (``privstream devices`` prints ``READY`` once it reads its requests)."""
+    assert process.stderr is not None
+    fd, seen, line = process.stderr.fileno(), b"", b""
+    deadline = time.monotonic() + timeout
+    while not (line.endswith(b"\n") and line.startswith(prefix.encode())):
+        if line.endswith(b"\n"):
+            seen, line = seen + line, b""
+        left = deadline - time.monotonic()
+        assert left > 0, f"no line {prefix!r} within {timeout} s: {(seen + line)[-2000:]!r}"
+        if select.select([fd], [], [], left)[0]:
+            byte = os.read(fd, 1)
+            assert byte, f"exited before printing {prefix!r}: {(seen + line)[-2000:]!r}"
+            line += byte
+    return (seen + line).decode(errors="replace")
 
 
 def read_json(

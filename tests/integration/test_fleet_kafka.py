@@ -10,6 +10,7 @@ import pytest
 from confluent_kafka import Producer
 
 from privstream.cli.commands import main
+from privstream.cli.devices import READY
 from privstream.connectors.kafka import KafkaSettings, TopicSpec, create_topics, wait_for_messages
 from privstream.runtime.fleet import LIES, run_fleet
 from privstream.schema.protocol import Request
@@ -81,6 +82,7 @@ def test_privstream_devices_answers_every_request_and_prints_counts_only(
     ])  # fmt: skip
     assert code == 0
     err = capsys.readouterr().err
+    assert err.splitlines()[0] == f"{READY} 40 devices answer the requests of {request_topic!r}"
     assert "requests seen: 6" in err and "exhausted: 32" in err and "sim-" not in err
     written = int(err.rsplit("messages written: ", 1)[1].split()[0])
     reports = _read(kafka, report_topic, written)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from privstream.cli.devices import READY
 from privstream.connectors.datasets import synthetic_dataset
 from privstream.connectors.kafka import (
     DEAD_LETTER_REASON_HEADER,
@@ -24,7 +25,7 @@ from privstream.connectors.kafka import (
     create_topics,
 )
 from privstream.mechanisms.oracles import GRR
-from tests.integration.conftest import PRIVSTREAM, cli_env, read_all, run_cli
+from tests.integration.conftest import PRIVSTREAM, cli_env, read_all, run_cli, wait_for_line
 
 USERS, SLOTS, W, EPS, LIARS = 400, 5, 5, 2.0, 8
 
@@ -42,12 +43,15 @@ def _topics(kafka: KafkaSettings) -> dict[str, str]:
 def _fleet(
     kafka: KafkaSettings, t: dict[str, str], dataset: str, users: int, slots: int, *flags: str
 ) -> subprocess.Popen[str]:
-    """``privstream devices`` over the test's topics (``flags``: its budget and knobs)."""
-    return subprocess.Popen([
+    """``privstream devices`` over the test's topics (``flags``: its budget and knobs), once it
+    reads the requests: the clock's rounds close 3 s after a request appears."""
+    fleet = subprocess.Popen([
         *PRIVSTREAM, "devices", "--bootstrap", kafka.bootstrap, "--request-topic",
         t["requests"], "--report-topic", t["reports"], "--dataset", dataset, "--users",
         str(users), "--slots", str(slots), "--idle-seconds", "40", *flags,
     ], env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    wait_for_line(fleet, READY)
+    return fleet
 
 
 def _clock(secret: Path, slots: int, *target: str) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from privstream.cli.devices import READY
 from privstream.connectors.datasets import synthetic_dataset
 from privstream.connectors.kafka import (
     RELEASE_TOPIC_CONFIG,
@@ -28,7 +29,7 @@ from privstream.connectors.kafka import (
 from privstream.mechanisms.oracles import GRR
 from privstream.mechanisms.shuffle_accountant import fmt_closed_bound
 from privstream.schema.shuffle import ReportBatch
-from tests.integration.conftest import PRIVSTREAM, cli_env, read_all
+from tests.integration.conftest import PRIVSTREAM, cli_env, read_all, wait_for_line
 from tests.integration.test_shuffler_kafka import clock_key
 
 USERS, SLOTS, W, EPS = 600, 4, 4, 4.0
@@ -70,6 +71,9 @@ def test_ldp_ids_rounds_through_the_shuffler(kafka: KafkaSettings, tmp_path: Pat
         str(SLOTS), "--idle-seconds", "30", "--epsilon", str(EPS), "--window", str(W),
         "--liars", "8", "--flood", "3",
     ], env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    # a round closes 3 s after its request appears: the devices must be reading by then (a
+    # fleet still starting on a busy machine made a block close below n_min)
+    wait_for_line(fleet, READY)
     clock = subprocess.run([
         *PRIVSTREAM, "clock", "--requests", t["requests"], "--topic", t["reports"], "--stream",
         "sin", "--now", "--through", str(SLOTS), "--round-seconds", "3", "--idle-seconds", "10",
