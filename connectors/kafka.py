@@ -112,6 +112,11 @@ def consumer_buffers(partitions: int) -> dict[str, str]:
     }
 
 
+POLL_BYTES: Final = 16 * 2**20
+"""Most bytes of message values a poll takes: it stops after the chunk that reaches them. With
+large messages a poll ends before ``POLL_MESSAGES``, so it holds at most this much and one
+chunk more (a chunk is at most what librdkafka has queued: ``consumer_buffers``), however large
+the messages, instead of 20,000 of up to the broker's largest message each."""
 POLL_MESSAGES: Final = 20_000
 """Most messages a Kafka source takes per poll (one ``RawBatch``) by default. A backlog is read
 in polls of this size; a live stream's polls are what arrived within 10 ms. At 5,000, a hot
@@ -335,6 +340,7 @@ class _Poll:
 
     first: int | None = None
     offsets: list[int] | None = None  # only once they stop being consecutive
+    size: int = 0  # bytes of the values taken
 
 
 class CaughtUp:
@@ -407,7 +413,8 @@ class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int, str | No
         )
 
     def next_batch(self) -> list[RawBatch]:
-        """Up to ``batch_size`` messages that arrive within 10 ms, as one ``RawBatch``.
+        """Up to ``batch_size`` messages (and about ``POLL_BYTES``) that arrive within 10 ms,
+        as one ``RawBatch``.
 
         They are taken from librdkafka in chunks of ``_CHUNK``, each dropped before the next is
         taken: every message is a GC-tracked object, and a whole poll of them alive at once
@@ -421,7 +428,7 @@ class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int, str | No
         values: list[bytes] = []
         poll = _Poll()
         deadline = time.monotonic() + 0.01
-        while len(values) < self._batch_size and not self._eof:
+        while len(values) < self._batch_size and poll.size < POLL_BYTES and not self._eof:
             want = min(self._CHUNK, self._batch_size - len(values))
             got = len(values)
             timeout = max(deadline - time.monotonic(), 0.0)
@@ -452,6 +459,7 @@ class _EventPartition(StatefulSourcePartition[RawBatch, tuple[str, int, str | No
         if not all(taken):  # a tombstone's value is None: an empty message
             taken = [value or b"" for value in taken]
         values += taken
+        poll.size += sum(map(len, taken))
         if good:
             start, end = messages[0].offset(), messages[good - 1].offset()
             assert start is not None and end is not None

@@ -197,6 +197,27 @@ def test_a_poll_keeps_offsets_only_when_they_are_not_consecutive(
     assert poll().offsets == [5, 8]
 
 
+def test_a_poll_of_large_messages_stops_at_the_byte_bound(
+    scripted: type[ScriptedConsumer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """20,000 messages of up to the broker's largest each would be gigabytes: a poll stops
+    after the chunk that reaches ``POLL_BYTES``, and the next poll goes on from there."""
+    monkeypatch.setattr(kafka, "POLL_BYTES", 10_000)
+    big = b"x" * 3_000
+    scripted.script = [[Msg(o, big), Msg(o + 1, big)] for o in range(0, 12, 2)]
+    source = kafka.KafkaEventSource(KafkaSettings(("x:1",)), "events", batch_size=1_000)
+    part = source.build_part("kafka_in", "partition-0", None)
+    try:
+        (first,) = part.next_batch()  # 2 chunks: 12,000 bytes, past the bound
+        (second,) = part.next_batch()
+    finally:
+        part.close()
+    assert (first.first_offset, len(first.values)) == (0, 4)
+    assert (second.first_offset, len(second.values)) == (4, 4)
+    scripted.script = [[Msg(o), Msg(o + 1)] for o in range(0, 12, 2)] + [[Msg(12)]]
+    assert len(poll(batch_size=1_000).values) == 13  # small messages: the count or the wait
+
+
 def test_the_consumer_lag_is_the_high_watermark_past_the_read_position(
     scripted: type[ScriptedConsumer],
 ) -> None:
