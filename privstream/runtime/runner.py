@@ -59,6 +59,7 @@ def run_dataflow(
     from bytewax.recovery import RecoveryConfig
     from bytewax.run import cli_main
 
+    from privstream.runtime.collector import streaming_collector
     from privstream.runtime.recovery import prepare_store
     from privstream.runtime.store_lock import lock_store
     from privstream.runtime.timer_slack import coarse_waiter, set_timer_slack
@@ -79,10 +80,11 @@ def run_dataflow(
     server = None if metrics_port is None else serve(metrics_port, metrics_addr)
     waiter = coarse_waiter(flow) if process_id is not None or workers > 1 else None
     try:
-        cli_main(
-            flow, workers_per_process=workers, process_id=process_id, addresses=addresses,
-            epoch_interval=interval, recovery_config=recovery,
-        )  # fmt: skip
+        with streaming_collector():
+            cli_main(
+                flow, workers_per_process=workers, process_id=process_id, addresses=addresses,
+                epoch_interval=interval, recovery_config=recovery,
+            )  # fmt: skip
     finally:
         if waiter is not None:
             set_timer_slack(waiter)
