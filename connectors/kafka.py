@@ -120,10 +120,10 @@ the messages, instead of 20,000 of up to the broker's largest message each."""
 POLL_MESSAGES: Final = 20_000
 """Most messages a Kafka source takes per poll (one ``RawBatch``) by default. A backlog is read
 in polls of this size; a live stream's polls are what arrived within 10 ms. At 5,000, a hot
-stream on 8 user shards at two processes spent about 15 % more CPU per message than at one:
-every poll is cut into a piece per shard, and each piece that crosses to the other process
-costs the engine a fixed amount besides its rows. Four times fewer, larger pieces took most of
-that away (``bench/README.md`` §3)."""
+stream on 8 user shards spent 1.21× its one-process CPU per message at two processes: every
+poll is cut into a piece per shard, and each piece that crosses to the other process costs the
+engine a fixed amount besides its rows. With four times fewer, larger pieces it spent 1.12×
+(``bench/README.md`` §3)."""
 
 
 RELEASE_TOPIC_CONFIG: Final[Mapping[str, str]] = {"cleanup.policy": "compact"}

@@ -214,8 +214,8 @@ class KafkaIO:
 
 
 POLL_MAX_ENV: Final = "PRIVSTREAM_POLL_MAX"
-"""Most messages per poll of a Kafka source (default ``KafkaIO.batch_size``, ``POLL_MESSAGES``): a tuning
-knob; the releases are the same whatever it is (``make chaos`` replays with another)."""
+"""Most messages per poll of a Kafka source (default ``KafkaIO.batch_size``: ``POLL_MESSAGES``):
+a tuning knob; the releases are the same whatever it is (``make chaos`` replays with another)."""
 
 
 def poll_max(kafka: KafkaIO) -> int:
