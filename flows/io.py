@@ -555,7 +555,7 @@ def slotting_for(kafka: KafkaIO | None, lateness: int, client_path: str) -> Slot
     slots on their own slots (the ``data`` clock); a Kafka stream keeps them open for the next
     run, closes them on its clock (``KafkaIO.clock``: authenticated markers by default), and
     only once every partition of the input topic has passed them (files and synthetic sources
-    are one partition), and never after ``--slots`` (``KafkaIO.until_slot``)."""
+    are one partition)."""
     return SlottingConfig(
         lateness=lateness,
         client_path=client_path,  # type: ignore[arg-type]
@@ -564,5 +564,4 @@ def slotting_for(kafka: KafkaIO | None, lateness: int, client_path: str) -> Slot
         clock="data" if kafka is None else kafka.clock,  # type: ignore[arg-type]
         grow_partitions=kafka is not None and kafka.grow_partitions,
         released=() if kafka is None else tuple(sorted(kafka.released.items())),
-        last_slot=None if kafka is None else kafka.until_slot,
     )

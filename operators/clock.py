@@ -76,11 +76,6 @@ class SlottingConfig:
             nothing released reopens and every budget is kept. Without it such a resume is
             refused, naming this option; fewer partitions are always refused. Not part of the
             binding: the grown count is recorded in the store at the resume.
-        last_slot: a bounded run's last slot (``--slots T`` with Kafka input): no later slot
-            is closed, so the run releases through ``T`` and no further whatever its polls
-            held (a poll of 20,000 messages may hold the next slot's marker); the later slots'
-            events stay buffered in the state for the next run. None (default): no bound. Not
-            part of the binding.
     """
 
     lateness: int = 1
@@ -94,7 +89,6 @@ class SlottingConfig:
     carry_slots: int | None = None
     grow_partitions: bool = False
     released: tuple[tuple[str, int], ...] = ()
-    last_slot: int | None = None
 
     def __post_init__(self) -> None:
         if self.clock not in ("data", "markers"):
@@ -146,17 +140,15 @@ class SlotClock:
         if marker is not None:
             marks.mark(batch.partition, marker)
         markers = self.cfg.clock == "markers"
-        found = []
         if self.cfg.partitions > 1 or markers:  # a slot closes once every partition passed it
             target = marks.closable(self.cfg.lateness, data=not markers)
-            found = [] if target is None else [target]
-        else:
-            if state.max_seen is not None:  # one partition: its order is the stream's order
-                found.append(state.max_seen - self.cfg.lateness - 1)
-            if marker is not None:
-                found.append(marker)
-        last = self.cfg.last_slot
-        return found if last is None else [min(t, last) for t in found]
+            return [] if target is None else [target]
+        found = []
+        if state.max_seen is not None:  # one partition: its order is the stream's order
+            found.append(state.max_seen - self.cfg.lateness - 1)
+        if marker is not None:
+            found.append(marker)
+        return found
 
     def marker(
         self,

@@ -89,8 +89,8 @@ def _common(
     p.add_argument(
         "--slots",
         type=_positive_int,
-        help="slots 1..T of a synthetic stream (default 800); with Kafka input, release "
-        "through slot T (no later slot) and stop (default: run until SIGTERM)",
+        help="slots 1..T of a synthetic stream (default 800); with Kafka input, stop once "
+        "slot T is released (default: run until SIGTERM)",
     )
     p.add_argument(
         "--epsilon",

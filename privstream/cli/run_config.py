@@ -45,8 +45,7 @@ def add_config_flags(run: argparse.ArgumentParser) -> None:
          help="run every stream of this flow configuration file (TOML; check it with "
          "`privstream config check FILE`); give the flags below before any family name")  # fmt: skip
     flag("--slots", type=positive_int, metavar="T", default=SUPPRESS,
-         help="release through slot T (no later slot) and stop once every stream's mechanisms "
-         "released it (default: run until SIGTERM)")  # fmt: skip
+         help="stop once every stream's mechanisms released slot T (default: run until SIGTERM)")  # fmt: skip
     flag("--processes", type=positive_int, metavar="P", default=SUPPRESS,
          help="run as a Bytewax cluster of P processes on this host (default [run] processes)")  # fmt: skip
     flag("--process-id", type=int, metavar="I", default=SUPPRESS,

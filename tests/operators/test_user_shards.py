@@ -10,7 +10,6 @@ and what crosses from a shard to the decision must hold no user id and no value.
 from __future__ import annotations
 
 import dataclasses
-import json
 import pickle
 from typing import Any
 
@@ -90,12 +89,7 @@ def keyed(source: Any, shards: int | None) -> Any:
     return op.flat_map("key", source, ShardCut({"s": shards}))
 
 
-def run(
-    items: list[EventBatch],
-    shards: int | None,
-    name: str = "personalized",
-    slotting: SlottingConfig = CLOCK,
-) -> Outputs:
+def run(items: list[EventBatch], shards: int | None, name: str = "personalized") -> Outputs:
     """The outputs of family ``name``'s two mechanisms over ``items``: one key per stream (None)
     or ``shards`` user shards."""
     if name == "personalized":
@@ -113,7 +107,7 @@ def run(
         registration = Preferences(by_user={u: (2.0, 4) for u in USERS})
     flow = Dataflow("shards")
     out = family_mechanisms(
-        "p", keyed(op.input("in", flow, TestingSource(items)), shards), family=family(name), mechanism=names, config=config, secret=KEY, slotting=slotting,
+        "p", keyed(op.input("in", flow, TestingSource(items)), shards), family=family(name), mechanism=names, config=config, secret=KEY, slotting=CLOCK,
         registration=registration, shards=shards,
         split=BudgetSplit.parse("equal", len(names)),
     )  # fmt: skip
@@ -137,18 +131,6 @@ def test_every_shard_count_releases_what_one_key_releases(one_key: Outputs, shar
     assert reasons == {"duplicate_report", "unregistered_user", "out_of_domain", "late_event",
                        "unauthenticated_marker"}  # fmt: skip
     assert run(hostile_input(), shards) == one_key
-
-
-@pytest.mark.parametrize("shards", [None, 4])
-def test_a_bounded_run_closes_no_slot_after_its_last(one_key: Outputs, shards: int | None) -> None:
-    """``--slots T`` (``last_slot``): the markers of later slots arrive (a large poll holds
-    them) but close nothing, so the run releases exactly through T, as published unbounded."""
-    bounded = SlottingConfig(clock="markers", partitions=PARTITIONS, last_slot=5)
-    found = run(hostile_input(), shards, slotting=bounded)
-    slots = sorted(json.loads(r)["slot"] for r in found["releases"])
-    assert slots == sorted(list(range(1, 6)) * 2)
-    early = [r for r in one_key["releases"] if json.loads(r)["slot"] <= 5]
-    assert found["releases"] == early
 
 
 def test_a_dpi_stream_on_shards_releases_what_it_releases_on_one_key() -> None:
