@@ -49,7 +49,11 @@ def test_a_flow_file_routes_the_extra_output_to_its_topic(
     config = _flow(tmp_path / "flow.toml", kafka, topics, audit)
     run_flow(config, "--slots", str(LAST), "--secret-file", str(secret_file))
     releases = {m.key().decode(): json.loads(m.value()) for m in read_all(kafka, topics.releases)}
-    expected = {f"load/LBUQ/{t}/{q}" for t in range(1, LAST + 1) for q in QUERIES}
+    # --slots stops once slot LAST is released; slot LAST + 1's marker, read in the same
+    # 20,000-message poll, may have closed it too (every slot the topic holds is released whole)
+    done = max(int(k.split("/")[2]) for k in releases)
+    assert done in (LAST, SLOTS)
+    expected = {f"load/LBUQ/{t}/{q}" for t in range(1, done + 1) for q in QUERIES}
     assert set(releases) == expected
     for key, release in releases.items():
         assert release["release_id"] == key and key.endswith(release["key"]["query"])
@@ -58,8 +62,8 @@ def test_a_flow_file_routes_the_extra_output_to_its_topic(
         total = sum(releases[f"load/LBUQ/{t}/{q}"]["estimate"][0] for q in QUERIES)
         assert math.isclose(total, 1.0)
     records = {m.key().decode(): json.loads(m.value()) for m in read_all(kafka, audit)}
-    assert set(records) == {f"load/LBUQ/{t}" for t in range(1, LAST + 1)}
+    assert set(records) == {f"load/LBUQ/{t}" for t in range(1, done + 1)}
     assert {r["output"] for r in records.values()} == {"audit"}
     assert all(r["payload"] == {"strategy": "publish", "queries": D} for r in records.values())
-    assert len({m.key() for m in read_all(kafka, topics.ledger)}) == LAST
+    assert len({m.key() for m in read_all(kafka, topics.ledger)}) == done
     assert read_all(kafka, topics.dlq) == []
