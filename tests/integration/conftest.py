@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +147,16 @@ def wait_for_line(process: subprocess.Popen[str], prefix: str, timeout: float = 
             assert byte, f"exited before printing {prefix!r}: {(seen + line)[-2000:]!r}"
             line += byte
     return (seen + line).decode(errors="replace")
+
+
+def last_released(keys: Iterable[str], last: int, slots: int) -> int:
+    """The last slot of release keys ``<stream>/<mechanism>/<slot>[/...]`` of a ``--slots
+    last`` run over a topic of ``slots`` slots: ``last``, or ``slots`` when the next slot's
+    marker came in the same poll as ``last``'s (a 20,000-message poll can hold the whole topic)
+    and closed it before the run stopped."""
+    done = max(int(key.split("/")[2]) for key in keys)
+    assert done in (last, slots), done
+    return done
 
 
 def read_json(
