@@ -306,7 +306,8 @@ class RowSources:
 
 Held = tuple[Any, "RowSources | str", "int | bytes | Located | None"]
 """A report a stream holds until its slot closes: ``(value, sources, row)`` (a state of an
-earlier version: ``(value, text, source)``)."""
+earlier version: ``(value, text, source)``). Never changed in place, nor its value or sources:
+a snapshot shares them with the live state (``StreamState.__deepcopy__``)."""
 
 
 def held_line(held: Held, user: str, slot: int) -> tuple[str, bytes | Located | None]:

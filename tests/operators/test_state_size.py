@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from privstream.experiments.state import Case, Setup, build_state, scaling
+from privstream.schema.events import EventBatch
 
 N, W = 100_000, 20
 LDP_IDS = Case("ldp-ids", ("LBU", "LBD", "LBA", "LSP", "LPU", "LPD", "LPA"), W)
@@ -124,6 +125,36 @@ def test_a_snapshot_copies_the_directory_flat_and_shares_nothing() -> None:
     assert pickle.dumps(snap) == pickle.dumps(state)
     snap.directory["someone-new"] = 500
     assert "someone-new" not in state.directory
+
+
+def _newcomers(first: int, count: int, slot: int, through: int | None = None) -> EventBatch:
+    users = np.array([f"newcomer-{i}" for i in range(first, first + count)], dtype=object)
+    return EventBatch("state", np.full(count, slot, dtype=np.int64), users, np.ones(count),
+                      complete_through=through)  # fmt: skip
+
+
+def test_a_snapshot_copies_the_held_newcomers_one_dict_per_slot() -> None:
+    """The reports of users not seated yet, held until their slot closes, are copied one dict
+    per slot (a generic deep copy took 4 µs per held report at every snapshot): the copy
+    pickles to the same bytes, and what the live state does next — more reports held, the
+    slot closed and its newcomers seated or refused — leaves it as it was."""
+    setup = Setup.of(Case("ldp-ids", ("LPA",), 5), 500, named=True)
+    logic = setup.logic()
+    for batch in setup.batches(3):
+        logic.on_batch([batch])
+    logic.on_batch([_newcomers(0, 40, 5)])  # two slots ahead of the clock: held
+    state = logic.state
+    assert state is not None and len(state.newcomers[5]) == 40
+    snap = logic.snapshot()
+    taken = pickle.dumps(snap)
+    assert taken == pickle.dumps(state) and snap.newcomers == state.newcomers
+    assert snap.newcomers[5] is not state.newcomers[5]
+    assert all(snap.newcomers[5][u] is held for u, held in state.newcomers[5].items())  # not walked
+    logic.on_batch([_newcomers(40, 10, 5), _newcomers(50, 5, 6)])
+    assert len(state.newcomers[5]) == 50 and 6 in state.newcomers
+    logic.on_batch([_newcomers(60, 1, 5, through=5)])  # slots 4 and 5 close
+    assert 5 not in state.newcomers and state.last_closed == 5
+    assert pickle.dumps(snap) == taken and len(snap.newcomers[5]) == 40
 
 
 def test_named_users_cost_their_directory_once() -> None:
