@@ -158,7 +158,7 @@ class Population:
         newcomers = state.newcomers
         members = self.trust.members
         slots, users = batch.slots[rows].tolist(), batch.users[rows].tolist()
-        values = batch.values[rows]
+        values = batch.values[rows].tolist()  # plain floats: a snapshot pickles them fast
         sources = batch.row_sources.select(rows)  # a dead letter's text: made only if one is
         for k, (i, slot, user) in enumerate(zip(rows.tolist(), slots, users, strict=True)):
             if members is not None and user not in members:

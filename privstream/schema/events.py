@@ -296,7 +296,7 @@ class RowSources:
         states, ``epsilon``/``window``, where it states one)."""
         fields: dict[str, Any] = {"stream": self.stream, "user": user.item() if hasattr(user, "item") else user,
                   "slot": slot,
-                  "value": value.tolist() if value.ndim else float(value)}  # fmt: skip
+                  "value": np.asarray(value, dtype=np.float64).tolist()}  # fmt: skip
         if stated and self.epsilons is not None and not math.isnan(self.epsilons[i]):
             fields["epsilon"] = float(self.epsilons[i])
         if stated and self.windows is not None and self.windows[i] > 0:
@@ -305,8 +305,9 @@ class RowSources:
 
 
 Held = tuple[Any, "RowSources | str", "int | bytes | Located | None"]
-"""A report a stream holds until its slot closes: ``(value, sources, row)`` (a state of an
-earlier version: ``(value, text, source)``). Never changed in place, nor its value or sources:
+"""A report a stream holds until its slot closes: ``(value, sources, row)``, its value a float
+or a list of floats (a state of an earlier version: a NumPy value, or ``(value, text,
+source)``). Never changed in place, nor its value or sources:
 a snapshot shares them with the live state (``StreamState.__deepcopy__``)."""
 
 
