@@ -247,19 +247,29 @@ def test_a_held_report_of_an_earlier_state_version_keeps_its_text() -> None:
     ) == batch.row_line(0)
 
 
-def test_a_held_report_pins_only_its_own_row_of_the_batch() -> None:
-    """One newcomer in a poll of 5,000 keeps its own offset and length, not the poll's."""
-    n = 5000
-    users = np.asarray([f"u{i}" for i in range(n)], dtype=object)
-    batch = EventBatch("s", np.full(n, 3, dtype=np.int64), users, np.ones(n), topic="in",
-                       offsets=np.arange(n, dtype=np.int64), lengths=np.full(n, 50, np.int32))  # fmt: skip
+def _held_batch(
+    users: list[str], values: Any, rows: list[int]
+) -> tuple[EventBatch, dict[int, Any]]:
+    """A poll of ``users`` at slot 3 over Kafka, and what ``hold_newcomers`` holds of its
+    ``rows`` (an open population, nobody seated)."""
+    n = len(users)
+    batch = EventBatch("s", np.full(n, 3, dtype=np.int64), np.asarray(users, dtype=object),
+                       np.asarray(values), topic="in", offsets=np.arange(n, dtype=np.int64),
+                       lengths=np.full(n, 50, np.int32))  # fmt: skip
     state = SimpleNamespace(newcomers={})
     population = Population.__new__(Population)
     population.trust = SimpleNamespace(members=None)  # type: ignore[assignment]
-    population.hold_newcomers(state, batch, np.asarray([4321]), np.zeros(n, dtype=np.int8))  # type: ignore[arg-type]
-    (held,) = state.newcomers[3].values()
+    population.hold_newcomers(state, batch, np.asarray(rows), np.zeros(n, dtype=np.int8))  # type: ignore[arg-type]
+    return batch, state.newcomers
+
+
+def test_a_held_report_pins_only_its_own_row_of_the_batch() -> None:
+    """One newcomer in a poll of 5,000 keeps its own offset and length, not the poll's."""
+    n = 5000
+    batch, newcomers = _held_batch([f"u{i}" for i in range(n)], np.ones(n), [4321])
+    (held,) = newcomers[3].values()
     assert held_line(held, "u4321", 3) == batch.row_line(4321)
-    assert len(pickle.dumps(state.newcomers)) < 1000  # the poll's columns: 60,000 bytes
+    assert len(pickle.dumps(newcomers)) < 1000  # the poll's columns: 60,000 bytes
     assert type(held[0]) is float  # a NumPy scalar pickled 5× slower at every snapshot
     value, sources, row = held
     assert held_line((np.float64(value), sources, row), "u4321", 3) == held_line(held, "u4321", 3)
@@ -268,16 +278,9 @@ def test_a_held_report_pins_only_its_own_row_of_the_batch() -> None:
 def test_a_held_vector_report_keeps_its_text() -> None:
     """A vector task's held report holds its value as a list, and its dead letter is the
     row's own text, as from a NumPy row of an earlier state."""
-    n = 3
-    users = np.asarray(["a", "b", "c"], dtype=object)
     values = np.asarray([[0.25, 0.75], [1.0, 0.0], [0.5, 0.5]])
-    batch = EventBatch("s", np.full(n, 3, dtype=np.int64), users, values, topic="in",
-                       offsets=np.arange(n, dtype=np.int64), lengths=np.full(n, 50, np.int32))  # fmt: skip
-    state = SimpleNamespace(newcomers={})
-    population = Population.__new__(Population)
-    population.trust = SimpleNamespace(members=None)  # type: ignore[assignment]
-    population.hold_newcomers(state, batch, np.asarray([0, 2]), np.zeros(n, dtype=np.int8))  # type: ignore[arg-type]
-    held = state.newcomers[3]["c"]
+    batch, newcomers = _held_batch(["a", "b", "c"], values, [0, 2])
+    held = newcomers[3]["c"]
     assert held[0] == [0.5, 0.5]
     assert held_line(held, "c", 3) == batch.row_line(2)
     assert held_line((values[2], held[1], held[2]), "c", 3) == batch.row_line(2)
