@@ -129,7 +129,10 @@ class StreamState:
         snapshot cost")."""
         new = object.__new__(type(self))
         new.__dict__.update(
-            {key: _FLAT_COPY.get(key, _deep)(value, memo) for key, value in self.__dict__.items()}
+            {
+                key: _FLAT_COPY.get(key, copy.deepcopy)(value, memo)
+                for key, value in self.__dict__.items()
+            }
         )
         return new
 
@@ -141,10 +144,6 @@ class StreamState:
 
     def all_halted(self) -> bool:
         return len(self.halted) == len(self.mechanisms)
-
-
-def _deep(value: Any, memo: dict[int, Any]) -> Any:
-    return copy.deepcopy(value, memo)
 
 
 _FLAT_COPY: Final[dict[str, Callable[[Any, dict[int, Any]], Any]]] = {
