@@ -84,8 +84,19 @@ ENV_BOOTSTRAP: Final = "PRIVSTREAM_BOOTSTRAP"
 ENV_PROPERTY_PREFIX: Final = "PRIVSTREAM_KAFKA_"
 _SECRET_WORDS: Final = ("password", "secret", "key", "token")
 
-# Fetch large batches: a slot's events arrive in a few polls instead of many small ones.
-CONSUMER_DEFAULTS: Final[Mapping[str, str]] = {"fetch.wait.max.ms": "10"}
+CONSUMER_DEFAULTS: Final[Mapping[str, str]] = {
+    "fetch.wait.max.ms": "10",
+    "fetch.queue.backoff.ms": "10",
+}
+"""What every input consumer sets unless the flow's client properties do.
+
+``fetch.wait.max.ms``: the broker answers a fetch within 10 ms, so a slot's events arrive in a
+few large polls instead of many small ones. ``fetch.queue.backoff.ms``: once a partition's
+pre-fetch queue reaches ``consumer_buffers``' bounds, librdkafka waits this long before it
+checks again whether to fetch. Its default, 1000 ms, stalled a flow reading a backlog for up
+to a second each time a poll emptied the queue: the 8-stream file's runs were idle 30 % of the
+time at one process and about half at two, where each worker then waited for the other's
+stream owner in bursts a second apart (``bench/README.md`` §3, *Fetch backoff*)."""
 CONSUMER_MEMORY: Final = 128 * 2**20
 """What one process's consumers may buffer ahead of the flow, all input partitions together
 (each partition has its own consumer, whose pre-fetch queue and fetches get an equal share)."""

@@ -110,6 +110,17 @@ def test_the_raw_reader_uses_the_flow_sources_consumer_configuration(
     assert seen[0]["fetch.wait.max.ms"] == "5"  # client properties win over the defaults
 
 
+def test_a_full_prefetch_queue_is_checked_again_within_a_fetch_wait() -> None:
+    """librdkafka's default ``fetch.queue.backoff.ms`` (1000) idled a backlog's reader for up
+    to a second whenever a poll emptied a partition's bounded queue; a flow's consumers look
+    again as soon as the broker may answer a fetch, and a flow's properties still win."""
+    for partitions in (1, 8, 64):
+        config = consumer_config(KafkaSettings(("localhost:9092",)), partitions=partitions)
+        assert int(config["fetch.queue.backoff.ms"]) <= int(config["fetch.wait.max.ms"]) == 10
+    mine = KafkaSettings(("localhost:9092",), {"fetch.queue.backoff.ms": "200"})
+    assert consumer_config(mine)["fetch.queue.backoff.ms"] == "200"
+
+
 def test_the_offline_stage_timing_runs_several_mechanisms() -> None:
     from privstream.experiments.kafka import stage_times
     from privstream.flows.io import resolve_source
