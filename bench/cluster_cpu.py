@@ -219,7 +219,8 @@ def main() -> int:
 def _report(runs: list[dict[str, Any]], trees: list[str], counts: list[int],
             data: dict[str, tuple[int, str, int]]) -> None:  # fmt: skip
     """Per tree and P: median CPU and wall; with the fixed part, the CPU per message of the
-    difference (the flow's work on the messages the small runs lack) and its ratio to P = 1."""
+    difference (the flow's work on the messages the small runs lack) and its ratio to P = 1,
+    both from the medians and paired round by round (``_paired``)."""
     full = data["full"][2]
     for tree in trees:
         base = None
@@ -230,9 +231,25 @@ def _report(runs: list[dict[str, Any]], trees: list[str], counts: list[int],
             if "fixed" in data:
                 fixed, _ = _medians(runs, tree, p, "fixed")
                 per = (cpu - fixed) / (full - data["fixed"][2]) * 1e6
-                base = per if base is None else base
-                line += f"; fixed {fixed:.2f} s, {per:.2f} µs/msg without it ({per / base:.2f}×)"
+                paired = _paired(runs, tree, p)
+                base = (per, paired) if base is None else base
+                line += (f"; fixed {fixed:.2f} s, {per:.2f} µs/msg without it "
+                         f"({per / base[0]:.2f}×); paired by round {paired:.2f} µs/msg "
+                         f"({paired / base[1]:.2f}×)")  # fmt: skip
             print(line)
+
+
+def _paired(runs: list[dict[str, Any]], tree: str, p: int) -> float:
+    """The median over rounds of each round's own CPU per message without the fixed part
+    (its full run minus its fixed run): less swayed by one slow fixed run than the difference
+    of the medians, which ``_report`` prints beside it."""
+    mine = [r for r in runs if r["tree"] == tree and r["processes"] == p]
+    full = [r for r in mine if r["data"] == "full"]
+    fixed = [r for r in mine if r["data"] == "fixed"]
+    return float(statistics.median(
+        (a["cpu_s"] - b["cpu_s"]) / (a["messages"] - b["messages"]) * 1e6
+        for a, b in zip(full, fixed, strict=True)
+    ))  # fmt: skip
 
 
 if __name__ == "__main__":
